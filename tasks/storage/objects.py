@@ -1,0 +1,189 @@
+"""Create-once objects on any fsspec URL (ARCHITECTURE section 2).
+
+Every object is written exactly once. A second write of the same name with the same bytes
+is a no-op; with different bytes it raises :class:`ObjectConflictError` (a
+``FileExistsError``) and leaves the first object untouched. Two racing writers: exactly one
+wins and readers never see a torn object.
+
+* local disk: temp file in the target directory, fsync, ``os.link`` to the final name (fails
+  if it exists, unlike rename), unlink the temp, fsync the directory;
+* S3: ``If-None-Match: *`` on the single PUT or on CompleteMultipartUpload (s3fs mode ``xb``);
+* other filesystems (``memory://`` in tests): the filesystem's own ``xb`` mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+SCHEMES_LOCAL = ("file", "local")
+
+
+class ObjectConflictError(FileExistsError):
+    """An object already exists under this name with different content."""
+
+
+@dataclass(frozen=True)
+class WrittenObject:
+    """Where an object landed and what it holds; ``created`` is False for an identical re-write."""
+
+    path: str
+    size: int
+    sha256: str
+    created: bool
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class ObjectStore:
+    """A root URL on any fsspec filesystem; paths given to it are relative to that root.
+
+    Relative paths use ``/`` and may not contain ``..`` or empty parts, so nothing is written
+    outside the root. S3 settings come from the standard AWS environment variables unless
+    ``storage_options`` says otherwise.
+    """
+
+    def __init__(self, url: str, *, block_size: int | None = None, **storage_options: Any) -> None:
+        fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        self.fs: fsspec.AbstractFileSystem = fs
+        self.url = url.rstrip("/")
+        self.root = root.rstrip("/")
+        self.block_size = block_size
+        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+        self.is_local = any(p in SCHEMES_LOCAL for p in protocols)
+        self.is_s3 = any(p in ("s3", "s3a") for p in protocols)
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({self.url!r})"
+
+    def child(self, relative: str) -> ObjectStore:
+        """A store rooted at ``relative`` below this one, on the same filesystem."""
+        store = object.__new__(ObjectStore)
+        store.__dict__.update(self.__dict__)
+        store.root = self.full_path(relative)
+        store.url = f"{self.url}/{_check_relative(relative)}"
+        return store
+
+    def full_path(self, relative: str) -> str:
+        return f"{self.root}/{_check_relative(relative)}"
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def write_once(self, relative: str, data: bytes) -> WrittenObject:
+        """Create ``relative`` with ``data`` unless it exists; see the module docstring."""
+        path = self.full_path(relative)
+        digest = sha256_hex(data)
+        if self.is_local:
+            created = self._link_local(path, data)
+        else:
+            created = self._write_exclusive(path, data)
+        if not created:
+            existing = self.read_bytes(relative)
+            if existing != data:
+                raise ObjectConflictError(
+                    f"{self.url}/{relative} already exists with different content "
+                    f"({len(existing)} bytes, sha256 {sha256_hex(existing)[:12]}; "
+                    f"refusing {len(data)} bytes, sha256 {digest[:12]})"
+                )
+        return WrittenObject(path=relative, size=len(data), sha256=digest, created=created)
+
+    def _link_local(self, path: str, data: bytes) -> bool:
+        directory = os.path.dirname(path)
+        _makedirs_durable(directory)
+        fd, temp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                os.link(temp, path)
+            except FileExistsError:
+                return False
+        finally:
+            os.unlink(temp)
+        _fsync_dir(directory)
+        return True
+
+    def _write_exclusive(self, path: str, data: bytes) -> bool:
+        options = {"block_size": self.block_size} if self.block_size else {}
+        if not self.is_s3:
+            self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+        try:
+            with self.fs.open(path, "xb", **options) as handle:
+                handle.write(data)
+        except FileExistsError:
+            return False
+        except (NotImplementedError, ValueError) as exc:
+            if "x" in str(exc) or isinstance(exc, NotImplementedError):
+                raise NotImplementedError(
+                    f"{type(self.fs).__name__} cannot create objects exclusively ({exc}); "
+                    "rollout-ledger needs local disk, S3, or a filesystem with mode 'xb'"
+                ) from exc
+            raise
+        return True
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def read_bytes(self, relative: str) -> bytes:
+        return self.fs.cat_file(self.full_path(relative))
+
+    def exists(self, relative: str) -> bool:
+        return self.fs.exists(self.full_path(relative))
+
+    def size(self, relative: str) -> int:
+        return int(self.fs.size(self.full_path(relative)))
+
+    def list_files(self, relative: str = "") -> list[str]:
+        """Every object below ``relative`` (recursive), as sorted paths relative to the root."""
+        base = self.full_path(relative) if relative else self.root
+        self.fs.invalidate_cache(base)
+        if not self.fs.exists(base):
+            return []
+        prefix = self.root.rstrip("/") + "/"
+        found = []
+        for path in self.fs.find(base):
+            path = path if path.startswith("/") or not self.root.startswith("/") else "/" + path
+            if not path.startswith(prefix):
+                raise RuntimeError(f"listing {base} returned {path}, outside {self.root}")
+            found.append(path[len(prefix) :])
+        return sorted(found)
+
+    def delete(self, relative: str) -> None:
+        self.fs.rm_file(self.full_path(relative))
+
+
+def _check_relative(relative: str) -> str:
+    if not isinstance(relative, str) or not relative:
+        raise ValueError(f"object path must be a non-empty str, got {relative!r}")
+    parts = relative.split("/")
+    if relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"object path {relative!r} must be relative, without '', '.' or '..' parts")
+    return relative
+
+
+def _makedirs_durable(directory: str) -> None:
+    """Create ``directory`` and fsync the parent of every directory created."""
+    missing = []
+    current = directory
+    while not os.path.isdir(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    os.makedirs(directory, exist_ok=True)
+    for created in reversed(missing):
+        _fsync_dir(os.path.dirname(created))
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,80 @@
+"""Shared fixtures: object stores on local disk, fsspec memory, and a real S3 API (moto).
+
+The S3 fixture starts moto's ThreadedMotoServer on loopback once per test run, the way
+s3fs's own test suite does, and talks to it through s3fs: no client is patched.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tasks.storage.objects import ObjectStore
+
+STORE_KINDS = ("local", "memory", "s3")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """URL of a moto S3 server on loopback, with the AWS environment pointed at it."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = {
+        k: os.environ.get(k)
+        for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    }
+    os.environ.update(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    yield endpoint
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> str:
+    """A fresh bucket on the moto server; returns its s3:// URL."""
+    import s3fs
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": s3_endpoint}, skip_instance_cache=True)
+    fs.mkdir(name)
+    return f"s3://{name}"
+
+
+def make_store(kind: str, tmp_path, request) -> ObjectStore:
+    if kind == "local":
+        return ObjectStore(str(tmp_path / "root"))
+    if kind == "memory":
+        return ObjectStore(f"memory://rl-test-{uuid.uuid4().hex[:12]}")
+    if kind == "s3":
+        bucket = request.getfixturevalue("s3_bucket")
+        return ObjectStore(f"{bucket}/root", skip_instance_cache=True)
+    raise ValueError(kind)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store(request, tmp_path) -> ObjectStore:
+    """An empty store on each backend in turn: local disk, memory://, and S3 (moto)."""
+    return make_store(request.param, tmp_path, request)
