@@ -80,10 +80,7 @@ class ObjectStore:
         """Create ``relative`` with ``data`` unless it exists; see the module docstring."""
         path = self.full_path(relative)
         digest = sha256_hex(data)
-        if self.is_local:
-            created = self._link_local(path, data)
-        else:
-            created = self._write_exclusive(path, data)
+        created = self._link_local(path, data) if self.is_local else self._write_exclusive(path, data)
         if not created:
             existing = self.read_bytes(relative)
             if existing != data:
@@ -149,8 +146,8 @@ class ObjectStore:
             return []
         prefix = self.root.rstrip("/") + "/"
         found = []
-        for path in self.fs.find(base):
-            path = path if path.startswith("/") or not self.root.startswith("/") else "/" + path
+        for listed in self.fs.find(base):
+            path = listed if listed.startswith("/") or not self.root.startswith("/") else "/" + listed
             if not path.startswith(prefix):
                 raise RuntimeError(f"listing {base} returned {path}, outside {self.root}")
             found.append(path[len(prefix) :])
