@@ -57,17 +57,23 @@ def check_u64(value: object, *, field: str) -> int:
 
 def token_array(ids: Sequence[int] | np.ndarray, *, field: str) -> np.ndarray:
     """Token ids as a uint64 array; refuses floats, bools, negatives and values past uint64."""
-    arr = np.asarray(ids)
+    if not isinstance(ids, np.ndarray):
+        ids = list(ids)
+        if any(type(v) is not int and not isinstance(v, np.integer) for v in ids):
+            bad = next(v for v in ids if type(v) is not int and not isinstance(v, np.integer))
+            raise TypeError(f"{field} must hold ints only, got {type(bad).__name__} {bad!r}")
+        try:
+            arr = np.asarray(ids, dtype=np.int64)
+        except OverflowError:
+            if min(ids) < 0 or max(ids) > _U64_MAX:
+                raise ValueError(f"{field} holds a token id outside [0, 2**64)") from None
+            return np.asarray(ids, dtype=np.uint64)
+    else:
+        arr = ids
     if arr.ndim != 1:
         raise ValueError(f"{field} must be a flat list of token ids, got shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, dtype=np.uint64)
-    if arr.dtype == object:
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in arr.tolist()):
-            raise TypeError(f"{field} must hold ints only")
-        if min(arr.tolist()) < 0 or max(arr.tolist()) > _U64_MAX:
-            raise ValueError(f"{field} holds a token id outside [0, 2**64)")
-        return arr.astype(np.uint64)
     if arr.dtype.kind == "u":
         return arr.astype(np.uint64, copy=False)
     if arr.dtype.kind != "i":
