@@ -16,6 +16,17 @@ import pytest
 from tasks.storage.objects import ObjectStore
 
 STORE_KINDS = ("local", "memory", "s3")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI a skipped test is a failure, except GPU tests: real components must be there."""
+    outcome = yield
+    report = outcome.get_result()
+    if IN_CI and report.skipped and item.get_closest_marker("gpu") is None and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI (CI=true), which only GPU tests may do: {report.longrepr}"
 
 
 def _free_port() -> int:
