@@ -80,7 +80,7 @@ def token_array(ids: Sequence[int] | np.ndarray, *, field: str) -> np.ndarray:
         raise TypeError(f"{field} must hold ints, got dtype {arr.dtype}")
     if arr.min() < 0:
         raise ValueError(f"{field} holds a negative token id ({int(arr.min())})")
-    return arr.astype(np.uint64)
+    return arr.astype(np.int64, copy=False).view(np.uint64)
 
 
 def float32_array(values: Sequence[float] | np.ndarray, *, field: str) -> np.ndarray:
@@ -181,18 +181,29 @@ def compute_extras_digest(extras: Any) -> str:
 
 def hash_token_ids(ids: Sequence[int] | np.ndarray) -> str:
     """Cumulative hash: the whole token sequence through a call."""
-    arr = token_array(ids, field="token_ids")
-    return hashlib.sha256(PREFIX_DOMAIN + encode_token_list(arr)).hexdigest()
+    return cumulative_hash_of_parts(token_array(ids, field="token_ids"))
+
+
+def cumulative_hash_of_parts(*parts: np.ndarray) -> str:
+    """Cumulative hash of the concatenation of checked uint64 arrays, streamed without joining them."""
+    hasher = hashlib.sha256(PREFIX_DOMAIN)
+    hasher.update(_u64(sum(part.size for part in parts)))
+    for part in parts:
+        hasher.update(part.astype(">u8", copy=False))
+    return hasher.hexdigest()
 
 
 def chain_hash(parent_chain_hash: str | None, delta_ids: Sequence[int] | np.ndarray) -> str:
     """Chain hash of a call: its parent's chain hash (``None`` for a root) + its delta ids."""
-    if parent_chain_hash is None:
-        link = b"\x00"
-    else:
-        link = b"\x01" + bytes.fromhex(check_hex_digest(parent_chain_hash, field="parent_chain_hash"))
-    arr = token_array(delta_ids, field="delta_ids")
-    return hashlib.sha256(CHAIN_DOMAIN + link + encode_token_list(arr)).hexdigest()
+    if parent_chain_hash is not None:
+        check_hex_digest(parent_chain_hash, field="parent_chain_hash")
+    return chain_hash_of_checked(parent_chain_hash, token_array(delta_ids, field="delta_ids"))
+
+
+def chain_hash_of_checked(parent_chain_hash: str | None, ids: np.ndarray) -> str:
+    """Chain hash for an already checked parent hash and uint64 delta ids."""
+    link = b"\x00" if parent_chain_hash is None else b"\x01" + bytes.fromhex(parent_chain_hash)
+    return hashlib.sha256(CHAIN_DOMAIN + link + encode_token_list(ids)).hexdigest()
 
 
 def check_call_shape(
@@ -230,7 +241,7 @@ def check_call_shape(
 
 def check_mask_and_logprobs(mask: np.ndarray, logprobs: np.ndarray) -> None:
     """Masks are exactly 0.0 / 1.0; logprobs are exactly 0.0 where the mask is 0."""
-    if mask.size and not np.isin(mask, (0.0, 1.0)).all():
+    if mask.size and not ((mask == 0.0) | (mask == 1.0)).all():
         raise ValueError("token_mask_delta holds a value other than 0.0 or 1.0")
     carried = mask == 0.0
     if carried.any() and np.any(logprobs[carried] != 0.0):

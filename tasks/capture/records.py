@@ -50,6 +50,39 @@ def _check_int(value: object, *, field: str, minimum: int = 0) -> None:
         raise ValueError(f"{field} must be an int >= {minimum}, got {value!r}")
 
 
+_NULL_EXTRAS = ("null", dg.compute_extras_digest(None))
+
+
+def _read_only(fresh: np.ndarray) -> np.ndarray:
+    """Freeze an array this module just allocated (no copy: nobody else holds it)."""
+    fresh.flags.writeable = False
+    return fresh
+
+
+def _extras_fields(extras: Any) -> tuple[str, str]:
+    """(canonical JSON, extras digest) of a call's extras; ``None`` is the common, precomputed case."""
+    if extras is None:
+        return _NULL_EXTRAS
+    return canonical_json(extras), dg.compute_extras_digest(extras)
+
+
+def _check_call_settings(delta: StagedDelta) -> None:
+    """Identity and sampling fields of a staged delta: the checks ``build`` cannot derive."""
+    check_id(delta.batch_id, field="batch_id")
+    check_id(delta.rollout_id, field="rollout_id")
+    check_id(delta.call_id, field="call_id")
+    check_optional_id(delta.parent_call_id, field="parent_call_id")
+    dg.check_u64(delta.weight_version, field="weight_version")
+    if not isinstance(delta.finish_reason, str) or not delta.finish_reason:
+        raise ValueError(f"finish_reason must be a non-empty str, got {delta.finish_reason!r}")
+    _check_finite(delta.temperature, field="temperature")
+    _check_finite(delta.top_p, field="top_p")
+    if not isinstance(delta.top_k, int) or isinstance(delta.top_k, bool) or delta.top_k < -1:
+        raise ValueError(f"top_k must be an int >= -1 (-1 disables it), got {delta.top_k!r}")
+    if delta.logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {delta.logprobs_mode!r}")
+
+
 @dataclass(frozen=True, eq=False)
 class StagedDelta(ArrowRecord):
     """The token-bearing delta of one model call: the only place tokens live before finalization.
@@ -92,10 +125,7 @@ class StagedDelta(ArrowRecord):
         ):
             if getattr(self, name) != expected:
                 raise ValueError(f"{name} must be {expected}, got {getattr(self, name)!r}")
-        check_id(self.batch_id, field="batch_id")
-        check_id(self.rollout_id, field="rollout_id")
-        check_id(self.call_id, field="call_id")
-        check_optional_id(self.parent_call_id, field="parent_call_id")
+        _check_call_settings(self)
         ids = dg.token_array(self.token_ids_delta, field="token_ids_delta")
         if ids.size and int(ids.max()) > _I64_MAX:
             raise ValueError("token_ids_delta holds an id past int64")
@@ -103,7 +133,6 @@ class StagedDelta(ArrowRecord):
         logprobs = dg.float32_array(self.logprobs_delta, field="logprobs_delta")
         for name in ("prev_len", "delta_len", "cum_len"):
             _check_int(getattr(self, name), field=name)
-        dg.check_u64(self.weight_version, field="weight_version")
         dg.check_call_shape(
             parent_call_id=self.parent_call_id,
             mode=self.mode,
@@ -123,14 +152,6 @@ class StagedDelta(ArrowRecord):
             raise ValueError("extras_json is not in canonical form (sorted keys, no spaces)")
         if dg.compute_extras_digest(extras) != self.extras_digest:
             raise ValueError("extras_digest does not match extras_json")
-        if not isinstance(self.finish_reason, str) or not self.finish_reason:
-            raise ValueError(f"finish_reason must be a non-empty str, got {self.finish_reason!r}")
-        _check_finite(self.temperature, field="temperature")
-        _check_finite(self.top_p, field="top_p")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
-            raise ValueError(f"top_k must be an int >= -1 (-1 disables it), got {self.top_k!r}")
-        if self.logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         object.__setattr__(self, "token_ids_delta", frozen_array(ids, np.int64))
         object.__setattr__(self, "token_mask_delta", frozen_array(mask, np.float32))
         object.__setattr__(self, "logprobs_delta", frozen_array(logprobs, np.float32))
@@ -160,68 +181,89 @@ class StagedDelta(ArrowRecord):
 
         ``prefix_token_ids`` are the parent's exact tokens (empty for a root); the prompt must
         start with them. The delta is the prompt past the prefix followed by the generation.
+        This is the hot path of staging: every input is checked once, the arrays and hashes
+        are derived from checked values, so the result satisfies ``__post_init__``'s
+        invariants by construction and is not re-validated.
         """
         prefix = dg.token_array(prefix_token_ids, field="prefix_token_ids")
         prompt = dg.token_array(prompt_token_ids, field="prompt_token_ids")
         generated = dg.token_array(generated_token_ids, field="generated_token_ids")
-        logprobs = dg.float32_array(generated_logprobs, field="generated_logprobs")
-        if logprobs.size != generated.size:
-            raise ValueError(f"generated_logprobs has {logprobs.size} entries for {generated.size} generated tokens")
+        sampled_logprobs = dg.float32_array(generated_logprobs, field="generated_logprobs")
+        if sampled_logprobs.size != generated.size:
+            raise ValueError(
+                f"generated_logprobs has {sampled_logprobs.size} entries for {generated.size} generated tokens"
+            )
         if prompt.size < prefix.size or not np.array_equal(prompt[: prefix.size], prefix):
             raise ValueError(f"prompt of {call_id} does not start with its parent's {prefix.size} exact tokens")
+        if (parent_call_id is None) != (prefix.size == 0) or (parent_call_id is None) != (parent_chain_hash is None):
+            raise ValueError(
+                f"call {call_id}: a root has no parent, no parent chain hash and no prefix; "
+                f"a child has all three (parent {parent_call_id!r}, prefix of {prefix.size} tokens)"
+            )
+        if parent_chain_hash is not None:
+            dg.check_hex_digest(parent_chain_hash, field="parent_chain_hash")
         carry = prompt[prefix.size :]
         ids = np.concatenate([carry, generated])
-        mask = np.concatenate([np.zeros(carry.size, np.float32), np.ones(generated.size, np.float32)])
-        delta_logprobs = np.concatenate([np.zeros(carry.size, np.float32), logprobs])
-        prev_len = int(prefix.size)
+        if ids.size == 0:
+            raise ValueError(f"call {call_id} has an empty delta: no new prompt tokens and no generation")
+        if int(ids.max()) > _I64_MAX:
+            raise ValueError(f"call {call_id} holds a token id past int64")
+        mask = np.zeros(ids.size, np.float32)
+        mask[carry.size :] = 1.0
+        delta_logprobs = np.zeros(ids.size, np.float32)
+        delta_logprobs[carry.size :] = sampled_logprobs
+        prev_len, delta_len = int(prefix.size), int(ids.size)
         mode = "text" if parent_call_id is None else "token_in"
-        extras_json = canonical_json(extras)
-        extras_digest = dg.compute_extras_digest(extras)
-        chain = dg.chain_hash(parent_chain_hash, ids)
-        cumulative = dg.hash_token_ids(np.concatenate([prefix, ids]))
-        call_digest = dg.compute_staging_digest(
-            rollout_id=rollout_id,
-            call_id=call_id,
-            parent_call_id=parent_call_id,
-            mode=mode,
-            prev_len=prev_len,
-            delta_len=int(ids.size),
-            cum_len=prev_len + int(ids.size),
-            weight_version=weight_version,
-            token_ids_delta=ids,
-            token_mask_delta=mask,
-            logprobs_delta=delta_logprobs,
-            extras_digest=extras_digest,
-            chain_hash=chain,
-            cumulative_hash=cumulative,
-        )
-        return cls(
-            schema_version=dg.SCHEMA_VERSION,
-            digest_version=dg.DIGEST_VERSION,
-            extras_digest_version=dg.EXTRAS_DIGEST_VERSION,
-            batch_id=batch_id,
-            rollout_id=rollout_id,
-            call_id=call_id,
-            parent_call_id=parent_call_id,
-            mode=mode,
-            prev_len=prev_len,
-            delta_len=int(ids.size),
-            cum_len=prev_len + int(ids.size),
-            weight_version=weight_version,
-            token_ids_delta=ids.astype(np.int64),
-            token_mask_delta=mask,
-            logprobs_delta=delta_logprobs,
-            extras_json=extras_json,
-            extras_digest=extras_digest,
-            chain_hash=chain,
-            cumulative_hash=cumulative,
-            digest=call_digest,
-            finish_reason=finish_reason,
-            temperature=float(temperature),
-            top_p=float(top_p),
-            top_k=int(top_k),
-            logprobs_mode=logprobs_mode,
-        )
+        extras_json, extras_digest = _extras_fields(extras)
+        chain = dg.chain_hash_of_checked(parent_chain_hash, ids)
+        cumulative = dg.cumulative_hash_of_parts(prefix, ids)
+        delta = object.__new__(cls)
+        fields = {
+            "schema_version": dg.SCHEMA_VERSION,
+            "digest_version": dg.DIGEST_VERSION,
+            "extras_digest_version": dg.EXTRAS_DIGEST_VERSION,
+            "batch_id": batch_id,
+            "rollout_id": rollout_id,
+            "call_id": call_id,
+            "parent_call_id": parent_call_id,
+            "mode": mode,
+            "prev_len": prev_len,
+            "delta_len": delta_len,
+            "cum_len": prev_len + delta_len,
+            "weight_version": dg.check_u64(weight_version, field="weight_version"),
+            "token_ids_delta": _read_only(ids.view(np.int64)),
+            "token_mask_delta": _read_only(mask),
+            "logprobs_delta": _read_only(delta_logprobs),
+            "extras_json": extras_json,
+            "extras_digest": extras_digest,
+            "chain_hash": chain,
+            "cumulative_hash": cumulative,
+            "digest": dg.digest_of_checked_call(
+                rollout_id=rollout_id,
+                call_id=call_id,
+                parent_call_id=parent_call_id,
+                mode=mode,
+                prev_len=prev_len,
+                delta_len=delta_len,
+                cum_len=prev_len + delta_len,
+                weight_version=weight_version,
+                ids=ids,
+                mask=mask,
+                logprobs=delta_logprobs,
+                extras_digest=extras_digest,
+                chain_hash=chain,
+                cumulative_hash=cumulative,
+            ),
+            "finish_reason": finish_reason,
+            "temperature": float(temperature),
+            "top_p": float(top_p),
+            "top_k": top_k,
+            "logprobs_mode": logprobs_mode,
+        }
+        for name, value in fields.items():
+            object.__setattr__(delta, name, value)
+        _check_call_settings(delta)
+        return delta
 
     @property
     def staging_key(self) -> str:

@@ -1,0 +1,1 @@
+"""Model files the project ships with or converts (the bundled SmolLM2 default)."""

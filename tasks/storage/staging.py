@@ -1,0 +1,408 @@
+"""Group-commit staging of token deltas and the reader that fetches them back (ARCHITECTURE 4.1, 5).
+
+Writer invariant: a submitted delta's :class:`CommitCoordinates` resolve only after the
+segment object holding it has been written (``write_once`` returned), so a ledger record
+written on those coordinates never points at data that is not durable. Every flush attempt
+takes a fresh segment index: a failed write may have left a partial object or even a whole
+one, so its name is never used again.
+
+Reader invariant: rows come back only from segments whose bytes match the committed sha256
+(when given) and whose schema is the :class:`StagedDelta` schema, and only when the row at
+the coordinates holds the requested ``rollout_id/call_id``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tasks.capture.records import StagedDelta
+from tasks.schema import SchemaMismatchError
+from tasks.storage.errors import (
+    CallIdMismatchError,
+    DuplicateStagingKeyError,
+    MissingStagingRowError,
+    SegmentChecksumMismatchError,
+    StagingKeyMismatchError,
+    StorageIntegrityError,
+)
+from tasks.storage.layout import staging_segment
+from tasks.storage.objects import ObjectStore, WrittenObject, sha256_hex
+
+DEFAULT_MAX_ROWS = 512
+DEFAULT_MAX_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_DELAY_MS = 50.0
+DEFAULT_CACHED_SEGMENTS = 4
+
+# Fixed per-row cost (hex hashes, ids, sampling columns) in the buffered-bytes estimate.
+_ROW_OVERHEAD_BYTES = 400
+# Bytes per token of the three list columns before encoding: int64 id + float32 mask + float32 logprob.
+_TOKEN_BYTES = 16
+
+_HASH_COLUMNS = ("extras_digest", "chain_hash", "cumulative_hash", "digest")
+# Encodings, measured with bench/staging.py (bytes per staged token, zstd; pyarrow defaults 7.9):
+# * token ids and logprobs: BYTE_STREAM_SPLIT, no dictionary. Splitting the bytes of each value
+#   into streams leaves the always-zero high bytes of int64 ids and the near-constant sign /
+#   exponent bytes of near-zero logprobs in runs zstd removes (ids 2.06 -> 1.90 B/token against
+#   the default dictionary, logprobs 4.87 -> 3.05; a 49k vocabulary overflows a useful dictionary).
+# * hashes: plain, no dictionary: every value is unique, a dictionary only adds a page.
+# * everything else (mask runs, repeated ids and sampling values): dictionary + RLE, the default.
+# Statistics are off: nothing filters staging segments by value. Result: ~5.7 B/token.
+_PLAIN_COLUMNS = (*_HASH_COLUMNS, "token_ids_delta", "logprobs_delta")
+_COLUMN_ENCODING = {
+    "token_ids_delta.list.element": "BYTE_STREAM_SPLIT",
+    "logprobs_delta.list.element": "BYTE_STREAM_SPLIT",
+}
+
+
+@dataclass(frozen=True)
+class CommitCoordinates:
+    """Where a staged delta lives: a batch-relative segment path and the row within it."""
+
+    segment: str
+    row: int
+
+
+@dataclass(frozen=True)
+class WrittenSegment:
+    """A written segment object and its row count, as the shard's commit marker lists it."""
+
+    object: WrittenObject
+    rows: int
+
+
+def encode_segment(table: pa.Table, *, compression: str = "zstd") -> bytes:
+    """Parquet bytes of a staged-delta table with the staging encodings (one row group)."""
+    sink = pa.BufferOutputStream()
+    use_dictionary = [name for name in table.column_names if name not in _PLAIN_COLUMNS]
+    pq.write_table(
+        table,
+        sink,
+        compression=compression,
+        use_dictionary=use_dictionary,
+        column_encoding=_COLUMN_ENCODING,
+        write_statistics=False,
+    )
+    return sink.getvalue().to_pybytes()
+
+
+@dataclass
+class _Pending:
+    delta: StagedDelta
+    future: Future[CommitCoordinates]
+    nbytes: int
+    seq: int
+    submitted_at: float
+
+
+@dataclass
+class _State:
+    buffer: list[_Pending] = field(default_factory=list)
+    buffered_bytes: int = 0
+    keys: set[str] = field(default_factory=set)
+    next_seq: int = 0
+    flush_through: int = -1
+    in_flight: list[Future[CommitCoordinates]] = field(default_factory=list)
+    segments: list[WrittenSegment] = field(default_factory=list)
+    next_index: int = 0
+    closing: bool = False
+
+
+class StagingWriter:
+    """Group-commit writer of one shard attempt's staging segments.
+
+    ``store`` is rooted at the batch directory. A background thread writes the buffered
+    deltas as one Parquet segment when ``max_rows`` rows or about ``max_bytes`` uncompressed
+    bytes are buffered, or ``max_delay_ms`` after the oldest buffered row was submitted.
+    A staging key is accepted at most once per writer, also after its flush failed (the
+    failed call is recorded as a failure row; a retry is a new call id).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        shard: int,
+        attempt: int,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_delay_ms: float = DEFAULT_MAX_DELAY_MS,
+        compression: str = "zstd",
+    ) -> None:
+        if max_rows < 1 or max_bytes < 1 or max_delay_ms < 0:
+            raise ValueError(
+                f"max_rows and max_bytes must be >= 1 and max_delay_ms >= 0, "
+                f"got {max_rows}, {max_bytes}, {max_delay_ms}"
+            )
+        staging_segment(shard, attempt, 0)  # validates shard and attempt up front
+        self._store = store
+        self._shard = shard
+        self._attempt = attempt
+        self._max_rows = max_rows
+        self._max_bytes = max_bytes
+        self._max_delay = max_delay_ms / 1000.0
+        self._compression = compression
+        self._state = _State()
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=f"staging-writer-{shard}-{attempt}", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> StagingWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def segments(self) -> list[WrittenSegment]:
+        """Every segment written so far, in index order."""
+        with self._cond:
+            return list(self._state.segments)
+
+    def submit(self, delta: StagedDelta) -> Future[CommitCoordinates]:
+        """Buffer ``delta``; the future resolves with its coordinates once its segment is written.
+
+        The future fails with :class:`DuplicateStagingKeyError` for a key this writer already
+        accepted, and with the write error when its segment could not be written.
+        """
+        if not isinstance(delta, StagedDelta):
+            raise TypeError(f"submit takes a StagedDelta, got {type(delta).__name__}")
+        future: Future[CommitCoordinates] = Future()
+        nbytes = _TOKEN_BYTES * delta.delta_len + len(delta.extras_json) + _ROW_OVERHEAD_BYTES
+        with self._cond:
+            if self._state.closing:
+                raise RuntimeError(f"staging writer of shard {self._shard} attempt {self._attempt} is closed")
+            state = self._state
+            if delta.staging_key in state.keys:
+                future.set_exception(
+                    DuplicateStagingKeyError(f"staging key {delta.staging_key} was already submitted to this writer")
+                )
+                return future
+            state.keys.add(delta.staging_key)
+            state.buffer.append(_Pending(delta, future, nbytes, state.next_seq, time.monotonic()))
+            state.next_seq += 1
+            state.buffered_bytes += nbytes
+            # Wake the flusher only when it has something new to do: arm the delay timer for a
+            # first row, or flush on size. Waking it per row costs more than the write itself.
+            if len(state.buffer) == 1 or len(state.buffer) >= self._max_rows or state.buffered_bytes >= self._max_bytes:
+                self._cond.notify_all()
+        return future
+
+    def flush(self) -> None:
+        """Write everything submitted so far and wait until it is written or has failed.
+
+        Failures are reported through the submissions' futures, not raised here.
+        """
+        with self._cond:
+            state = self._state
+            waiting = [p.future for p in state.buffer] + list(state.in_flight)
+            state.flush_through = state.next_seq - 1
+            self._cond.notify_all()
+        for future in waiting:
+            future.exception()
+
+    def close(self) -> None:
+        """Flush, then stop the writer thread. Idempotent; ``submit`` raises afterwards."""
+        with self._cond:
+            self._state.closing = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    # --- flusher thread -------------------------------------------------------------------
+
+    def _due(self, now: float) -> bool:
+        state = self._state
+        if not state.buffer:
+            return False
+        return (
+            state.closing
+            or len(state.buffer) >= self._max_rows
+            or state.buffered_bytes >= self._max_bytes
+            or state.buffer[0].seq <= state.flush_through
+            or now - state.buffer[0].submitted_at >= self._max_delay
+        )
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                state = self._state
+                while not self._due(time.monotonic()):
+                    if state.closing and not state.buffer:
+                        return
+                    timeout = None
+                    if state.buffer:
+                        timeout = max(0.0, state.buffer[0].submitted_at + self._max_delay - time.monotonic())
+                    self._cond.wait(timeout)
+                batch = self._take_batch()
+                if not batch:
+                    continue
+                index = state.next_index
+                state.next_index += 1
+            self._write(batch, index)
+
+    def _take_batch(self) -> list[_Pending]:
+        """Pop the oldest rows, up to ``max_rows`` rows and about ``max_bytes`` (at least one row)."""
+        state = self._state
+        count, nbytes = 0, 0
+        while count < len(state.buffer) and count < self._max_rows and (count == 0 or nbytes < self._max_bytes):
+            nbytes += state.buffer[count].nbytes
+            count += 1
+        batch, state.buffer = state.buffer[:count], state.buffer[count:]
+        state.buffered_bytes -= nbytes
+        live = [p for p in batch if p.future.set_running_or_notify_cancel()]
+        state.in_flight = [p.future for p in live]
+        return live
+
+    def _write(self, batch: list[_Pending], index: int) -> None:
+        path = staging_segment(self._shard, self._attempt, index)
+        try:
+            data = encode_segment(StagedDelta.to_table([p.delta for p in batch]), compression=self._compression)
+            written = self._store.write_once(path, data)
+        except Exception as exc:
+            for pending in batch:
+                pending.future.set_exception(exc)
+        else:
+            with self._cond:
+                self._state.segments.append(WrittenSegment(written, len(batch)))
+            for row, pending in enumerate(batch):
+                pending.future.set_result(CommitCoordinates(path, row))
+        with self._cond:
+            self._state.in_flight = []
+
+
+class StagedReader:
+    """Fetches staged rows by ``(staging_key, coordinates)``, one read per segment.
+
+    ``segment_sha256`` maps segment paths to the sha256 a commit marker recorded; when given,
+    only those segments are read and each must match. Parsed segments are kept in a small
+    LRU across calls (``cached_segments``, 0 disables it).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        segment_sha256: Mapping[str, str] | None = None,
+        cached_segments: int = DEFAULT_CACHED_SEGMENTS,
+    ) -> None:
+        self._store = store
+        self._segment_sha256 = dict(segment_sha256) if segment_sha256 is not None else None
+        self._cached_segments = cached_segments
+        self._cache: OrderedDict[str, pa.Table] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def fetch(self, requests: Sequence[tuple[str, CommitCoordinates]]) -> pa.Table:
+        """The requested rows, in request order, as a table with the :class:`StagedDelta` schema.
+
+        Raises :class:`DuplicateStagingKeyError`, :class:`MissingStagingRowError`,
+        :class:`SegmentChecksumMismatchError`, :class:`StagingKeyMismatchError` or
+        :class:`CallIdMismatchError`, each naming the key, segment and row.
+        """
+        schema = StagedDelta.arrow_schema()
+        if not requests:
+            return schema.empty_table()
+        seen: set[str] = set()
+        by_segment: dict[str, list[int]] = {}
+        for position, (key, coords) in enumerate(requests):
+            if key.count("/") != 1:
+                raise ValueError(f"staging key {key!r} is not of the form rollout_id/call_id")
+            if key in seen:
+                raise DuplicateStagingKeyError(f"staging key {key} is requested twice")
+            seen.add(key)
+            by_segment.setdefault(coords.segment, []).append(position)
+        parts: list[pa.Table] = []
+        order: list[int] = []
+        for segment, positions in by_segment.items():
+            table = self._segment(segment)
+            rows = [requests[p][1].row for p in positions]
+            for position, row in zip(positions, rows, strict=True):
+                if not 0 <= row < table.num_rows:
+                    key = requests[position][0]
+                    raise MissingStagingRowError(
+                        f"staging key {key}: row {row} is past the {table.num_rows} rows of segment {segment}"
+                    )
+            part = table.take(pa.array(rows, type=pa.int64()))
+            _check_keys(part, [requests[p][0] for p in positions], segment, rows)
+            parts.append(part)
+            order.extend(positions)
+        combined = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        if order != sorted(order):
+            combined = combined.take(pa.array(np.argsort(np.asarray(order), kind="stable")))
+        return combined
+
+    def fetch_records(self, requests: Sequence[tuple[str, CommitCoordinates]]) -> list[StagedDelta]:
+        """The requested rows as validated :class:`StagedDelta` records, in request order."""
+        return StagedDelta.from_table(self.fetch(requests), source="staged rows")
+
+    def fetch_token_ids(self, requests: Sequence[tuple[str, CommitCoordinates]]) -> list[np.ndarray]:
+        """Each requested row's ``token_ids_delta`` as a read-only int64 array, in request order."""
+        column = self.fetch(requests).column("token_ids_delta").combine_chunks()
+        offsets = column.offsets.to_numpy()
+        flat = column.flatten().to_numpy(zero_copy_only=False)
+        flat.flags.writeable = False
+        return np.split(flat, offsets[1:-1] - offsets[0])
+
+    def _segment(self, segment: str) -> pa.Table:
+        with self._lock:
+            table = self._cache.get(segment)
+            if table is not None:
+                self._cache.move_to_end(segment)
+                return table
+        table = self._load(segment)
+        if self._cached_segments > 0:
+            with self._lock:
+                self._cache[segment] = table
+                while len(self._cache) > self._cached_segments:
+                    self._cache.popitem(last=False)
+        return table
+
+    def _load(self, segment: str) -> pa.Table:
+        expected = None
+        if self._segment_sha256 is not None:
+            expected = self._segment_sha256.get(segment)
+            if expected is None:
+                raise MissingStagingRowError(f"segment {segment} is not named by the commit marker")
+        try:
+            data = self._store.read_bytes(segment)
+        except FileNotFoundError:
+            raise MissingStagingRowError(f"segment {segment} does not exist") from None
+        if expected is not None:
+            actual = sha256_hex(data)
+            if actual != expected:
+                raise SegmentChecksumMismatchError(
+                    f"segment {segment} has sha256 {actual}, the commit marker recorded {expected}"
+                )
+        table = pq.read_table(pa.BufferReader(data))
+        try:
+            StagedDelta.check_table(table, source=f"segment {segment}")
+        except SchemaMismatchError as exc:
+            raise StorageIntegrityError(str(exc), reason="invalid_staged_row") from exc
+        return table.select(StagedDelta.column_names()).cast(StagedDelta.arrow_schema())
+
+
+def _check_keys(part: pa.Table, keys: list[str], segment: str, rows: list[int]) -> None:
+    """Raise when a fetched row holds another rollout or call than its staging key names."""
+    requested = [key.split("/", 1) for key in keys]
+    want_rollouts = pa.array([r[0] for r in requested], type=pa.string())
+    want_calls = pa.array([r[1] for r in requested], type=pa.string())
+    rollout_ok = pc.equal(part.column("rollout_id"), want_rollouts)
+    call_ok = pc.equal(part.column("call_id"), want_calls)
+    if pc.all(pc.and_(rollout_ok, call_ok)).as_py():
+        return
+    ok_rollouts = rollout_ok.to_numpy(zero_copy_only=False)
+    ok_calls = call_ok.to_numpy(zero_copy_only=False)
+    bad = int(np.flatnonzero(~(ok_rollouts & ok_calls))[0])
+    found = f"{part.column('rollout_id')[bad].as_py()}/{part.column('call_id')[bad].as_py()}"
+    where = f"staging key {keys[bad]}: row {rows[bad]} of segment {segment} holds {found}"
+    if not ok_rollouts[bad]:
+        raise StagingKeyMismatchError(where)
+    raise CallIdMismatchError(where)

