@@ -16,12 +16,14 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 
 SCHEMES_LOCAL = ("file", "local")
+CONFLICT_RETRIES = 4
 
 
 class ObjectConflictError(FileExistsError):
@@ -110,9 +112,21 @@ class ObjectStore:
         return True
 
     def _write_exclusive(self, path: str, data: bytes) -> bool:
-        options = {"block_size": self.block_size} if self.block_size else {}
         if not self.is_s3:
             self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+        for retry in range(CONFLICT_RETRIES + 1):
+            try:
+                return self._open_exclusive(path, data)
+            except OSError as exc:
+                # S3 answers a conditional write racing another one with 409
+                # ConditionalRequestConflict (s3fs: a plain OSError): retry, then the loser sees 412.
+                if "ConditionalRequestConflict" not in str(exc) or retry == CONFLICT_RETRIES:
+                    raise
+                time.sleep(0.05 * 2**retry)
+        raise AssertionError("unreachable")
+
+    def _open_exclusive(self, path: str, data: bytes) -> bool:
+        options = {"block_size": self.block_size} if self.block_size else {}
         try:
             with self.fs.open(path, "xb", **options) as handle:
                 handle.write(data)

@@ -1,0 +1,267 @@
+"""A shard's commit marker, ``ledger/shard-K/_COMMITTED.json`` (ARCHITECTURE sections 2 and 10).
+
+The marker is written last, once, and is the only thing readers trust: it names every object
+of the shard's committed data (staging segments, ledger files of the committing attempt and
+the files it adopted from earlier attempts) with size, sha256 and row count, plus counts that
+must agree with those rows. A marker that breaks any of these rules is refused with
+:class:`MalformedMarkerError`; every file path must be the layout's own name for an object of
+this shard in an attempt no later than the committing one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Self
+
+from tasks.ids import check_id
+from tasks.storage import layout
+from tasks.storage.errors import StorageIntegrityError
+from tasks.storage.objects import ObjectStore, WrittenObject
+
+MARKER_VERSION = 1
+FILE_KINDS = ("staging", *layout.LEDGER_KINDS)
+_HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
+_OBJECT_INDEX = re.compile(r"-(\d+)\.parquet$")
+
+
+class MalformedMarkerError(StorageIntegrityError, ValueError):
+    """A commit marker that cannot be trusted: bad JSON, wrong version, missing or odd fields."""
+
+    reason = "malformed_marker"
+
+
+@dataclass(frozen=True)
+class ShardObject:
+    """What a staging or ledger object path of a shard says about itself."""
+
+    kind: str
+    attempt: int
+    index: int
+
+
+def parse_shard_object(path: str, shard: int) -> ShardObject:
+    """Kind, attempt and index of ``path``; ValueError unless it is the layout's name for them."""
+    if not isinstance(path, str):
+        raise ValueError(f"object path must be a str, got {path!r}")
+    if path.startswith(layout.staging_shard_dir(shard) + "/"):
+        kind = "staging"
+    elif path.startswith(layout.ledger_shard_dir(shard) + "/"):
+        kind = path.rsplit("/", 1)[-1].split("-", 1)[0]
+        if kind not in layout.LEDGER_KINDS:
+            raise ValueError(f"{path!r} is not a ledger file of kind {layout.LEDGER_KINDS}")
+    else:
+        raise ValueError(f"{path!r} is outside the staging and ledger directories of shard {shard}")
+    index_match = _OBJECT_INDEX.search(path)
+    if index_match is None:
+        raise ValueError(f"{path!r} does not end in a -NNNNNN.parquet object index")
+    attempt, index = layout.attempt_of(path), int(index_match.group(1))
+    expected = (
+        layout.staging_segment(shard, attempt, index)
+        if kind == "staging"
+        else layout.ledger_file(shard, attempt, kind, index)
+    )
+    if path != expected:
+        raise ValueError(f"{path!r} does not match the layout name {expected!r}")
+    return ShardObject(kind=kind, attempt=attempt, index=index)
+
+
+def _check_count(value: object, field: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise MalformedMarkerError(f"{field} must be an int >= 0, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class MarkedFile:
+    """One object a marker names: batch-relative path, kind, size in bytes, sha256, rows."""
+
+    path: str
+    kind: str
+    size: int
+    sha256: str
+    rows: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in FILE_KINDS:
+            raise MalformedMarkerError(f"file {self.path!r}: kind must be one of {FILE_KINDS}, got {self.kind!r}")
+        _check_count(self.size, f"file {self.path!r}: size")
+        _check_count(self.rows, f"file {self.path!r}: rows")
+        if not isinstance(self.sha256, str) or not _HEX_SHA256.fullmatch(self.sha256):
+            raise MalformedMarkerError(f"file {self.path!r}: sha256 must be 64 lowercase hex digits")
+
+    @classmethod
+    def of(cls, written: WrittenObject, *, kind: str, rows: int) -> Self:
+        return cls(path=written.path, kind=kind, size=written.size, sha256=written.sha256, rows=rows)
+
+
+@dataclass(frozen=True)
+class ShardCounts:
+    """Counts a marker commits; each equals a sum over the rows of the named files.
+
+    ``staged_rows``/``calls``/``failures``: rows of the named staging, calls and failures files
+    (leftover rows of un-receipted rollouts in adopted files included); ``rollouts``: rows of the
+    named receipts files, split by status into ``ok``/``poisoned``/``failed``;
+    ``adopted_rollouts``: receipts rows in files of earlier attempts.
+    """
+
+    rollouts: int
+    ok: int
+    poisoned: int
+    failed: int
+    calls: int
+    failures: int
+    staged_rows: int
+    adopted_rollouts: int
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check_count(getattr(self, f.name), f"counts.{f.name}")
+        if self.ok + self.poisoned + self.failed != self.rollouts:
+            raise MalformedMarkerError(
+                f"counts: ok {self.ok} + poisoned {self.poisoned} + failed {self.failed} != rollouts {self.rollouts}"
+            )
+        if self.adopted_rollouts > self.rollouts:
+            raise MalformedMarkerError(
+                f"counts: adopted_rollouts {self.adopted_rollouts} exceeds rollouts {self.rollouts}"
+            )
+
+
+_COUNT_OF_KIND = {"staging": "staged_rows", "calls": "calls", "failures": "failures", "receipts": "rollouts"}
+
+
+@dataclass(frozen=True)
+class ShardMarker:
+    """The commit marker of one shard; constructing one checks every rule of the module docstring."""
+
+    batch_id: str
+    shard: int
+    attempt: int
+    files: tuple[MarkedFile, ...]
+    counts: ShardCounts
+    committed_at: float
+    marker_version: int = MARKER_VERSION
+
+    def __post_init__(self) -> None:
+        if type(self.marker_version) is not int or self.marker_version != MARKER_VERSION:
+            raise MalformedMarkerError(f"marker_version must be {MARKER_VERSION}, got {self.marker_version!r}")
+        try:
+            check_id(self.batch_id, field="batch_id")
+        except (TypeError, ValueError) as exc:
+            raise MalformedMarkerError(str(exc)) from None
+        _check_count(self.shard, "shard")
+        _check_count(self.attempt, "attempt")
+        if (
+            not isinstance(self.committed_at, (int, float))
+            or isinstance(self.committed_at, bool)
+            or not math.isfinite(self.committed_at)
+        ):
+            raise MalformedMarkerError(f"committed_at must be a finite number, got {self.committed_at!r}")
+        if not isinstance(self.files, tuple) or not all(isinstance(f, MarkedFile) for f in self.files):
+            raise MalformedMarkerError("files must be a tuple of MarkedFile")
+        if not isinstance(self.counts, ShardCounts):
+            raise MalformedMarkerError("counts must be ShardCounts")
+        sums = dict.fromkeys(_COUNT_OF_KIND.values(), 0)
+        adopted = 0
+        seen: set[str] = set()
+        for marked in self.files:
+            if marked.path in seen:
+                raise MalformedMarkerError(f"file {marked.path!r} is named twice")
+            seen.add(marked.path)
+            try:
+                parsed = parse_shard_object(marked.path, self.shard)
+            except ValueError as exc:
+                raise MalformedMarkerError(f"marker of shard {self.shard}: {exc}") from None
+            if parsed.kind != marked.kind:
+                raise MalformedMarkerError(f"file {marked.path!r} is a {parsed.kind} object, marked as {marked.kind}")
+            if parsed.attempt > self.attempt:
+                raise MalformedMarkerError(
+                    f"file {marked.path!r} belongs to attempt {parsed.attempt}, after committing attempt {self.attempt}"
+                )
+            sums[_COUNT_OF_KIND[marked.kind]] += marked.rows
+            if marked.kind == "receipts" and parsed.attempt < self.attempt:
+                adopted += marked.rows
+        sums["adopted_rollouts"] = adopted
+        for name, total in sums.items():
+            if getattr(self.counts, name) != total:
+                raise MalformedMarkerError(
+                    f"counts.{name} is {getattr(self.counts, name)}, the named files hold {total} rows"
+                )
+        object.__setattr__(self, "files", tuple(sorted(self.files, key=lambda f: _file_order(f, self.shard))))
+
+    @property
+    def path(self) -> str:
+        return layout.shard_marker(self.shard)
+
+    def files_of(self, kind: str) -> tuple[MarkedFile, ...]:
+        """Named files of ``kind`` in ledger order: attempt, then object index."""
+        return tuple(f for f in self.files if f.kind == kind)
+
+    def to_json(self) -> str:
+        """Canonical JSON: sorted keys, no spaces, files in ledger order."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "marker") -> Self:
+        """Parse and validate a marker; :class:`MalformedMarkerError` names ``source`` and the problem."""
+        try:
+            raw = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise MalformedMarkerError(f"{source} is not valid JSON: {exc}") from None
+        try:
+            fields = _exact_fields(raw, cls, source)
+            version = fields["marker_version"]
+            if type(version) is not int or version != MARKER_VERSION:
+                raise MalformedMarkerError(
+                    f"{source}: marker_version {version!r} is not supported (expected {MARKER_VERSION})"
+                )
+            if not isinstance(fields["files"], list):
+                raise MalformedMarkerError(f"{source}: files must be a list")
+            fields["files"] = tuple(
+                MarkedFile(**_exact_fields(f, MarkedFile, f"{source} file")) for f in fields["files"]
+            )
+            fields["counts"] = ShardCounts(**_exact_fields(fields["counts"], ShardCounts, f"{source} counts"))
+            return cls(**fields)
+        except MalformedMarkerError as exc:
+            message = str(exc)
+            raise MalformedMarkerError(message if message.startswith(source) else f"{source}: {message}") from None
+
+
+def _exact_fields(raw: object, record: type, source: str) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(record)}
+    if not isinstance(raw, dict):
+        raise MalformedMarkerError(f"{source} must be a JSON object, got {type(raw).__name__}")
+    missing = sorted(names - raw.keys())
+    extra = sorted(raw.keys() - names)
+    if missing or extra:
+        raise MalformedMarkerError(f"{source} has missing fields {missing} and unexpected fields {extra}")
+    return dict(raw)
+
+
+def _file_order(marked: MarkedFile, shard: int) -> tuple[int, int, int]:
+    parsed = parse_shard_object(marked.path, shard)
+    return (FILE_KINDS.index(marked.kind), parsed.attempt, parsed.index)
+
+
+def write_marker(store: ObjectStore, marker: ShardMarker) -> WrittenObject:
+    """Create the shard's marker once; an identical rewrite is a no-op, a different one an ObjectConflictError.
+
+    ``store`` is rooted at the batch directory.
+    """
+    return store.write_once(marker.path, marker.to_json().encode("utf-8"))
+
+
+def read_marker(store: ObjectStore, shard: int) -> ShardMarker | None:
+    """The shard's validated marker, or None when the shard is not committed."""
+    path = layout.shard_marker(shard)
+    try:
+        data = store.read_bytes(path)
+    except FileNotFoundError:
+        return None
+    marker = ShardMarker.from_json(data, source=path)
+    if marker.shard != shard:
+        raise MalformedMarkerError(f"{path} is the marker of shard {marker.shard}, not {shard}")
+    return marker

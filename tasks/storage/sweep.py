@@ -1,0 +1,58 @@
+"""Delete the objects of a committed shard that its marker does not name (ARCHITECTURE section 10).
+
+Orphans are staged segments of calls that crashed before their ledger record, ledger files
+of dead attempts that were not adopted, and temp files of crashed local writes. Only a
+committed shard is swept: before its marker exists, every object may still be adopted. The
+marker itself and every object it names are never deleted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tasks.storage import layout
+from tasks.storage.errors import UncommittedShardError
+from tasks.storage.marker import read_marker
+from tasks.storage.objects import ObjectStore
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What a sweep found: ``orphans`` (deleted unless ``dry_run``) and the ``kept`` named objects."""
+
+    shard: int
+    orphans: tuple[str, ...]
+    kept: tuple[str, ...]
+    dry_run: bool
+
+    @property
+    def deleted(self) -> tuple[str, ...]:
+        return () if self.dry_run else self.orphans
+
+
+def sweep_orphans(store: ObjectStore, shard: int, *, dry_run: bool = False) -> SweepReport:
+    """Delete every object under the shard's staging and ledger directories that its marker does not name.
+
+    ``store`` is rooted at the batch directory. Raises :class:`UncommittedShardError` when the
+    shard has no marker. With ``dry_run`` nothing is deleted; the report lists what would be.
+    """
+    marker = read_marker(store, shard)
+    if marker is None:
+        raise UncommittedShardError(f"shard {shard} has no commit marker; refusing to sweep its objects")
+    named = {f.path for f in marker.files} | {marker.path}
+    present = [
+        path
+        for directory in (layout.staging_shard_dir(shard), layout.ledger_shard_dir(shard))
+        for path in store.list_files(directory)
+        if path.startswith(directory + "/")
+    ]
+    orphans = tuple(sorted(p for p in present if p not in named))
+    if not dry_run:
+        for path in orphans:
+            store.delete(path)
+    return SweepReport(
+        shard=shard,
+        orphans=orphans,
+        kept=tuple(sorted(p for p in present if p in named)),
+        dry_run=dry_run,
+    )
