@@ -6,20 +6,29 @@ traverse out of its directory or collide with a separator.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MAX_ID_LENGTH = 128
+# Ids already checked (batch and rollout ids recur on every call): validity is a pure function of the value.
+_RECENT_VALID: set[str] = set()
+_RECENT_VALID_MAX = 65536
 
 
 def check_id(value: object, *, field: str) -> str:
     """Return ``value`` when it is a valid id, else raise naming ``field`` and the value."""
+    if value.__class__ is str and value in _RECENT_VALID:
+        return value
     if not isinstance(value, str):
         raise TypeError(f"{field} must be a str, got {type(value).__name__}: {value!r}")
     if len(value) > MAX_ID_LENGTH:
         raise ValueError(f"{field} is {len(value)} characters, at most {MAX_ID_LENGTH} allowed: {value[:40]!r}...")
     if not ID_PATTERN.fullmatch(value):
         raise ValueError(f"{field} {value!r} is not a valid id: use [A-Za-z0-9][A-Za-z0-9._-]*")
+    if len(_RECENT_VALID) >= _RECENT_VALID_MAX:
+        _RECENT_VALID.clear()
+    _RECENT_VALID.add(value)
     return value
 
 
@@ -70,3 +79,9 @@ def attempt_name(attempt: int) -> str:
 def _check_index(value: object, field: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{field} must be a non-negative int, got {value!r}")
+
+
+def derive_seed(batch_seed: int, *parts: int | str) -> int:
+    """A deterministic 63-bit seed for a rollout or call, independent of batch shape and order."""
+    material = ":".join(str(p) for p in (batch_seed, *parts)).encode("utf-8")
+    return int.from_bytes(hashlib.sha256(material).digest()[:8], "big") >> 1

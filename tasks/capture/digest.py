@@ -30,6 +30,7 @@ CHAIN_DOMAIN = b"rollout-ledger-chain-v1"
 MODES = ("text", "token_in")
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _U64 = struct.Struct(">Q")
+_LENGTHS = struct.Struct(">QQQQ")
 _U64_MAX = 2**64 - 1
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
@@ -350,10 +351,7 @@ def digest_of_checked_call(
             _text(call_id),
             _opt_text(parent_call_id),
             _text(mode),
-            _u64(prev_len),
-            _u64(delta_len),
-            _u64(cum_len),
-            _u64(weight_version),
+            _LENGTHS.pack(prev_len, delta_len, cum_len, weight_version),
             _framed(encode_token_list(ids)),
             _framed(encode_float_list(mask)),
             _framed(encode_float_list(logprobs)),

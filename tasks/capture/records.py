@@ -260,8 +260,7 @@ class StagedDelta(ArrowRecord):
             "top_k": top_k,
             "logprobs_mode": logprobs_mode,
         }
-        for name, value in fields.items():
-            object.__setattr__(delta, name, value)
+        delta.__dict__.update(fields)  # frozen dataclass: fields are set once, here
         _check_call_settings(delta)
         return delta
 

@@ -1,0 +1,311 @@
+"""Engine-agnostic capture hooks: one model call, captured (ARCHITECTURE section 5).
+
+:class:`CaptureHooks.call` runs the steps of one call in order: admission (parent chain,
+weight version, ``admitted_at``), prompt preparation (parent tokens through the
+:class:`ChainPrefixCache`, chat render, splice, the prompt must start with the parent's exact
+tokens), generation on token ids, staging of the delta (group commit, awaited), and only then
+the ledger call record. A child is admitted only after its parent's record was handed to the
+ledger, which writes a rollout's receipt only after all of its records are durable.
+
+Every failure writes a failure row with a named reason (``FAILURE_REASONS``) and poisons the
+rollout; the environment still gets the completion when one exists (a capture failure is not a
+generation failure), and later calls of a poisoned rollout run uncaptured. With
+``capture=False`` the same path runs minus staging and ledger (the overhead benchmark).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tasks import ids
+from tasks.capture.prefix_cache import Admission, ChainPrefixCache, PrefixMismatchError, resolve_admission
+from tasks.capture.records import CallRecord, FailureRow, StagedDelta
+from tasks.capture.splice import splice_chat_prompt
+from tasks.capture.terminal import fingerprint_content
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.environments.base import Message
+from tasks.storage.ledger import LedgerWriter
+from tasks.storage.staging import CommitCoordinates, StagingWriter
+
+HISTORY_DIVERGED = "history_diverged"
+PREFIX_MISMATCH = "prefix_mismatch"
+SPLICE_FAILED = "splice_failed"
+CONTEXT_LENGTH = "context_length"
+ENGINE_ERROR = "engine_error"
+ENGINE_PROMPT_MISMATCH = "engine_prompt_mismatch"
+INVALID_DELTA = "invalid_delta"
+STAGING_FAILED = "staging_failed"
+LEDGER_FAILED = "ledger_failed"
+FAILURE_REASONS = (
+    HISTORY_DIVERGED,
+    PREFIX_MISMATCH,
+    SPLICE_FAILED,
+    CONTEXT_LENGTH,
+    ENGINE_ERROR,
+    ENGINE_PROMPT_MISMATCH,
+    INVALID_DELTA,
+    STAGING_FAILED,
+    LEDGER_FAILED,
+)
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class ParentLink:
+    """What a child call needs of its parent: the captured call it continues."""
+
+    call_id: str
+    cum_len: int
+    chain_hash: str
+    staging_chain: tuple[str, ...]  # staging keys root→this call
+    conversation: tuple[Message, ...]  # the messages the call saw, plus its assistant reply
+    token_ids: np.ndarray  # the whole sequence through this call (kept in memory for uncaptured runs)
+
+
+@dataclass
+class RolloutCapture:
+    """Capture state of one rollout across its calls."""
+
+    batch_id: str
+    rollout_id: str
+    attempt: int
+    seed: int
+    next_ordinal: int = 0
+    parent: ParentLink | None = None
+    records: list[CallRecord] = field(default_factory=list)
+    failures: list[FailureRow] = field(default_factory=list)
+    last_captured_call_id: str | None = None
+    epoch_spans: int = 0
+    generated_tokens: int = 0
+
+    @property
+    def poisoned_reason(self) -> str | None:
+        """The first failure's reason: any failure on the chain poisons the rollout."""
+        return self.failures[0].reason if self.failures else None
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """A call's result for the runner: the completion (when one exists) and a failure (when any)."""
+
+    call_id: str
+    completion: GenerationResult | None
+    failure: FailureRow | None = None
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    """Stamped at admission: a call that spans a refit keeps this version (``epoch_span``)."""
+
+    weight_version: int
+    at: float
+
+
+class _CallFailed(Exception):
+    def __init__(self, reason: str, detail: str, completion: GenerationResult | None = None) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+        self.completion = completion
+
+
+class CaptureHooks:
+    """Prompt preparer and payload stager of one shard attempt, shared by all of its rollouts."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        sampling: SamplingSettings,
+        staging: StagingWriter | None,
+        ledger: LedgerWriter | None,
+        prefix_cache: ChainPrefixCache | None,
+        capture: bool = True,
+    ) -> None:
+        if capture and (staging is None or ledger is None or prefix_cache is None):
+            raise ValueError("capture needs a staging writer, a ledger writer and a prefix cache")
+        self.engine = engine
+        self.sampling = sampling
+        self.capture = capture
+        self._staging = staging
+        self._ledger = ledger
+        self._cache = prefix_cache
+        self._coordinates: dict[str, CommitCoordinates] = {}
+
+    def coordinates_of(self, keys: Sequence[str]) -> list[tuple[str, CommitCoordinates]]:
+        """(staging key, coordinates) of calls this attempt staged: the prefix cache's fetch input."""
+        return [(key, self._coordinates[key]) for key in keys]
+
+    async def call(self, rollout: RolloutCapture, messages: Sequence[Message]) -> CallOutcome:
+        """Run one model call of ``rollout`` on ``messages`` (the whole conversation so far)."""
+        call_id = ids.call_id(rollout.rollout_id, rollout.attempt, rollout.next_ordinal)
+        seed = ids.derive_seed(rollout.seed, "call", rollout.next_ordinal)
+        rollout.next_ordinal += 1
+        captured = self.capture and rollout.poisoned_reason is None
+        parent = rollout.parent
+        try:
+            parent_tokens = await self._parent_tokens(call_id, parent, messages, captured)
+            prompt = self._prompt(call_id, messages, parent_tokens)
+            completion, admission = await self._generate(call_id, prompt, seed)
+            rollout.generated_tokens += len(completion.token_ids)
+            conversation = (*messages, {"role": "assistant", "content": completion.text})
+            sequence = np.concatenate([np.asarray(prompt, np.int64), np.asarray(completion.token_ids, np.int64)])
+            if not captured:
+                rollout.parent = _link(call_id, sequence, "0" * 64, (), conversation)
+                return CallOutcome(call_id, completion)
+            record = await self._stage(rollout, call_id, parent, parent_tokens, prompt, completion, admission)
+        except _CallFailed as failed:
+            failure = FailureRow(
+                batch_id=rollout.batch_id,
+                rollout_id=rollout.rollout_id,
+                call_id=call_id,
+                parent_call_id=parent.call_id if parent else None,
+                reason=failed.reason,
+                detail=failed.detail[:2000],
+            )
+            if captured:
+                rollout.failures.append(failure)
+                await asyncio.to_thread(self._ledger.add_failure, failure)  # type: ignore[union-attr]
+            return CallOutcome(call_id, failed.completion, failure)
+        rollout.records.append(record)
+        rollout.last_captured_call_id = call_id
+        rollout.epoch_spans += int(record.epoch_span)
+        chain = (*(parent.staging_chain if parent else ()), ids.staging_key(rollout.rollout_id, call_id))
+        rollout.parent = _link(call_id, sequence, record.chain_hash, chain, conversation)
+        return CallOutcome(call_id, completion)
+
+    async def _parent_tokens(
+        self, call_id: str, parent: ParentLink | None, messages: Sequence[Message], captured: bool
+    ) -> np.ndarray:
+        if parent is None:
+            return _EMPTY
+        seen = len(parent.conversation)
+        if list(messages[:seen]) != list(parent.conversation):
+            raise _CallFailed(
+                HISTORY_DIVERGED,
+                f"the conversation of {call_id} does not extend its parent {parent.call_id}'s "
+                f"{seen} messages: the environment rewrote earlier history",
+            )
+        if not captured:
+            return parent.token_ids
+        admission = Admission(
+            call_id=call_id,
+            parent_call_id=parent.call_id,
+            prev_len=parent.cum_len,
+            staging_chain=parent.staging_chain,
+            parent_chain_hash=parent.chain_hash,
+        )
+        try:
+            return await asyncio.to_thread(resolve_admission, admission, self._cache)  # type: ignore[arg-type]
+        except PrefixMismatchError as exc:
+            raise _CallFailed(PREFIX_MISMATCH, str(exc)) from None
+        except Exception as exc:
+            raise _CallFailed(PREFIX_MISMATCH, f"parent tokens of {call_id} could not be resolved: {exc!r}") from None
+
+    def _prompt(self, call_id: str, messages: Sequence[Message], parent_tokens: np.ndarray) -> list[int]:
+        try:
+            prompt = splice_chat_prompt(
+                self.engine.tokenizer, messages, parent_tokens, eos_token_id=self.engine.eos_token_id
+            )
+        except ValueError as exc:
+            raise _CallFailed(SPLICE_FAILED, f"prompt of {call_id}: {exc}") from None
+        if len(prompt) < parent_tokens.size or not np.array_equal(prompt[: parent_tokens.size], parent_tokens):
+            raise _CallFailed(PREFIX_MISMATCH, f"prompt of {call_id} does not start with its parent's exact tokens")
+        if len(prompt) >= self.engine.max_model_len:
+            raise _CallFailed(
+                CONTEXT_LENGTH,
+                f"prompt of {call_id} has {len(prompt)} tokens; the engine accepts {self.engine.max_model_len} in all",
+            )
+        return prompt
+
+    async def _generate(self, call_id: str, prompt: list[int], seed: int) -> tuple[GenerationResult, _Admitted]:
+        admitted = _Admitted(weight_version=self.engine.weight_version, at=time.time())
+        request = GenerationRequest(
+            request_id=call_id,
+            prompt_token_ids=tuple(prompt),
+            sampling=self.sampling,
+            seed=seed,
+            max_tokens=min(self.sampling.max_tokens, self.engine.max_model_len - len(prompt)),
+        )
+        try:
+            completion = await self.engine.generate(request)
+        except Exception as exc:
+            raise _CallFailed(ENGINE_ERROR, f"engine failed {call_id}: {exc!r}") from None
+        if list(completion.prompt_token_ids) != prompt:
+            raise _CallFailed(
+                ENGINE_PROMPT_MISMATCH,
+                f"the engine ran {call_id} on a prompt other than the one prepared "
+                f"({len(completion.prompt_token_ids)} vs {len(prompt)} tokens)",
+                completion,
+            )
+        return completion, admitted
+
+    async def _stage(
+        self,
+        rollout: RolloutCapture,
+        call_id: str,
+        parent: ParentLink | None,
+        parent_tokens: np.ndarray,
+        prompt: list[int],
+        completion: GenerationResult,
+        admitted: _Admitted,
+    ) -> CallRecord:
+        try:
+            delta = StagedDelta.build(
+                batch_id=rollout.batch_id,
+                rollout_id=rollout.rollout_id,
+                call_id=call_id,
+                parent_call_id=parent.call_id if parent else None,
+                parent_chain_hash=parent.chain_hash if parent else None,
+                prefix_token_ids=parent_tokens,
+                prompt_token_ids=prompt,
+                generated_token_ids=list(completion.token_ids),
+                generated_logprobs=completion.logprobs,
+                weight_version=admitted.weight_version,
+                finish_reason=completion.finish_reason,
+                temperature=self.sampling.temperature,
+                top_p=self.sampling.top_p,
+                top_k=self.sampling.top_k,
+                extras=completion.extras,
+                logprobs_mode=self.sampling.logprobs_mode,
+            )
+        except (TypeError, ValueError) as exc:
+            raise _CallFailed(INVALID_DELTA, f"delta of {call_id} is invalid: {exc}", completion) from None
+        try:
+            coordinates = await asyncio.wrap_future(self._staging.submit(delta))  # type: ignore[union-attr]
+        except Exception as exc:
+            raise _CallFailed(STAGING_FAILED, f"staging {call_id} failed: {exc!r}", completion) from None
+        self._coordinates[delta.staging_key] = coordinates
+        record = CallRecord.for_staged(
+            delta,
+            staging_segment=coordinates.segment,
+            staging_row=coordinates.row,
+            admitted_at=admitted.at,
+            epoch_span=self.engine.weight_version != admitted.weight_version,
+            output_fingerprint=fingerprint_content(completion.text),
+            response_id=completion.response_id,
+        )
+        try:
+            await asyncio.to_thread(self._ledger.add_call, record)  # type: ignore[union-attr]
+        except Exception as exc:
+            raise _CallFailed(LEDGER_FAILED, f"ledger record of {call_id} failed: {exc!r}", completion) from None
+        return record
+
+
+def _link(
+    call_id: str, sequence: np.ndarray, chain_hash: str, chain: tuple[str, ...], conversation: tuple[Message, ...]
+) -> ParentLink:
+    sequence.setflags(write=False)
+    return ParentLink(
+        call_id=call_id,
+        cum_len=int(sequence.size),
+        chain_hash=chain_hash,
+        staging_chain=chain,
+        conversation=conversation,
+        token_ids=sequence,
+    )

@@ -1,0 +1,118 @@
+"""The engine contract: one interface every inference backend implements (vLLM, Megatron-core).
+
+An engine generates from token-id prompts and returns exactly what it sampled: the token ids,
+each sampled token's logprob under the distribution it was sampled from (``processed``:
+after temperature / top-p / top-k), float32, the finish reason, and the prompt ids it really
+used. It carries a ``weight_version`` that a refit (:meth:`Engine.update_weights`) bumps.
+Engines are async so one event loop can keep every in-flight rollout of a shard in the
+engine's continuous batch.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Per-call sampling settings; recorded on every staged delta."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256
+    logprobs_mode: str = "processed"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature must be in [0, 100], got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < -1 or self.top_k == 0:
+            raise ValueError(f"top_k must be -1 (off) or a positive int, got {self.top_k!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.logprobs_mode != "processed":
+            raise ValueError(f"logprobs_mode must be 'processed', got {self.logprobs_mode!r}")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One model call: a token-id prompt, its sampling settings and its seed."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingSettings
+    seed: int
+    max_tokens: int | None = None  # overrides sampling.max_tokens, e.g. clipped to the context left
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What the engine did for one request."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: np.ndarray  # float32, one per sampled token
+    finish_reason: str
+    text: str
+    extras: Any = None  # backend-specific per-call data covered by the extras digest (e.g. routed experts)
+    response_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+        if len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"request {self.request_id}: {len(self.logprobs)} logprobs for {len(self.token_ids)} sampled tokens"
+            )
+
+
+class EngineError(RuntimeError):
+    """The engine failed a request; the capture hooks record it as ``engine_error``."""
+
+
+class Engine(abc.ABC):
+    """An inference backend. Create it, ``await generate(...)`` concurrently, ``await close()``."""
+
+    name: str = "engine"
+
+    @property
+    @abc.abstractmethod
+    def weight_version(self) -> int:
+        """Version of the weights now loaded; stamped on each call at admission."""
+
+    @property
+    @abc.abstractmethod
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer (with chat template) matching the served weights."""
+
+    @property
+    @abc.abstractmethod
+    def eos_token_id(self) -> int:
+        """End-of-turn token id: the splice boundary of ARCHITECTURE section 6."""
+
+    @property
+    @abc.abstractmethod
+    def max_model_len(self) -> int:
+        """Longest prompt + generation the engine accepts, in tokens."""
+
+    @abc.abstractmethod
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Sample a completion for ``request``; raise :class:`EngineError` on failure."""
+
+    @abc.abstractmethod
+    async def update_weights(self, model_path: str) -> int:
+        """Load new weights (a refit) and return the new, larger weight version."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Shut the engine down; an engine left running hangs the process at exit."""

@@ -1,0 +1,109 @@
+"""Fakes for fast unit tests of the generate stage. Named as fakes: no real inference happens.
+
+:class:`FakeScriptedEngine` answers every request with scripted text, tokenized by the REAL
+bundled tokenizer (so chat templates and splicing are real), plus the eos token, and records
+every request and result so tests can compare staged data with what "the engine" produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tasks.engines.base import Engine, EngineError, GenerationRequest, GenerationResult
+from tasks.environments.base import Environment, Message, Turn
+
+
+class FatalEngineCrash(BaseException):
+    """Simulates the process dying mid-shard: escapes every ``except Exception``."""
+
+
+class FakeScriptedEngine(Engine):
+    name = "fake-scripted"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        reply: Callable[[GenerationRequest], str] = lambda request: str(request.seed % 100 + 1),
+        fail: Callable[[GenerationRequest], BaseException | None] = lambda request: None,
+        max_model_len: int = 2048,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._reply = reply
+        self._fail = fail
+        self._max_model_len = max_model_len
+        self._version = 0
+        self.requests: list[GenerationRequest] = []
+        self.results: dict[str, GenerationResult] = {}
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self._tokenizer.eos_token_id)
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        await asyncio.sleep(0)
+        self.requests.append(request)
+        failure = self._fail(request)
+        if failure is not None:
+            raise failure
+        text = self._reply(request)
+        ids = [*self._tokenizer.encode(text, add_special_tokens=False), self.eos_token_id]
+        logprobs = -np.linspace(0.01, 1.0, len(ids), dtype=np.float32)
+        result = GenerationResult(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=tuple(ids),
+            logprobs=logprobs,
+            finish_reason="stop",
+            text=text,
+        )
+        self.results[request.request_id] = result
+        return result
+
+    async def update_weights(self, model_path: str) -> int:
+        self._version += 1
+        return self._version
+
+    async def close(self) -> None:
+        return None
+
+
+def engine_failure(message: str) -> EngineError:
+    return EngineError(message)
+
+
+class RewritingEnvironment(Environment):
+    """A test environment that rewrites history on its second turn (loaded by import path)."""
+
+    name: ClassVar[str] = "rewriting"
+
+    def make_tasks(self, num_tasks: int, seed: int) -> list[dict[str, Any]]:
+        return [{"index": i} for i in range(num_tasks)]
+
+    def initial_messages(self, task: Mapping[str, Any]) -> list[Message]:
+        return [{"role": "user", "content": f"Task {task['index']}: say a number."}]
+
+    def step(self, task: Mapping[str, Any], messages: Sequence[Message]) -> Turn:
+        turns = sum(m["role"] == "assistant" for m in messages)
+        if turns == 1:
+            return Turn.reply({"role": "user", "content": "Another one."})
+        if turns == 2:
+            rewritten = [{"role": "user", "content": "Forget that. Say a number."}, *messages[1:]]
+            return Turn(rewrite=(*rewritten, {"role": "user", "content": "Again."}))
+        return Turn.finish(1.0)
