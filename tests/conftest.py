@@ -89,3 +89,42 @@ def make_store(kind: str, tmp_path, request) -> ObjectStore:
 def store(request, tmp_path) -> ObjectStore:
     """An empty store on each backend in turn: local disk, memory://, and S3 (moto)."""
     return make_store(request.param, tmp_path, request)
+
+
+def _engine_processes() -> list:
+    """Live child processes of this one that vLLM started for an engine (named ``VLLM::...``)."""
+    import psutil
+
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.name().startswith("VLLM") and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+@pytest.fixture(scope="session")
+def vllm_engine():
+    """ONE real vLLM engine on the bundled model for the whole test run, driven by a BackgroundLoop.
+
+    Yields ``(engine, loop)``: call the engine through ``loop.run(engine.generate(...))``.
+    Starting it takes ~30 s on CPU (plus ~20 s once to convert the bundled model into the
+    user cache). At the end of the session it is closed, and closing must leave no engine
+    process behind (asserted here, so a leak fails the run).
+    """
+    from tasks.engines import create_engine
+    from tasks.engines.background import BackgroundLoop
+
+    loop = BackgroundLoop("vllm-engine-test-loop")
+    engine = loop.run(create_engine("vllm", model_path=None, options={"max_model_len": 2048}), timeout=600)
+    started = _engine_processes()
+    try:
+        yield engine, loop
+    finally:
+        loop.run(engine.close(), timeout=120)
+        loop.close()
+    assert started, "the engine started no VLLM:: process, so close() was not checked"
+    leftover = [p.pid for p in started if p.is_running() and p.status() != "zombie"]
+    assert not leftover, f"engine processes still running after close(): {leftover}"

@@ -25,7 +25,7 @@ import numpy as np
 from tasks import ids
 from tasks.capture.prefix_cache import Admission, ChainPrefixCache, PrefixMismatchError, resolve_admission
 from tasks.capture.records import CallRecord, FailureRow, StagedDelta
-from tasks.capture.splice import splice_chat_prompt
+from tasks.capture.splice import ChatPromptBuilder
 from tasks.capture.terminal import fingerprint_content
 from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
 from tasks.environments.base import Message
@@ -135,6 +135,7 @@ class CaptureHooks:
         self._staging = staging
         self._ledger = ledger
         self._cache = prefix_cache
+        self._prompts = ChatPromptBuilder(engine.tokenizer, eos_token_id=engine.eos_token_id)
         self._coordinates: dict[str, CommitCoordinates] = {}
 
     def coordinates_of(self, keys: Sequence[str]) -> list[tuple[str, CommitCoordinates]]:
@@ -154,7 +155,7 @@ class CaptureHooks:
             completion, admission = await self._generate(call_id, prompt, seed)
             rollout.generated_tokens += len(completion.token_ids)
             conversation = (*messages, {"role": "assistant", "content": completion.text})
-            sequence = np.concatenate([np.asarray(prompt, np.int64), np.asarray(completion.token_ids, np.int64)])
+            sequence = np.concatenate([prompt, np.asarray(completion.token_ids, np.int64)])
             if not captured:
                 rollout.parent = _link(call_id, sequence, "0" * 64, (), conversation)
                 return CallOutcome(call_id, completion)
@@ -176,6 +177,7 @@ class CaptureHooks:
         rollout.last_captured_call_id = call_id
         rollout.epoch_spans += int(record.epoch_span)
         chain = (*(parent.staging_chain if parent else ()), ids.staging_key(rollout.rollout_id, call_id))
+        self._cache.remember(chain[-1], sequence)  # type: ignore[union-attr]
         rollout.parent = _link(call_id, sequence, record.chain_hash, chain, conversation)
         return CallOutcome(call_id, completion)
 
@@ -207,36 +209,35 @@ class CaptureHooks:
         except Exception as exc:
             raise _CallFailed(PREFIX_MISMATCH, f"parent tokens of {call_id} could not be resolved: {exc!r}") from None
 
-    def _prompt(self, call_id: str, messages: Sequence[Message], parent_tokens: np.ndarray) -> list[int]:
+    def _prompt(self, call_id: str, messages: Sequence[Message], parent_tokens: np.ndarray) -> np.ndarray:
         try:
-            prompt = splice_chat_prompt(
-                self.engine.tokenizer, messages, parent_tokens, eos_token_id=self.engine.eos_token_id
-            )
+            prompt = self._prompts.prompt(messages, parent_tokens)
         except ValueError as exc:
             raise _CallFailed(SPLICE_FAILED, f"prompt of {call_id}: {exc}") from None
-        if len(prompt) < parent_tokens.size or not np.array_equal(prompt[: parent_tokens.size], parent_tokens):
+        if prompt.size < parent_tokens.size or not np.array_equal(prompt[: parent_tokens.size], parent_tokens):
             raise _CallFailed(PREFIX_MISMATCH, f"prompt of {call_id} does not start with its parent's exact tokens")
-        if len(prompt) >= self.engine.max_model_len:
+        if prompt.size >= self.engine.max_model_len:
             raise _CallFailed(
                 CONTEXT_LENGTH,
-                f"prompt of {call_id} has {len(prompt)} tokens; the engine accepts {self.engine.max_model_len} in all",
+                f"prompt of {call_id} has {prompt.size} tokens; the engine accepts {self.engine.max_model_len} in all",
             )
         return prompt
 
-    async def _generate(self, call_id: str, prompt: list[int], seed: int) -> tuple[GenerationResult, _Admitted]:
+    async def _generate(self, call_id: str, prompt: np.ndarray, seed: int) -> tuple[GenerationResult, _Admitted]:
         admitted = _Admitted(weight_version=self.engine.weight_version, at=time.time())
+        prompt_ids = tuple(prompt.tolist())
         request = GenerationRequest(
             request_id=call_id,
-            prompt_token_ids=tuple(prompt),
+            prompt_token_ids=prompt_ids,
             sampling=self.sampling,
             seed=seed,
-            max_tokens=min(self.sampling.max_tokens, self.engine.max_model_len - len(prompt)),
+            max_tokens=min(self.sampling.max_tokens, self.engine.max_model_len - prompt.size),
         )
         try:
             completion = await self.engine.generate(request)
         except Exception as exc:
             raise _CallFailed(ENGINE_ERROR, f"engine failed {call_id}: {exc!r}") from None
-        if list(completion.prompt_token_ids) != prompt:
+        if tuple(completion.prompt_token_ids) != prompt_ids:
             raise _CallFailed(
                 ENGINE_PROMPT_MISMATCH,
                 f"the engine ran {call_id} on a prompt other than the one prepared "
@@ -251,7 +252,7 @@ class CaptureHooks:
         call_id: str,
         parent: ParentLink | None,
         parent_tokens: np.ndarray,
-        prompt: list[int],
+        prompt: np.ndarray,
         completion: GenerationResult,
         admitted: _Admitted,
     ) -> CallRecord:

@@ -100,6 +100,17 @@ class ChainPrefixCache:
                 self._insert(keys[-1], prefix)
         return prefix
 
+    def remember(self, staging_key: str, prefix: np.ndarray) -> None:
+        """Write-through: cache the whole sequence of a call whose delta was just staged.
+
+        The caller guarantees ``prefix`` is exactly what the chain ending at ``staging_key``
+        stages (it built the delta from it), so the next turn resolves without a staging read.
+        """
+        arr = np.array(prefix, dtype=np.int64)
+        arr.setflags(write=False)
+        with self._lock:
+            self._insert(staging_key, arr)
+
     def _insert(self, key: str, prefix: np.ndarray) -> None:
         if key in self._prefixes:
             return

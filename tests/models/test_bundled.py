@@ -16,6 +16,7 @@ def test_cache_dir_follows_rollout_ledger_home(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setenv(bundled.HOME_ENV, str(tmp_path))
     assert bundled.cache_dir() == tmp_path
     assert bundled.model_dir() == tmp_path / "models" / "smollm2-135m-instruct"
+    assert bundled.tokenizer_dir() == tmp_path / "tokenizers" / "smollm2-135m-instruct"
 
 
 def test_cache_dir_defaults_to_user_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -77,7 +78,7 @@ def test_tokenizer_is_converted_offline_with_its_chat_template(monkeypatch: pyte
     monkeypatch.setenv(bundled.HOME_ENV, str(tmp_path))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     path = bundled.ensure_bundled_tokenizer()
-    assert path == tmp_path / "models" / "smollm2-135m-instruct"
+    assert path == tmp_path / "tokenizers" / "smollm2-135m-instruct"
     assert (path / "tokenizer.json").is_file()
     saved_config = "".join(p.read_text() for p in path.iterdir() if p.name != "tokenizer.json")
     assert "add_generation_prompt" in saved_config  # the chat template came along
@@ -85,3 +86,69 @@ def test_tokenizer_is_converted_offline_with_its_chat_template(monkeypatch: pyte
     stamp = (path / "tokenizer.json").stat().st_mtime_ns
     assert bundled.ensure_bundled_tokenizer() == path
     assert (path / "tokenizer.json").stat().st_mtime_ns == stamp
+
+
+def _model_folder(path: Path, *, config: bool = True, tokenizer: bool = True, weights: bool = True) -> Path:
+    path.mkdir(parents=True)
+    if config:
+        (path / "config.json").write_text("{}")
+    if tokenizer:
+        (path / "tokenizer.json").write_text("{}")
+    if weights:
+        (path / "model.safetensors").write_bytes(b"w")
+    return path
+
+
+def test_resolve_model_accepts_a_complete_local_folder(tmp_path: Path) -> None:
+    folder = _model_folder(tmp_path / "m")
+    assert bundled.resolve_model(str(folder)) == folder.resolve()
+
+
+@pytest.mark.parametrize(
+    ("missing", "reason"),
+    [("config", "missing_config"), ("tokenizer", "missing_tokenizer"), ("weights", "missing_weights")],
+)
+def test_incomplete_model_folder_is_refused_with_its_reason(tmp_path: Path, missing: str, reason: str) -> None:
+    folder = _model_folder(tmp_path / "m", **{missing: False})
+    with pytest.raises(bundled.ModelFolderError, match=f"{reason}") as caught:
+        bundled.resolve_model(str(folder))
+    assert caught.value.reason == reason
+    assert str(folder) in str(caught.value)
+
+
+def test_hub_id_is_not_a_model_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(bundled.ModelFolderError) as caught:
+        bundled.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert caught.value.reason == "not_a_directory"
+
+
+def test_tokenizer_only_cache_is_never_taken_for_a_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(bundled.HOME_ENV, str(tmp_path))
+    assert bundled.tokenizer_dir() != bundled.model_dir()
+    _model_folder(bundled.model_dir(), weights=False)  # e.g. a tokenizer-only directory of an older layout
+    with pytest.raises(bundled.ModelFolderError) as caught:
+        bundled.ensure_bundled_model()
+    assert caught.value.reason == "missing_weights"
+
+
+@pytest.mark.slow
+def test_bundled_model_is_a_full_fp32_folder_converted_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import json
+
+    from safetensors import safe_open
+
+    monkeypatch.setenv(bundled.HOME_ENV, str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    path = bundled.resolve_model(None)
+    assert path == tmp_path / "models" / "smollm2-135m-instruct"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {
+        p.name for p in path.iterdir()
+    }
+    assert json.loads((path / "config.json").read_text())["model_type"] == "llama"
+    with safe_open(path / "model.safetensors", "pt") as weights:
+        assert {str(weights.get_slice(k).get_dtype()) for k in weights.keys()} == {"F32"}  # noqa: SIM118 (not a dict)
+    assert "HF_HUB_OFFLINE" not in os.environ
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert bundled.ensure_bundled_model() == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp

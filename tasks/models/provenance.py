@@ -1,0 +1,84 @@
+"""A model's provenance: what a batch records so its rollouts can be tied to exact weights.
+
+ARCHITECTURE section 12: the batch config carries the model path and the sha256 of its
+weights, tokenizer and chat template. Each group of files hashes to one digest that depends
+on every file's name and bytes (not on timestamps or the folder's location), so copying a
+model folder keeps its provenance and changing any byte of it changes one of the digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from tasks.models.bundled import check_model_folder, weight_files
+
+PROVENANCE_DOMAIN = b"rollout-ledger-model-files-v1"
+TOKENIZER_FILE_NAMES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+)
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+_CHUNK = 1 << 20
+
+
+def model_provenance(path: str | Path) -> dict[str, str]:
+    """Digests of a checked model folder: ``weights_sha256``, ``tokenizer_sha256``, ``chat_template_sha256``.
+
+    Exactly those three keys (the fields of the batch config's model spec besides its path).
+    ``chat_template_sha256`` is the sha256 of the template text the tokenizer applies
+    (``chat_template.jinja``, else the ``chat_template`` of tokenizer_config.json), or ``""``
+    when the model has none.
+    """
+    folder = check_model_folder(Path(path))
+    template = chat_template_text(folder)
+    return {
+        "weights_sha256": files_digest(weight_files(folder)),
+        "tokenizer_sha256": files_digest(tokenizer_files(folder)),
+        "chat_template_sha256": "" if template is None else hashlib.sha256(template.encode()).hexdigest(),
+    }
+
+
+def tokenizer_files(folder: Path) -> list[Path]:
+    """The tokenizer files present in ``folder``, in :data:`TOKENIZER_FILE_NAMES` order."""
+    return [folder / name for name in TOKENIZER_FILE_NAMES if (folder / name).is_file()]
+
+
+def files_digest(files: list[Path]) -> str:
+    """sha256 over (name, size, sha256) of each file in name order; names are relative to their folder."""
+    hasher = hashlib.sha256(PROVENANCE_DOMAIN)
+    for file in sorted(files, key=lambda p: p.name):
+        name = file.name.encode()
+        hasher.update(len(name).to_bytes(8, "big") + name)
+        hasher.update(file.stat().st_size.to_bytes(8, "big") + bytes.fromhex(file_sha256(file)))
+    return hasher.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of one file's bytes, read in 1 MiB chunks."""
+    hasher = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def chat_template_text(folder: Path) -> str | None:
+    """The chat template a tokenizer loaded from ``folder`` uses, or ``None``."""
+    jinja = folder / CHAT_TEMPLATE_FILE
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = folder / "tokenizer_config.json"
+    if config.is_file():
+        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        if isinstance(template, str):
+            return template
+        if template is not None:  # a list of named templates
+            return json.dumps(template, sort_keys=True)
+    return None
