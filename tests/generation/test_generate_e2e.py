@@ -1,0 +1,176 @@
+"""The generate stage over the REAL vLLM engine (shared session engine) on the bundled model.
+
+Multi-turn ``guess_number`` and ``calculator`` rollouts, on local disk and on S3 (moto server):
+every child prompt starts with its parent's exact tokens, staged digests and chains recompute,
+a retry adopts finished rollouts with no duplicates, and an induced staging failure yields
+failure rows and a poisoned receipt.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.config import BatchConfig, EngineSpec, ModelSpec
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.generate import generate_shard
+from tasks.models.provenance import model_provenance
+from tasks.plan import batch_store, plan_batch
+from tasks.storage.ledger import LedgerReader
+from tasks.storage.objects import ObjectStore
+
+from .chains import linearized, verified_sequences
+from .fakes import FatalEngineCrash
+
+pytestmark = pytest.mark.e2e
+
+
+def real_config(engine, **overrides) -> BatchConfig:
+    fields = {
+        "batch_id": "b-e2e",
+        "environment": "guess_number",
+        "environment_options": {"lo": 1, "hi": 8},
+        "num_tasks": 3,
+        "group_size": 2,
+        "shards": 1,
+        "model": ModelSpec(path=str(engine.model_path), **model_provenance(engine.model_path)),
+        "engine": EngineSpec(name="vllm", options={"max_model_len": 2048}),
+        "sampling": SamplingSettings(temperature=0.8, max_tokens=24),
+        "max_turns": 4,
+        "max_in_flight": 6,
+    } | overrides
+    return BatchConfig(**fields)
+
+
+class CrashingEngine(Engine):
+    """Delegates to the real engine, then dies (a process crash) on the n-th request."""
+
+    def __init__(self, inner: Engine, crash_at: int) -> None:
+        self.inner, self.crash_at, self.calls = inner, crash_at, 0
+
+    weight_version = property(lambda self: self.inner.weight_version)
+    tokenizer = property(lambda self: self.inner.tokenizer)
+    eos_token_id = property(lambda self: self.inner.eos_token_id)
+    max_model_len = property(lambda self: self.inner.max_model_len)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.calls += 1
+        if self.calls >= self.crash_at:
+            raise FatalEngineCrash("worker died")
+        return await self.inner.generate(request)
+
+    async def update_weights(self, model_path: str) -> int:
+        return await self.inner.update_weights(model_path)
+
+    async def close(self) -> None:
+        return None
+
+
+def multi_turn_chains_are_exact(store, engine) -> int:
+    """Check every ok rollout's chain; return how many child calls were checked."""
+    chains = verified_sequences(store, 0)
+    assert chains, "no ok rollout to check"
+    children = 0
+    for deltas in chains.values():
+        sequence = linearized(deltas)
+        for depth in range(1, len(deltas)):
+            parent, child = deltas[depth - 1], deltas[depth]
+            # the child's prompt = parent's exact tokens (prompt + sampled ids) + its own carried turn
+            assert child.prev_len == parent.cum_len
+            assert np.array_equal(sequence[: child.prev_len], linearized(deltas[:depth]))
+            sampled = parent.token_ids_delta[parent.token_mask_delta == 1.0]
+            assert sampled[-1] == engine.eos_token_id or parent.finish_reason == "length"
+            children += 1
+    return children
+
+
+def test_guess_number_on_local_disk_with_the_real_engine(vllm_engine, tmp_path):
+    engine, loop = vllm_engine
+    config = real_config(engine)
+    root = str(tmp_path / "runs")
+    plan_batch(root, config)
+    summary = generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    assert summary.rollouts == 6 and summary.ok + summary.poisoned == 6
+    assert summary.calls > 6, "guess_number should take several turns"
+    store = batch_store(root, config.batch_id)
+    assert multi_turn_chains_are_exact(store, engine) > 0
+    ledger = LedgerReader(store, 0)
+    assert {r.terminal_selection for r in ledger.receipts if r.status == "ok"} == {"declared"}
+
+
+def test_calculator_on_s3_with_the_real_engine(vllm_engine, s3_bucket):
+    engine, loop = vllm_engine
+    config = real_config(
+        engine,
+        batch_id="b-e2e-calc",
+        environment="calculator",
+        environment_options={},
+        num_tasks=2,
+        group_size=2,
+        max_turns=3,
+        sampling=SamplingSettings(max_tokens=32),
+    )
+    root = f"{s3_bucket}/runs"
+    plan_batch(root, config)
+    summary = generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    assert summary.rollouts == 4
+    store = ObjectStore(root).child(f"batches/{config.batch_id}")
+    assert store.is_s3
+    ledger = LedgerReader(store, 0)
+    assert len(ledger.receipts) == 4
+    assert all(r.status in ("ok", "poisoned") for r in ledger.receipts)
+    verified_sequences(store, 0)
+
+
+def test_retry_adopts_finished_rollouts_and_produces_no_duplicates(vllm_engine, tmp_path, monkeypatch):
+    from tasks import generate as generate_module
+
+    monkeypatch.setattr(generate_module, "LEDGER_FLUSH_SECONDS", 0.0)
+    engine, loop = vllm_engine
+    config = real_config(
+        engine,
+        batch_id="b-e2e-retry",
+        environment="arithmetic",
+        environment_options={},
+        num_tasks=4,
+        group_size=2,
+        max_in_flight=2,
+        max_turns=1,
+    )
+    root = str(tmp_path / "runs")
+    plan_batch(root, config)
+    with pytest.raises(FatalEngineCrash):
+        generate_shard(
+            root, config.batch_id, 0, engine=CrashingEngine(engine, crash_at=6), run=loop.run, progress=False
+        )
+    summary = generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    assert summary.attempt == 1
+    assert 0 < summary.adopted < 8
+    store = batch_store(root, config.batch_id)
+    ledger = LedgerReader(store, 0)
+    ids = [r.rollout_id for r in ledger.receipts]
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 8
+    assert len(verified_sequences(store, 0)) == summary.ok
+
+
+def test_induced_staging_failure_yields_failure_rows_and_a_poisoned_receipt(vllm_engine, tmp_path, monkeypatch):
+    engine, loop = vllm_engine
+    config = real_config(engine, batch_id="b-e2e-fail", num_tasks=1, group_size=2, max_turns=2)
+    root = str(tmp_path / "runs")
+    plan_batch(root, config)
+    original = ObjectStore.write_once
+
+    def fail_staging(self, relative, data):
+        if relative.startswith("staging/"):
+            raise OSError("injected: staging bucket unavailable")
+        return original(self, relative, data)
+
+    monkeypatch.setattr(ObjectStore, "write_once", fail_staging)
+    summary = generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    assert summary.poisoned == 2
+    ledger = LedgerReader(batch_store(root, config.batch_id), 0)
+    for bundle in ledger.rollouts():
+        assert bundle.receipt.status == "poisoned"
+        assert bundle.receipt.failure_reason == "staging_failed"
+        assert bundle.failures and {f.reason for f in bundle.failures} == {"staging_failed"}
+        assert "injected" in bundle.failures[0].detail
