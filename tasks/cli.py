@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -162,6 +163,8 @@ COMMANDS = {"plan": _plan, "generate": _generate, "sweep": _sweep}
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # stdout carries the command's result (scripts parse it); engine logs go to stderr.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
