@@ -107,3 +107,17 @@ class RewritingEnvironment(Environment):
             rewritten = [{"role": "user", "content": "Forget that. Say a number."}, *messages[1:]]
             return Turn(rewrite=(*rewritten, {"role": "user", "content": "Again."}))
         return Turn.finish(1.0)
+
+
+def fail_staging_writes(monkeypatch: Any, message: str) -> None:
+    """Make every staging segment write raise ``OSError(message)``; ledger writes still work."""
+    from tasks.storage.objects import ObjectStore
+
+    original = ObjectStore.write_once
+
+    def failing(self: ObjectStore, relative: str, data: bytes) -> Any:
+        if relative.startswith("staging/"):
+            raise OSError(message)
+        return original(self, relative, data)
+
+    monkeypatch.setattr(ObjectStore, "write_once", failing)

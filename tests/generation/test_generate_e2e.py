@@ -20,7 +20,7 @@ from tasks.storage.ledger import LedgerReader
 from tasks.storage.objects import ObjectStore
 
 from .chains import linearized, verified_sequences
-from .fakes import FatalEngineCrash
+from .fakes import FatalEngineCrash, fail_staging_writes
 
 pytestmark = pytest.mark.e2e
 
@@ -158,14 +158,7 @@ def test_induced_staging_failure_yields_failure_rows_and_a_poisoned_receipt(vllm
     config = real_config(engine, batch_id="b-e2e-fail", num_tasks=1, group_size=2, max_turns=2)
     root = str(tmp_path / "runs")
     plan_batch(root, config)
-    original = ObjectStore.write_once
-
-    def fail_staging(self, relative, data):
-        if relative.startswith("staging/"):
-            raise OSError("injected: staging bucket unavailable")
-        return original(self, relative, data)
-
-    monkeypatch.setattr(ObjectStore, "write_once", fail_staging)
+    fail_staging_writes(monkeypatch, "injected: staging bucket unavailable")
     summary = generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
     assert summary.poisoned == 2
     ledger = LedgerReader(batch_store(root, config.batch_id), 0)

@@ -14,11 +14,10 @@ from tasks.engines.base import EngineError, SamplingSettings
 from tasks.generate import generate_shard, next_attempt
 from tasks.plan import batch_store, plan_batch
 from tasks.storage.ledger import LedgerReader
-from tasks.storage.objects import ObjectStore
 from tasks.storage.sweep import sweep_orphans
 
 from .chains import linearized, verified_sequences
-from .fakes import FakeScriptedEngine, FatalEngineCrash
+from .fakes import FakeScriptedEngine, FatalEngineCrash, fail_staging_writes
 
 
 def make_config(**overrides) -> BatchConfig:
@@ -143,14 +142,7 @@ def test_engine_errors_write_failure_rows_and_poison_the_rollout(root, tokenizer
 def test_staging_failure_poisons_but_the_environment_still_gets_its_completion(root, tokenizer, monkeypatch):
     config = make_config(shards=1, max_turns=2, environment="arithmetic")
     plan_batch(root, config)
-    original = ObjectStore.write_once
-
-    def failing_staging(self, relative, data):
-        if relative.startswith("staging/"):
-            raise OSError("disk full")
-        return original(self, relative, data)
-
-    monkeypatch.setattr(ObjectStore, "write_once", failing_staging)
+    fail_staging_writes(monkeypatch, "disk full")
     engine = FakeScriptedEngine(tokenizer, reply=lambda r: "The answer is 3.")
     summary = run_shard(root, config, 0, engine)
     assert summary.poisoned == summary.rollouts == 8
