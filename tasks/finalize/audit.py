@@ -1,0 +1,329 @@
+"""Logprob audit: recompute the stored logprobs of sampled tokens with the HF model and compare.
+
+The staged logprobs are vLLM's ``processed_logprobs``: the log-probability of the sampled token
+under the distribution it was drawn from. vLLM (v1 sampler, this version) builds that
+distribution from the fp32 logits in this order: divide by the temperature; keep the logits
+``>=`` the k-th largest (top-k); sort the survivors ascending and mask every token whose
+inclusive cumulative probability is ``<= 1 - top_p``, never the largest (top-p); log-softmax
+over what is left (masked tokens are ``-inf``). A temperature below ``1e-5`` is greedy
+sampling: vLLM then returns the log-softmax of the raw logits. :func:`processed_log_softmax`
+is that processing; :func:`audit_logprobs` runs a seeded sample of dataset rows through the
+model (fp32, CPU, bounded right-padded batches) and reports how far the stored logprobs are
+from the recomputed ones, and the importance ratios a trainer would apply.
+
+Invariants: the sample depends only on the rows' loss masks, ``sample_size`` and ``seed``;
+position ``t`` is scored from the logits at ``t - 1``; a sampled token the recompute filters
+out (``-inf``) is counted in ``filtered_out_tokens`` and left out of every average and ratio.
+Ratios are trainer over rollout, ``exp(recomputed - stored)``: the truncated-IS weight.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+SAMPLING_EPS = 1e-5  # vLLM: a temperature below this is greedy sampling
+DEFAULT_CLIP = (0.5, 2.0)
+DEFAULT_BATCH_TOKENS = 2048
+_PROCESS_CHUNK = 256  # positions processed (sorted over the vocab) at once
+
+
+class SamplingLike(Protocol):
+    temperature: float
+    top_p: float
+    top_k: int
+
+
+class AuditRowError(ValueError):
+    """A row cannot be audited; ``.reason`` is stable, the message names the row."""
+
+    def __init__(self, row: str, reason: str, detail: str) -> None:
+        super().__init__(f"{row}: {reason}: {detail}")
+        self.row = row
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """What the audit measured. Statistics are None when no token could be compared."""
+
+    model_path: str
+    temperature: float
+    top_p: float
+    top_k: int
+    sample_size: int
+    seed: int
+    rows_eligible: int  # rows with at least one sampled token
+    rows_audited: int
+    tokens_audited: int  # sampled tokens scored, filtered-out ones included
+    filtered_out_tokens: int  # recomputed processed logprob is -inf: vLLM sampled what the recompute filters
+    mean_abs_diff: float | None
+    max_abs_diff: float | None
+    p99_abs_diff: float | None
+    raw_mean_abs_diff: float | None  # stored vs unprocessed (temperature 1, no filtering) logprobs
+    clip_low: float
+    clip_high: float
+    token_ratio_mean: float | None
+    token_ratio_min: float | None
+    token_ratio_max: float | None
+    tokens_outside_clip: int
+    token_outside_clip_fraction: float | None
+    seq_log_ratio_mean: float | None
+    seq_ratio_mean: float | None
+    seq_ratio_min: float | None
+    seq_ratio_max: float | None
+    sequences_outside_clip: int
+    seq_outside_clip_fraction: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict; a ratio that overflows float64 (not finite) becomes None."""
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+
+
+def processed_log_softmax(logits: Any, *, temperature: float, top_k: int, top_p: float) -> Any:
+    """Log-probabilities ``[N, V]`` of the distribution vLLM samples from, given fp32 logits ``[N, V]``.
+
+    Temperature, then top-k (``top_k <= 0`` or ``>= V`` is off), then top-p (``1.0`` is off),
+    then log-softmax; filtered tokens get ``-inf``. Scalars are float32 as in vLLM's tensors.
+    """
+    import torch
+
+    logits = logits.to(torch.float32)
+    if temperature < SAMPLING_EPS:
+        return logits.log_softmax(dim=-1)
+    logits = logits / torch.tensor(temperature, dtype=torch.float32)
+    vocab = logits.shape[-1]
+    if 0 < top_k < vocab:
+        kth_largest = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth_largest, -math.inf)
+    if top_p < 1.0:
+        ascending, order = logits.sort(dim=-1, descending=False)
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1 - torch.tensor(top_p, dtype=torch.float32)
+        drop[:, -1] = False  # the most likely token always survives
+        logits = logits.scatter(-1, order, ascending.masked_fill(drop, -math.inf))
+    return logits.log_softmax(dim=-1)
+
+
+def sample_rows(rows: Sequence[Any], sample_size: int, seed: int) -> tuple[list[int], int]:
+    """Indices (ascending) of a seeded sample among rows with a sampled token, and how many had one."""
+    eligible = [i for i, row in enumerate(rows) if np.any(np.asarray(_get(row, "loss_mask", f"row {i}")) == 1)]
+    if len(eligible) <= sample_size:
+        return eligible, len(eligible)
+    picked = np.random.default_rng(seed).choice(len(eligible), size=sample_size, replace=False)
+    return sorted(eligible[i] for i in picked), len(eligible)
+
+
+def audit_logprobs(
+    rows: Sequence[Mapping[str, Any] | Any],
+    *,
+    model_path: str,
+    sampling: SamplingLike,
+    sample_size: int = 32,
+    seed: int = 0,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    clip: tuple[float, float] = DEFAULT_CLIP,
+) -> AuditReport:
+    """Recompute the processed logprobs of a seeded sample of ``rows`` and compare with the stored ones.
+
+    A row is a mapping or an object with ``input_ids``, ``loss_mask`` (1 = sampled) and ``logprobs``
+    (stored, read where the mask is 1). The model runs on CPU in fp32, at most ``batch_tokens``
+    padded tokens per forward pass (a longer row runs alone).
+    """
+    if sample_size < 1:
+        raise ValueError(f"sample_size must be >= 1, got {sample_size!r}")
+    if batch_tokens < 1:
+        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens!r}")
+    if not 0 < clip[0] < 1 < clip[1]:
+        raise ValueError(f"clip must be (low, high) with 0 < low < 1 < high, got {clip!r}")
+    picked, eligible = sample_rows(rows, sample_size, seed)
+    audited = [_AuditRow.read(rows[i], i) for i in picked]
+    scores = _score(audited, model_path, sampling, batch_tokens)
+    return _report(
+        audited,
+        scores,
+        model_path=str(model_path),
+        sampling=sampling,
+        sample_size=sample_size,
+        seed=seed,
+        eligible=eligible,
+        clip=clip,
+    )
+
+
+@dataclass(frozen=True)
+class _AuditRow:
+    label: str
+    input_ids: np.ndarray  # int64
+    positions: np.ndarray  # sampled positions t (all >= 1)
+    stored: np.ndarray  # float64 stored logprobs at ``positions``
+
+    @classmethod
+    def read(cls, row: Any, index: int) -> _AuditRow:
+        rollout_id = _get(row, "rollout_id", f"row {index}", default=None)
+        label = f"row {index}" + (f" (rollout {rollout_id})" if rollout_id else "")
+        ids = np.asarray(_get(row, "input_ids", label), dtype=np.int64)
+        mask = np.asarray(_get(row, "loss_mask", label))
+        logprobs = np.asarray(_get(row, "logprobs", label), dtype=np.float64)
+        if not ids.shape == mask.shape == logprobs.shape or ids.ndim != 1:
+            raise AuditRowError(
+                label, "length_mismatch", f"input_ids {ids.shape}, loss_mask {mask.shape}, logprobs {logprobs.shape}"
+            )
+        positions = np.flatnonzero(mask == 1)
+        if positions[0] == 0:
+            raise AuditRowError(label, "sampled_token_without_context", "loss_mask[0] is 1: no logits predict it")
+        stored = logprobs[positions]
+        if not np.isfinite(stored).all():
+            bad = int(positions[~np.isfinite(stored)][0])
+            raise AuditRowError(label, "stored_logprob_not_finite", f"logprobs[{bad}] = {logprobs[bad]}")
+        return cls(label, ids, positions, stored)
+
+
+@dataclass(frozen=True)
+class _Scores:
+    processed: list[np.ndarray]  # per audited row, float64 at its positions (-inf = filtered out)
+    raw: list[np.ndarray]
+
+
+def _score(audited: list[_AuditRow], model_path: str, sampling: SamplingLike, batch_tokens: int) -> _Scores:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if not audited:
+        return _Scores([], [])
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
+    model.eval()
+    scored: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    with torch.inference_mode():
+        for batch in _batches([row.input_ids.size for row in audited], batch_tokens):
+            rows = [audited[i] for i in batch]
+            # Only the positions some row of the batch is scored from are projected to the vocabulary.
+            keep = np.unique(np.concatenate([row.positions - 1 for row in rows]))
+            logits = _forward(model, rows, keep)
+            column = np.searchsorted(keep, np.arange(keep[-1] + 1))
+            for slot, (i, row) in enumerate(zip(batch, rows, strict=True)):
+                row_logits = logits[slot, torch.from_numpy(column[row.positions - 1])]
+                scored[i] = _token_logprobs(row_logits, torch.from_numpy(row.input_ids[row.positions]), sampling)
+    return _Scores([scored[i][0] for i in range(len(audited))], [scored[i][1] for i in range(len(audited))])
+
+
+def _forward(model: Any, rows: list[_AuditRow], keep: np.ndarray) -> Any:
+    """Logits ``[B, len(keep), V]`` at positions ``keep`` of the right-padded batch ``rows``."""
+    import torch
+
+    width = max(row.input_ids.size for row in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for slot, row in enumerate(rows):
+        ids[slot, : row.input_ids.size] = torch.from_numpy(row.input_ids)
+        attention[slot, : row.input_ids.size] = 1
+    positions = torch.from_numpy(keep)
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        return model(input_ids=ids, attention_mask=attention, logits_to_keep=positions).logits
+    return model(input_ids=ids, attention_mask=attention).logits[:, positions]
+
+
+def _token_logprobs(logits: Any, tokens: Any, sampling: SamplingLike) -> tuple[np.ndarray, np.ndarray]:
+    """Processed and raw logprobs (float64) of ``tokens`` under ``logits`` ``[N, V]``, chunked over positions."""
+    import torch
+
+    settings = {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
+    processed, raw = [], []
+    for start in range(0, tokens.numel(), _PROCESS_CHUNK):
+        chunk = logits[start : start + _PROCESS_CHUNK]
+        picked = tokens[start : start + _PROCESS_CHUNK, None]
+        processed.append(processed_log_softmax(chunk, **settings).gather(1, picked)[:, 0])
+        raw.append(chunk.log_softmax(dim=-1).gather(1, picked)[:, 0])
+    return torch.cat(processed).double().numpy(), torch.cat(raw).double().numpy()
+
+
+def _batches(lengths: list[int], batch_tokens: int) -> Iterator[list[int]]:
+    """Index batches, longest rows first, whose padded size ``len * max_len`` stays within budget."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batch: list[int] = []
+    for i in order:
+        if batch and (len(batch) + 1) * lengths[batch[0]] > batch_tokens:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def _report(
+    audited: list[_AuditRow],
+    scores: _Scores,
+    *,
+    model_path: str,
+    sampling: SamplingLike,
+    sample_size: int,
+    seed: int,
+    eligible: int,
+    clip: tuple[float, float],
+) -> AuditReport:
+    stored = np.concatenate([row.stored for row in audited]) if audited else np.zeros(0)
+    processed = np.concatenate(scores.processed) if audited else np.zeros(0)
+    raw = np.concatenate(scores.raw) if audited else np.zeros(0)
+    kept = np.isfinite(processed)
+    diff = np.abs(stored[kept] - processed[kept])
+    log_ratio = processed[kept] - stored[kept]
+    outside = _outside(log_ratio, clip)
+    seq_log = np.array(
+        [np.sum((p - row.stored)[np.isfinite(p)]) for row, p in zip(audited, scores.processed, strict=True)]
+    )
+    seq_outside = _outside(seq_log, clip)
+    with np.errstate(over="ignore"):
+        token_ratio, seq_ratio = np.exp(log_ratio), np.exp(seq_log)
+    return AuditReport(
+        model_path=model_path,
+        temperature=float(sampling.temperature),
+        top_p=float(sampling.top_p),
+        top_k=int(sampling.top_k),
+        sample_size=sample_size,
+        seed=seed,
+        rows_eligible=eligible,
+        rows_audited=len(audited),
+        tokens_audited=int(stored.size),
+        filtered_out_tokens=int((~kept).sum()),
+        mean_abs_diff=_stat(np.mean, diff),
+        max_abs_diff=_stat(np.max, diff),
+        p99_abs_diff=_stat(lambda d: np.percentile(d, 99), diff),
+        raw_mean_abs_diff=_stat(np.mean, np.abs(stored[kept] - raw[kept])),
+        clip_low=float(clip[0]),
+        clip_high=float(clip[1]),
+        token_ratio_mean=_stat(np.mean, token_ratio),
+        token_ratio_min=_stat(np.min, token_ratio),
+        token_ratio_max=_stat(np.max, token_ratio),
+        tokens_outside_clip=outside,
+        token_outside_clip_fraction=outside / diff.size if diff.size else None,
+        seq_log_ratio_mean=_stat(np.mean, seq_log),
+        seq_ratio_mean=_stat(np.mean, seq_ratio),
+        seq_ratio_min=_stat(np.min, seq_ratio),
+        seq_ratio_max=_stat(np.max, seq_ratio),
+        sequences_outside_clip=seq_outside,
+        seq_outside_clip_fraction=seq_outside / seq_log.size if seq_log.size else None,
+    )
+
+
+def _outside(log_ratio: np.ndarray, clip: tuple[float, float]) -> int:
+    return int(((log_ratio < math.log(clip[0])) | (log_ratio > math.log(clip[1]))).sum())
+
+
+def _stat(fn: Any, values: np.ndarray) -> float | None:
+    return float(fn(values)) if values.size else None
+
+
+_MISSING = object()
+
+
+def _get(row: Any, name: str, label: str, *, default: Any = _MISSING) -> Any:
+    """Field ``name`` of a mapping or an object row."""
+    value = row.get(name, default) if isinstance(row, Mapping) else getattr(row, name, default)
+    if value is _MISSING:
+        raise AuditRowError(label, "missing_field", f"no {name!r}")
+    return value
