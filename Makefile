@@ -37,10 +37,9 @@ test: lint
 bench: setup
 	$(PY) bench/staging.py
 
+# The main job: a full batch (plan -> generate -> finalize) on the embedded defaults.
 demo: setup
-	@echo "make demo runs plan -> generate -> finalize once the finalization stage lands;"
-	@echo "the storage and capture foundation can be exercised now with: make bench"
-	@exit 2
+	$(PY) -m tasks.cli demo --root .demo/runs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from tasks.config import BatchConfig, ConfigError, EngineSpec, ModelSpec
+from tasks.config import ADVANTAGES, ON_INVALID, BatchConfig, ConfigError, EngineSpec, ModelSpec
 from tasks.engines.base import SamplingSettings
 from tasks.environments.registry import EnvironmentLoadError
 
@@ -68,6 +68,25 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--shard", type=int, required=True)
     generate.add_argument("--attempt", type=int, default=None, help="default: the next unused attempt")
     generate.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
+
+    finalize = sub.add_parser("finalize", help="verify, linearize and publish the batch's GRPO dataset")
+    _root_and_batch(finalize)
+    finalize.add_argument("--on-invalid", choices=ON_INVALID, default=None, help="default: the batch config's")
+    finalize.add_argument("--advantage", choices=ADVANTAGES, default=None, help="default: the batch config's")
+    finalize.add_argument("--allow-partial", action="store_true", help="finalize only the committed shards")
+    audit = finalize.add_mutually_exclusive_group()
+    audit.add_argument(
+        "--audit",
+        dest="audit",
+        action="store_true",
+        default=None,
+        help="recompute a sample of logprobs with the HF model (default: on for the bundled model)",
+    )
+    audit.add_argument("--no-audit", dest="audit", action="store_false")
+
+    demo = sub.add_parser("demo", help="plan, generate and finalize a small batch on the embedded defaults")
+    demo.add_argument("--root", default=".demo/runs", help="storage root (default .demo/runs)")
+    demo.add_argument("--batch-id", default=None, help="default: demo-<timestamp>")
 
     sweep = sub.add_parser("sweep", help="delete objects of a committed shard that its marker does not name")
     _root_and_batch(sweep)
@@ -137,6 +156,38 @@ def _generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _finalize(args: argparse.Namespace) -> int:
+    from tasks.finalize.run import FinalizeOptions, finalize_batch
+
+    options = FinalizeOptions(
+        on_invalid=args.on_invalid, advantage=args.advantage, allow_partial=args.allow_partial, audit=args.audit
+    )
+    published = finalize_batch(args.root, args.batch_id, options)
+    marker = published.marker
+    print(
+        json.dumps(
+            {
+                "batch_id": marker.batch_id,
+                "dataset": f"{published.url}/dataset",
+                "already_finalized": not published.created,
+                "rows": marker.rows,
+                "trainable_rows": marker.trainable_rows,
+                "groups": marker.groups,
+                "parts": [p.path for p in marker.parts],
+            },
+            indent=2,
+        )
+    )
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from tasks.demo import run_demo
+
+    run_demo(args.root, batch_id=args.batch_id)
+    return EXIT_OK
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from tasks.plan import batch_store
     from tasks.storage.sweep import sweep_orphans
@@ -158,7 +209,7 @@ def _code_version() -> str:
         return "rollout-ledger (not installed)"
 
 
-COMMANDS = {"plan": _plan, "generate": _generate, "sweep": _sweep}
+COMMANDS = {"plan": _plan, "generate": _generate, "finalize": _finalize, "demo": _demo, "sweep": _sweep}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,8 @@ A record class declares each column once with :func:`column`; its Arrow schema, 
 I/O (:meth:`ArrowRecord.to_table` / :meth:`ArrowRecord.from_table`) and the schema check
 readers run (:meth:`ArrowRecord.check_table`) are all derived from that declaration, so the
 column list is never typed twice. Invariants live in each record's ``__post_init__``.
-List columns are held as read-only numpy arrays so tables build without per-token loops.
+List columns are held as read-only numpy arrays so tables build without per-token loops;
+a list<struct> column is held as a tuple of frozen dataclasses (its ``item`` class).
 """
 
 from __future__ import annotations
@@ -21,13 +22,29 @@ class SchemaMismatchError(ValueError):
     """A table does not have exactly the columns and types its record class declares."""
 
 
-def column(arrow_type: pa.DataType, *, nullable: bool = False, default: Any = dataclasses.MISSING) -> Any:
-    """Declare a record field together with its Arrow type and nullability."""
-    return dataclasses.field(default=default, metadata={"arrow": arrow_type, "nullable": nullable})
+def column(
+    arrow_type: pa.DataType,
+    *,
+    nullable: bool = False,
+    default: Any = dataclasses.MISSING,
+    item: type | None = None,
+) -> Any:
+    """Declare a record field together with its Arrow type and nullability.
+
+    ``item`` is required for (and only for) a list<struct> column: the dataclass each element is
+    held as, whose fields are the struct's fields.
+    """
+    if _is_struct_list(arrow_type) != (item is not None):
+        raise TypeError(f"column {arrow_type}: `item` must be given exactly for a list<struct> column")
+    return dataclasses.field(default=default, metadata={"arrow": arrow_type, "nullable": nullable, "item": item})
 
 
 def _is_list(arrow_type: pa.DataType) -> bool:
     return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
+
+
+def _is_struct_list(arrow_type: pa.DataType) -> bool:
+    return _is_list(arrow_type) and pa.types.is_struct(arrow_type.value_type)
 
 
 class ArrowRecord:
@@ -56,15 +73,16 @@ class ArrowRecord:
     def check_table(cls, table: pa.Table, *, source: str = "table") -> None:
         """Raise :class:`SchemaMismatchError` naming every missing, extra or mistyped column."""
         expected = cls.arrow_schema()
+        present, wanted = set(table.column_names), set(expected.names)
         problems = []
-        missing = [n for n in expected.names if n not in table.column_names]
-        extra = [n for n in table.column_names if n not in expected.names]
+        missing = [n for n in expected.names if n not in present]
+        extra = [n for n in table.column_names if n not in wanted]
         if missing:
             problems.append(f"missing columns {missing}")
         if extra:
             problems.append(f"unexpected columns {extra}")
         for f in expected:
-            if f.name in table.column_names:
+            if f.name in present:
                 actual = table.schema.field(f.name).type
                 if actual != f.type:
                     problems.append(f"column {f.name!r} is {actual}, expected {f.type}")
@@ -79,7 +97,10 @@ class ArrowRecord:
         arrays = []
         for f in schema:
             values = [getattr(r, f.name) for r in records]
-            if _is_list(f.type):
+            if _is_struct_list(f.type):
+                cells = [None if v is None else [dataclasses.asdict(i) for i in v] for v in values]
+                arrays.append(pa.array(cells, type=f.type))
+            elif _is_list(f.type):
                 arrays.append(_list_array(values, f.type))
             else:
                 arrays.append(pa.array(values, type=f.type))
@@ -90,9 +111,12 @@ class ArrowRecord:
         """Records of every row, each validated by the record's own invariants."""
         cls.check_table(table, source=source)
         columns: dict[str, list[Any]] = {}
-        for f in cls.arrow_schema():
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             chunked = table.column(f.name)
-            if _is_list(f.type):
+            item = f.metadata["item"]
+            if item is not None:
+                columns[f.name] = [None if v is None else tuple(item(**d) for d in v) for v in chunked.to_pylist()]
+            elif _is_list(f.metadata["arrow"]):
                 columns[f.name] = _list_values(chunked)
             else:
                 columns[f.name] = chunked.to_pylist()

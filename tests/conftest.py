@@ -85,6 +85,26 @@ def make_store(kind: str, tmp_path, request) -> ObjectStore:
     raise ValueError(kind)
 
 
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    """The real SmolLM2-135M-Instruct tokenizer and chat template, from the bundled GGUF.
+
+    Converted once per test session into a temporary cache directory (a few seconds), never
+    from the Hub.
+    """
+    from tasks.models import bundled
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(bundled.HOME_ENV, str(tmp_path_factory.mktemp("rollout-ledger-home")))
+        return bundled.load_bundled_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(tokenizer):
+    """Alias of :func:`tokenizer` for the capture tests, which name the model they splice for."""
+    return tokenizer
+
+
 @pytest.fixture(params=STORE_KINDS)
 def store(request, tmp_path) -> ObjectStore:
     """An empty store on each backend in turn: local disk, memory://, and S3 (moto)."""

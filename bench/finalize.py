@@ -1,0 +1,240 @@
+"""Finalize benchmark: verify + linearize + publish throughput vs a raw pyarrow scan, and peak RSS.
+
+Builds synthetic committed staging (default ~10^8 tokens: multi-turn rollouts of ~250-token
+deltas, many shards) with the real ``StagingWriter`` / ``LedgerWriter`` on local disk, then, in
+separate processes so memory is measured alone:
+
+* raw scan: ``pyarrow.parquet.read_table`` of every staging segment (all columns);
+* finalize: ``finalize_batch`` (every digest recomputed, every chain walked, dataset written).
+
+Prints finalize tokens/s ÷ raw scan tokens/s (target >= 0.3), the share of finalize time spent
+hashing, and finalize peak RSS (target <= 1.5 GB).
+
+    python bench/finalize.py [--tokens 1e8] [--shards 40] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TARGET_RATIO = 0.3
+TARGET_RSS_GB = 1.5
+TURNS = 8
+CARRY, SAMPLED = 50, 200
+VOCAB = 49152
+
+
+def build(root: str, tokens: float, shards: int) -> dict:
+    """Plan a synthetic batch and stage/commit every shard without an engine."""
+    from tasks import ids
+    from tasks.capture.records import CallRecord, Receipt, StagedDelta, canonical_json
+    from tasks.config import BatchConfig, ModelSpec
+    from tasks.engines.base import SamplingSettings
+    from tasks.plan import batch_store, read_shard_plan
+    from tasks.storage.ledger import LedgerWriter
+    from tasks.storage.staging import StagingWriter
+
+    per_rollout = TURNS * (CARRY + SAMPLED)
+    rollouts = max(int(tokens // per_rollout), shards * 2)
+    group_size = 2
+    config = BatchConfig(
+        batch_id="bench-finalize",
+        environment="arithmetic",
+        num_tasks=rollouts // group_size,
+        group_size=group_size,
+        shards=shards,
+        model=ModelSpec(path="synthetic"),
+        sampling=SamplingSettings(temperature=1.0, max_tokens=SAMPLED),
+        max_turns=TURNS,
+    )
+    from tasks.plan import plan_batch
+
+    plan_batch(root, config)
+    store = batch_store(root, config.batch_id)
+    rng = np.random.default_rng(0)
+    staged_tokens = 0
+    started = time.perf_counter()
+    for shard in range(shards):
+        plan = read_shard_plan(store, config, shard)
+        ledger = LedgerWriter(store, batch_id=config.batch_id, shard=shard, attempt=0)
+        with StagingWriter(store, shard=shard, attempt=0, max_rows=1024) as writer:
+            for planned in plan:
+                sequence = np.zeros(0, np.int64)
+                parent = None
+                records = []
+                for turn in range(TURNS):
+                    carry = rng.integers(0, VOCAB, CARRY)
+                    sampled = rng.integers(0, VOCAB, SAMPLED)
+                    call = ids.call_id(planned.rollout_id, 0, turn)
+                    delta = StagedDelta.build(
+                        batch_id=config.batch_id,
+                        rollout_id=planned.rollout_id,
+                        call_id=call,
+                        parent_call_id=parent.call_id if parent else None,
+                        parent_chain_hash=parent.chain_hash if parent else None,
+                        prefix_token_ids=sequence,
+                        prompt_token_ids=np.concatenate([sequence, carry]),
+                        generated_token_ids=sampled,
+                        generated_logprobs=-rng.exponential(0.3, SAMPLED).astype(np.float32),
+                        weight_version=0,
+                        finish_reason="stop",
+                        temperature=1.0,
+                        top_p=1.0,
+                        top_k=-1,
+                    )
+                    coordinates = writer.submit(delta).result()
+                    records.append(
+                        CallRecord.for_staged(
+                            delta,
+                            staging_segment=coordinates.segment,
+                            staging_row=coordinates.row,
+                            admitted_at=float(turn),
+                        )
+                    )
+                    sequence = np.concatenate([sequence, delta.token_ids_delta])
+                    parent = delta
+                    staged_tokens += delta.delta_len
+                for record in records:
+                    ledger.add_call(record)
+                ledger.add_receipt(
+                    Receipt(
+                        rollout_id=planned.rollout_id,
+                        group_id=planned.group_id,
+                        attempt=0,
+                        reward=float(rng.integers(0, 2)),
+                        reward_info=canonical_json({}),
+                        terminal_call_id=records[-1].call_id,
+                        terminal_selection="declared",
+                        terminal_attribution_reason="selected",
+                        status="ok",
+                        failure_reason=None,
+                        num_calls=TURNS,
+                    )
+                )
+        ledger.commit(staging_segments=writer.segments)
+        print(
+            f"  built shard {shard + 1}/{shards} ({staged_tokens:,} tokens, {time.perf_counter() - started:.0f}s)",
+            flush=True,
+        )
+    return {"batch_id": config.batch_id, "tokens": staged_tokens, "rollouts": rollouts}
+
+
+def measure_raw_scan(root: str, batch_id: str) -> dict:
+    import pyarrow.parquet as pq
+
+    files = sorted(Path(root, "batches", batch_id, "staging").rglob("seg-*.parquet"))
+    started = time.perf_counter()
+    tokens = 0
+    for path in files:
+        table = pq.read_table(path)
+        tokens += int(np_sum(table.column("delta_len")))
+    return {"seconds": time.perf_counter() - started, "tokens": tokens, "peak_rss_gb": peak_rss_gb()}
+
+
+def measure_finalize(root: str, batch_id: str) -> dict:
+    from tasks.capture import digest as dg
+    from tasks.finalize.run import FinalizeOptions, finalize_batch
+
+    spent = [0.0]
+    for name in (
+        "digest_of_checked_call",
+        "chain_hash_of_checked",
+        "cumulative_hash_of_parts",
+        "compute_extras_digest",
+    ):
+        original = getattr(dg, name)
+
+        def timed(*args, _original=original, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+
+        setattr(dg, name, timed)
+    started = time.perf_counter()
+    published = finalize_batch(root, batch_id, FinalizeOptions(audit=False))
+    seconds = time.perf_counter() - started
+    return {
+        "seconds": seconds,
+        "hash_seconds": spent[0],
+        "rows": published.marker.rows,
+        "trainable_rows": published.marker.trainable_rows,
+        "peak_rss_gb": peak_rss_gb(),
+    }
+
+
+def np_sum(column) -> int:
+    import pyarrow.compute as pc
+
+    return pc.sum(column).as_py() or 0
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+
+def in_subprocess(function: str, root: str, batch_id: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--measure", function, "--root", root, "--batch-id", batch_id],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=float, default=1e8)
+    parser.add_argument("--shards", type=int, default=40)
+    parser.add_argument("--keep", default=None, help="build into (or reuse) this directory instead of a temp one")
+    parser.add_argument("--measure", choices=("raw", "finalize"), help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
+    parser.add_argument("--batch-id", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure:
+        measure = measure_raw_scan if args.measure == "raw" else measure_finalize
+        print(json.dumps(measure(args.root, args.batch_id)))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-finalize-") as tmp:
+        root = args.keep or tmp
+        print(f"building ~{args.tokens:.0e} tokens of committed staging in {args.shards} shards under {root}")
+        built = build(root, args.tokens, args.shards)
+        raw = in_subprocess("raw", root, built["batch_id"])
+        final = in_subprocess("finalize", root, built["batch_id"])
+    raw_tps = raw["tokens"] / raw["seconds"]
+    final_tps = built["tokens"] / final["seconds"]
+    ratio = final_tps / raw_tps
+    hash_share = final["hash_seconds"] / final["seconds"]
+    print()
+    print(
+        f"staged tokens {built['tokens']:,} in {built['rollouts']:,} rollouts; dataset rows {final['rows']:,} "
+        f"({final['trainable_rows']:,} trainable)"
+    )
+    print(
+        f"raw pyarrow scan: {raw['seconds']:.1f}s = {raw_tps / 1e6:.1f} M tok/s (peak RSS {raw['peak_rss_gb']:.2f} GB)"
+    )
+    print(f"finalize:         {final['seconds']:.1f}s = {final_tps / 1e6:.1f} M tok/s, hashing {hash_share:.0%}")
+    ok_ratio, ok_rss = ratio >= TARGET_RATIO, final["peak_rss_gb"] <= TARGET_RSS_GB
+    print(f"finalize / raw scan = {ratio:.2f}  (target >= {TARGET_RATIO}: {'PASS' if ok_ratio else 'FAIL'})")
+    print(
+        f"finalize peak RSS   = {final['peak_rss_gb']:.2f} GB  (target <= {TARGET_RSS_GB}: "
+        f"{'PASS' if ok_rss else 'FAIL'})"
+    )
+    return 0 if ok_ratio and ok_rss else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""The dataset card, ``dataset/README.md``: what a published batch holds and how to load it.
+
+Rendered from the batch config, the metrics and the parts the marker will name, so the card
+is a pure function of what was published (no timestamps: re-rendering gives the same bytes).
+Its YAML header declares the parts as the ``train`` split for Hugging Face ``datasets``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tasks.finalize.dataset import COLUMN_DESCRIPTIONS, DatasetRow
+from tasks.finalize.reasons import DESCRIPTIONS as REASON_DESCRIPTIONS
+
+PARTS_GLOB = "part-*.parquet"
+
+
+def render_card(
+    *,
+    batch_id: str,
+    config: Mapping[str, Any],
+    metrics: Mapping[str, Any],
+    parts: Sequence[Mapping[str, Any]],
+    audit: Mapping[str, Any] | None = None,
+) -> str:
+    """Markdown of the card. ``parts``: dicts with ``path``, ``rows``, ``size``, ``sha256``."""
+    sampling = config.get("sampling", {})
+    sections = [
+        _front_matter(batch_id),
+        f"# GRPO dataset `{batch_id}`\n",
+        (
+            f"Rollouts of environment {_code(config.get('environment'))}: {config.get('num_tasks')} tasks × "
+            f"group size {config.get('group_size')} on model {_code(config.get('model', {}).get('path'))}, "
+            f"sampled at temperature {sampling.get('temperature')}, top_p {sampling.get('top_p')}, "
+            f"top_k {sampling.get('top_k')}. Advantages: {_code(config.get('advantage'))}; invalid rollouts: "
+            f"{_code(config.get('on_invalid'))}. Every trainable row is the exact token sequence the model "
+            "saw and sampled, verified against its staged deltas; anything unproven is masked "
+            "(`sample_mask` 0) or dropped, with its reason.\n"
+        ),
+        _counts(metrics),
+        _statistics(metrics),
+        _invalid_reasons(metrics),
+        _capture(metrics),
+        _weight_versions(metrics),
+    ]
+    if audit is not None:
+        sections.append(_audit(audit))
+    sections += [_loading(batch_id), _columns(), _files(parts)]
+    return "\n".join(sections)
+
+
+def _front_matter(batch_id: str) -> str:
+    return (
+        "---\n"
+        f"pretty_name: rollout-ledger GRPO batch {batch_id}\n"
+        "tags:\n- rollout-ledger\n- grpo\n- reinforcement-learning\n"
+        "configs:\n- config_name: default\n  data_files:\n  - split: train\n"
+        f'    path: "{PARTS_GLOB}"\n'
+        "---\n"
+    )
+
+
+def _cell(value: object) -> str:
+    """A value made safe for a Markdown table cell."""
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _code(value: object) -> str:
+    """A value as inline code, safe in running text."""
+    return "`" + str(value).replace("`", "'").replace("\n", " ") + "`"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(_cell(_fmt(v)) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _counts(m: Mapping[str, Any]) -> str:
+    names = (
+        "planned_rollouts",
+        "receipts",
+        "rows",
+        "trainable_rows",
+        "masked_rows",
+        "invalid_row_rate",
+        "groups",
+        "groups_dropped",
+        "groups_zero_variance",
+        "groups_single_valid",
+        "tokens",
+        "sampled_tokens",
+        "truncated_rate",
+    )
+    return "## Counts\n\n" + _table(("metric", "value"), [(n, m.get(n)) for n in names])
+
+
+def _statistics(m: Mapping[str, Any]) -> str:
+    rows = [
+        (label, *(m.get(key, {}).get(s) for s in ("count", "mean", "std", "min", "max")))
+        for label, key in (
+            ("reward (trainable rows)", "reward"),
+            ("tokens per row", "row_length"),
+            ("turns (trainable rows)", "turns"),
+        )
+    ]
+    return "## Rewards and lengths\n\n" + _table(("statistic", "count", "mean", "std", "min", "max"), rows)
+
+
+def _invalid_reasons(m: Mapping[str, Any]) -> str:
+    found = m.get("invalid_reasons", {})
+    if not found:
+        return "## Invalid rollouts\n\nNone: every planned rollout is trainable.\n"
+    rows = [(f"`{r}`", n, REASON_DESCRIPTIONS.get(r, "")) for r, n in sorted(found.items())]
+    return "## Invalid rollouts\n\n" + _table(("reason", "rollouts", "meaning"), rows)
+
+
+def _capture(m: Mapping[str, Any]) -> str:
+    keys = [
+        "calls_per_rollout",
+        "token_in_rate",
+        "capture_poisoned_rollouts",
+        "epoch_span_count",
+        *sorted(k for k in m if k.startswith("terminal_selection_")),
+    ]
+    text = "## Capture\n\n" + _table(("metric", "value"), [(k, m.get(k)) for k in keys])
+    prefixes = m.get("failure_reasons_by_prefix", {})
+    if prefixes:
+        text += "\nCapture failure rows by reason family:\n\n" + _table(("family", "rows"), sorted(prefixes.items()))
+    return text
+
+
+def _weight_versions(m: Mapping[str, Any]) -> str:
+    versions = m.get("group_weight_versions", {})
+    if not versions:
+        return "## Weight versions\n\nNo group has a trainable row.\n"
+    rows = sorted(versions.items(), key=lambda kv: int(kv[0]))
+    return (
+        "## Weight versions\n\nA group's version is the lowest weight version among its trainable rows; "
+        "rows carry per-call spans in `weight_version_spans`.\n\n" + _table(("weight version", "groups"), rows)
+    )
+
+
+def _audit(audit: Mapping[str, Any]) -> str:
+    rows = [(k, v) for k, v in sorted(audit.items()) if not isinstance(v, (dict, list, tuple))]
+    return "## Logprob audit\n\n" + _table(("measure", "value"), rows)
+
+
+def _loading(batch_id: str) -> str:
+    return (
+        "## Loading\n\n"
+        "`batch` is the URL of the batch directory (any fsspec URL: a local path, `s3://...`); "
+        "this card lives in its `dataset/` folder. With Hugging Face `datasets`:\n\n"
+        "```python\n"
+        "from datasets import load_dataset\n\n"
+        f'batch = ".../batches/{batch_id}"\n'
+        f'rows = load_dataset("parquet", data_files=f"{{batch}}/dataset/{PARTS_GLOB}", split="train")\n'
+        "```\n\n"
+        "With the project's torch collator (reads only the parts `_COMMITTED.json` names, checking each sha256):\n\n"
+        "```python\n"
+        "from torch.utils.data import DataLoader\n"
+        "from tasks.finalize.collate import GrpoCollator, PublishedDataset\n\n"
+        "data = PublishedDataset.from_url(batch)\n"
+        "loader = DataLoader(data, batch_size=8, collate_fn=GrpoCollator(pad_token_id=0))\n"
+        "```\n\n"
+        "Train only where `train_mask` is 1 (sampled tokens of trainable rows); masked rows carry advantage 0.\n"
+    )
+
+
+def _columns() -> str:
+    rows = [(f"`{f.name}`", f"`{f.type}`", COLUMN_DESCRIPTIONS[f.name]) for f in DatasetRow.arrow_schema()]
+    return "## Columns\n\n" + _table(("column", "type", "meaning"), rows)
+
+
+def _files(parts: Sequence[Mapping[str, Any]]) -> str:
+    rows = [(p["path"].rsplit("/", 1)[-1], p["rows"], p["size"], f"`{p['sha256']}`") for p in parts]
+    return "## Files\n\n" + _table(("part", "rows", "bytes", "sha256"), rows)

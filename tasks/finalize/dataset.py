@@ -1,0 +1,374 @@
+"""GRPO dataset rows (ARCHITECTURE 4.6) and their assembly, one group at a time (section 8).
+
+:class:`DatasetRow` is the contract between finalization and the trainer: one Arrow schema,
+derived from the record, and invariants checked on construction (so a row read back is as
+trustworthy as a row written). :func:`assemble_group` turns the verified rollouts of one
+planned group into rows: with ``on_invalid = "mask"`` exactly one row per planned rollout
+(invalid and missing ones masked, advantage 0), with ``"drop"`` only the valid ones. Advantages
+are computed over the valid rows only; a masked row never carries a nonzero advantage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.capture.records import TERMINAL_SELECTIONS, check_reason
+from tasks.config import ADVANTAGES, ON_INVALID
+from tasks.finalize import reasons
+from tasks.finalize.advantages import group_advantages
+from tasks.finalize.verified import CallSpan, VerifiedRollout, WeightSpan
+from tasks.ids import check_id
+from tasks.schema import ArrowRecord, column
+
+DATASET_SCHEMA_VERSION = 1
+
+WEIGHT_SPAN_TYPE = pa.struct(
+    [("call_id", pa.string()), ("start", pa.int64()), ("end", pa.int64()), ("weight_version", pa.uint64())]
+)
+CALL_SPAN_TYPE = pa.struct([("call_id", pa.string()), ("carry_len", pa.int64()), ("gen_len", pa.int64())])
+
+
+# What each column means, for the dataset card and the docs (the types come from the schema).
+COLUMN_DESCRIPTIONS: dict[str, str] = {
+    "batch_id": "the batch this row belongs to",
+    "group_id": "the task: rows of one group share a prompt and are normalized together",
+    "rollout_id": "the rollout (task index and sample index in the group)",
+    "input_ids": "token ids root→terminal call: each call's carried prompt tokens, then its sampled tokens",
+    "loss_mask": "1 on tokens the model sampled, 0 on carried prompt/environment tokens",
+    "logprobs": "logprob of each sampled token as sampled (after temperature/top-p/top-k); 0 where loss_mask is 0",
+    "prompt_len": "carried tokens of the root call (the initial prompt)",
+    "reward": "the environment's reward of the rollout (null when none was recorded)",
+    "advantage": "group-relative advantage of the row (0 when masked, or when the group has no signal)",
+    "group_size": "rollouts planned per group",
+    "sample_mask": "1 trainable, 0 masked (never train on a masked row)",
+    "mask_reason": "why the row is masked (a stable reason name), null when trainable",
+    "weight_version_min": "lowest weight version of the calls on the chain (null without tokens)",
+    "weight_version_max": "highest weight version of the calls on the chain (null without tokens)",
+    "weight_version_spans": "per call: token range [start, end) and the weight version it was admitted at",
+    "call_spans": "per call, in order: carried tokens (carry_len) then sampled tokens (gen_len)",
+    "truncated": "the terminal call stopped on the length limit",
+    "num_turns": "model calls on the chain root→terminal",
+    "terminal_selection": "how the terminal call was selected: declared, response_id, content or heuristic",
+}
+
+
+class InvalidDatasetRowError(ValueError):
+    """A dataset row breaks an invariant of ARCHITECTURE 4.6; the message names the rollout and field."""
+
+
+@dataclass(frozen=True, eq=False)
+class DatasetRow(ArrowRecord):
+    """One GRPO training row: a linearized rollout root→terminal, or a masked placeholder.
+
+    Invariants: the three token lists have equal length; ``loss_mask`` is 0 on each call's
+    carried tokens and 1 on its sampled tokens, as ``call_spans`` says; ``logprobs`` are finite
+    and exactly 0 where the mask is 0; weight spans are one per call, in order, inside that
+    call's tokens, and ``weight_version_min``/``max`` summarize them (null without tokens).
+    ``sample_mask`` 1 ⇔ ``mask_reason`` null; a trainable row has tokens, a sampled token, a
+    reward and a terminal selection; a masked row has advantage exactly 0.
+    """
+
+    batch_id: str = column(pa.string())
+    group_id: str = column(pa.string())
+    rollout_id: str = column(pa.string())
+    input_ids: np.ndarray = column(pa.list_(pa.int32()))
+    loss_mask: np.ndarray = column(pa.list_(pa.uint8()))
+    logprobs: np.ndarray = column(pa.list_(pa.float32()))
+    prompt_len: int = column(pa.int64())
+    reward: float | None = column(pa.float64(), nullable=True)
+    advantage: float = column(pa.float64())
+    group_size: int = column(pa.int32())
+    sample_mask: int = column(pa.uint8())
+    mask_reason: str | None = column(pa.string(), nullable=True)
+    weight_version_min: int | None = column(pa.uint64(), nullable=True)
+    weight_version_max: int | None = column(pa.uint64(), nullable=True)
+    weight_version_spans: tuple[WeightSpan, ...] = column(pa.list_(WEIGHT_SPAN_TYPE), item=WeightSpan)
+    call_spans: tuple[CallSpan, ...] = column(pa.list_(CALL_SPAN_TYPE), item=CallSpan)
+    truncated: bool = column(pa.bool_())
+    num_turns: int = column(pa.int32())
+    terminal_selection: str | None = column(pa.string(), nullable=True)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_id", "group_id", "rollout_id"):
+            check_id(getattr(self, name), field=name)
+        for name, dtype in (("input_ids", np.int32), ("loss_mask", np.uint8), ("logprobs", np.float32)):
+            object.__setattr__(self, name, self._array(name, dtype))
+        for name in ("weight_version_spans", "call_spans"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        self._check_scalars()
+        self._check_tokens()
+        self._check_spans()
+        self._check_sample_mask()
+
+    def _fail(self, message: str) -> InvalidDatasetRowError:
+        return InvalidDatasetRowError(f"dataset row {self.rollout_id}: {message}")
+
+    def _array(self, name: str, dtype: type) -> np.ndarray:
+        value = getattr(self, name)
+        if isinstance(value, np.ndarray):
+            if value.dtype != dtype or value.ndim != 1:
+                raise self._fail(f"{name} must be a 1-d {np.dtype(dtype)} array, got {value.ndim}-d {value.dtype}")
+            if value.flags.writeable:
+                value = value.copy()
+                value.flags.writeable = False
+            return value
+        try:
+            array = np.array(value, dtype=dtype)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise self._fail(f"{name} is not a list of {np.dtype(dtype)}: {exc}") from None
+        if array.ndim != 1:
+            raise self._fail(f"{name} must be one-dimensional, got shape {array.shape}")
+        array.flags.writeable = False
+        return array
+
+    def _check_scalars(self) -> None:
+        _check_int(self, "prompt_len", 0)
+        _check_int(self, "group_size", 1)
+        _check_int(self, "num_turns", 0)
+        _check_int(self, "sample_mask", 0)
+        if self.reward is not None and not _finite_number(self.reward):
+            raise self._fail(f"reward must be a finite number or null, got {self.reward!r}")
+        if not _finite_number(self.advantage):
+            raise self._fail(f"advantage must be a finite number, got {self.advantage!r}")
+        if not isinstance(self.truncated, bool):
+            raise self._fail(f"truncated must be a bool, got {self.truncated!r}")
+        if self.terminal_selection is not None and self.terminal_selection not in TERMINAL_SELECTIONS:
+            raise self._fail(f"terminal_selection must be one of {TERMINAL_SELECTIONS} or null")
+
+    def _check_tokens(self) -> None:
+        ids, mask, logprobs = self.input_ids, self.loss_mask, self.logprobs
+        if not ids.size == mask.size == logprobs.size:
+            raise self._fail(
+                f"input_ids ({ids.size}), loss_mask ({mask.size}) and logprobs ({logprobs.size}) differ in length"
+            )
+        if (ids < 0).any():
+            raise self._fail("input_ids holds a negative token id")
+        if (mask > 1).any():
+            raise self._fail("loss_mask holds a value other than 0 or 1")
+        if not np.isfinite(logprobs).all():
+            raise self._fail("logprobs holds a non-finite value")
+        if (logprobs[mask == 0] != 0).any():
+            raise self._fail("logprobs is not 0 where loss_mask is 0")
+        if self.prompt_len > ids.size:
+            raise self._fail(f"prompt_len {self.prompt_len} exceeds the {ids.size} tokens of the row")
+
+    def _check_spans(self) -> None:
+        calls, spans = self.call_spans, self.weight_version_spans
+        if not all(isinstance(c, CallSpan) for c in calls) or not all(isinstance(s, WeightSpan) for s in spans):
+            raise self._fail("call_spans must hold CallSpan and weight_version_spans WeightSpan items")
+        if len(calls) != self.num_turns:
+            raise self._fail(f"num_turns {self.num_turns} differs from the {len(calls)} call spans")
+        if self.input_ids.size == 0:
+            if calls or spans or self.prompt_len or self.truncated:
+                raise self._fail("a row without tokens has no call spans, weight spans, prompt_len or truncation")
+            if self.weight_version_min is not None or self.weight_version_max is not None:
+                raise self._fail("a row without tokens has null weight_version_min/max")
+            return
+        carry = np.array([c.carry_len for c in calls], dtype=np.int64)
+        gen = np.array([c.gen_len for c in calls], dtype=np.int64)
+        if not calls or (carry < 0).any() or (gen < 0).any():
+            raise self._fail("a row with tokens needs call spans with carry_len and gen_len >= 0")
+        if int(carry.sum() + gen.sum()) != self.input_ids.size:
+            raise self._fail(
+                f"call spans cover {int(carry.sum() + gen.sum())} tokens, the row has {self.input_ids.size}"
+            )
+        if self.prompt_len != carry[0]:
+            raise self._fail(f"prompt_len {self.prompt_len} differs from the root call's carry_len {carry[0]}")
+        lengths = np.column_stack([carry, gen]).ravel()
+        expected = np.repeat(np.tile(np.array([0, 1], np.uint8), len(calls)), lengths)
+        if not np.array_equal(expected, self.loss_mask):
+            raise self._fail("loss_mask does not follow call_spans (each call: carried 0s, then sampled 1s)")
+        if [s.call_id for s in spans] != [c.call_id for c in calls]:
+            raise self._fail("weight_version_spans must name the calls of call_spans, one each, in order")
+        ends = np.cumsum(lengths.reshape(-1, 2).sum(axis=1))
+        starts = ends - lengths.reshape(-1, 2).sum(axis=1)
+        for span, lo, hi in zip(spans, starts, ends, strict=True):
+            if not lo <= span.start < span.end <= hi:
+                raise self._fail(f"weight span of {span.call_id} [{span.start}, {span.end}) is outside [{lo}, {hi})")
+        versions = [s.weight_version for s in spans]
+        if (self.weight_version_min, self.weight_version_max) != (min(versions), max(versions)):
+            raise self._fail(
+                f"weight_version_min/max ({self.weight_version_min}, {self.weight_version_max}) differ from "
+                f"the spans' ({min(versions)}, {max(versions)})"
+            )
+
+    def _check_sample_mask(self) -> None:
+        if self.sample_mask == 1:
+            if self.mask_reason is not None:
+                raise self._fail(f"a trainable row (sample_mask 1) has mask_reason {self.mask_reason!r}")
+            if self.reward is None or self.terminal_selection is None or not self.loss_mask.any():
+                raise self._fail("a trainable row needs a reward, a terminal selection and a sampled token")
+        elif self.sample_mask == 0:
+            if self.mask_reason is None:
+                raise self._fail("a masked row (sample_mask 0) needs a mask_reason")
+            check_reason(self.mask_reason, field="mask_reason")
+            if self.advantage != 0:
+                raise self._fail(f"a masked row has advantage {self.advantage}, expected 0")
+        else:
+            raise self._fail(f"sample_mask must be 0 or 1, got {self.sample_mask!r}")
+
+
+def _finite_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_int(row: DatasetRow, name: str, minimum: int) -> None:
+    value = getattr(row, name)
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise row._fail(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """What assembling one group found.
+
+    ``planned`` rollouts; ``valid`` of them trainable, ``missing`` without a receipt;
+    ``invalid_reasons`` counts the reason of every non-trainable planned rollout (missing ones
+    as ``missing_receipt``); ``rows`` written; ``advantage_outcome`` is one of
+    :data:`tasks.finalize.advantages.OUTCOMES` (``no_valid``: the group trains on nothing);
+    ``weight_version`` is the minimum over valid rows (None without valid rows).
+    """
+
+    group_id: str
+    planned: int
+    valid: int
+    missing: int
+    rows: int
+    advantage_outcome: str
+    weight_version: int | None
+    invalid_reasons: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """The rows of one group (ordered by rollout id), its stats, and the rollouts it was built from."""
+
+    rows: tuple[DatasetRow, ...]
+    stats: GroupStats
+    rollouts: tuple[VerifiedRollout, ...]
+
+
+def assemble_group(
+    verified: Sequence[VerifiedRollout],
+    *,
+    batch_id: str,
+    group_id: str,
+    planned_rollout_ids: Sequence[str],
+    on_invalid: str = "mask",
+    advantage: str = "grpo",
+) -> GroupResult:
+    """Rows of one planned group from its verified rollouts (at most one per planned rollout).
+
+    ``planned_rollout_ids`` are the group's rollouts from the plan; ``group_size`` is their
+    number. A planned rollout without a verified rollout (no receipt) is invalid with reason
+    ``missing_receipt``. Raises ValueError when a verified rollout is of another batch or
+    group, not planned in this group, or given twice: those are caller bugs, not data.
+    """
+    if on_invalid not in ON_INVALID:
+        raise ValueError(f"on_invalid must be one of {list(ON_INVALID)}, got {on_invalid!r}")
+    if advantage not in ADVANTAGES:
+        raise ValueError(f"advantage must be one of {list(ADVANTAGES)}, got {advantage!r}")
+    planned = sorted(planned_rollout_ids)
+    if not planned or len(set(planned)) != len(planned):
+        raise ValueError(f"group {group_id}: planned rollout ids must be non-empty and distinct, got {planned}")
+    by_id: dict[str, VerifiedRollout] = {}
+    for rollout in verified:
+        where = f"verified rollout {rollout.rollout_id}"
+        if rollout.batch_id != batch_id or rollout.group_id != group_id:
+            raise ValueError(
+                f"{where} is of batch {rollout.batch_id} group {rollout.group_id}, not {batch_id} {group_id}"
+            )
+        if rollout.rollout_id not in planned:
+            raise ValueError(f"{where} is not planned in group {group_id}")
+        if rollout.rollout_id in by_id:
+            raise ValueError(f"{where} is given twice")
+        by_id[rollout.rollout_id] = rollout
+
+    valid = [by_id[r] for r in planned if r in by_id and by_id[r].valid]
+    computed = group_advantages([v.reward for v in valid], advantage)
+    advantage_of = {v.rollout_id: float(a) for v, a in zip(valid, computed.values, strict=True)}
+
+    rows = []
+    invalid_reasons: Counter[str] = Counter()
+    for rollout_id in planned:
+        rollout = by_id.get(rollout_id)
+        reason = reasons.MISSING_RECEIPT if rollout is None else rollout.reason
+        if reason is not None:
+            invalid_reasons[reason] += 1
+            if on_invalid == "drop":
+                continue
+        row = (
+            _missing_row(batch_id, group_id, rollout_id, len(planned), reason)
+            if rollout is None
+            else _row(rollout, len(planned), advantage_of.get(rollout_id, 0.0))
+        )
+        rows.append(row)
+
+    stats = GroupStats(
+        group_id=group_id,
+        planned=len(planned),
+        valid=len(valid),
+        missing=len(planned) - len(by_id),
+        rows=len(rows),
+        advantage_outcome=computed.outcome,
+        weight_version=min((r.weight_version_min for r in rows if r.sample_mask == 1), default=None),
+        invalid_reasons=tuple(sorted(invalid_reasons.items())),
+    )
+    return GroupResult(rows=tuple(rows), stats=stats, rollouts=tuple(by_id[r] for r in planned if r in by_id))
+
+
+def _row(rollout: VerifiedRollout, group_size: int, advantage: float) -> DatasetRow:
+    """The row of a verified rollout; a masked one keeps its tokens only if it was linearized."""
+    keep = rollout.linearized
+    versions = [s.weight_version for s in rollout.weight_spans] if keep else []
+    return DatasetRow(
+        batch_id=rollout.batch_id,
+        group_id=rollout.group_id,
+        rollout_id=rollout.rollout_id,
+        input_ids=rollout.input_ids if keep else np.zeros(0, np.int32),
+        loss_mask=rollout.loss_mask if keep else np.zeros(0, np.uint8),
+        logprobs=rollout.logprobs if keep else np.zeros(0, np.float32),
+        prompt_len=rollout.prompt_len if keep else 0,
+        reward=rollout.reward,
+        advantage=advantage if rollout.valid else 0.0,
+        group_size=group_size,
+        sample_mask=1 if rollout.valid else 0,
+        mask_reason=rollout.reason,
+        weight_version_min=min(versions, default=None),
+        weight_version_max=max(versions, default=None),
+        weight_version_spans=rollout.weight_spans if keep else (),
+        call_spans=rollout.call_spans if keep else (),
+        truncated=rollout.truncated if keep else False,
+        num_turns=rollout.num_turns if keep else 0,
+        terminal_selection=rollout.terminal_selection,
+    )
+
+
+def _missing_row(batch_id: str, group_id: str, rollout_id: str, group_size: int, reason: str) -> DatasetRow:
+    return DatasetRow(
+        batch_id=batch_id,
+        group_id=group_id,
+        rollout_id=rollout_id,
+        input_ids=np.zeros(0, np.int32),
+        loss_mask=np.zeros(0, np.uint8),
+        logprobs=np.zeros(0, np.float32),
+        prompt_len=0,
+        reward=None,
+        advantage=0.0,
+        group_size=group_size,
+        sample_mask=0,
+        mask_reason=reason,
+        weight_version_min=None,
+        weight_version_max=None,
+        weight_version_spans=(),
+        call_spans=(),
+        truncated=False,
+        num_turns=0,
+        terminal_selection=None,
+    )

@@ -1,0 +1,166 @@
+"""Batch metrics of a finalized dataset (ARCHITECTURE section 8), accumulated group by group.
+
+:class:`DatasetMetrics` is fed one :class:`~tasks.finalize.dataset.GroupResult` at a time (its
+rows, stats and the verified rollouts behind them) plus, per shard, the ledger-level counts
+that no rollout carries (:meth:`DatasetMetrics.add_ledger`). It holds only counters and running
+sums, so memory does not grow with the batch. :meth:`DatasetMetrics.result` is a JSON-ready
+dict; a rate whose denominator is 0 is None, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.capture.records import TERMINAL_SELECTIONS
+from tasks.finalize import reasons
+from tasks.finalize.dataset import GroupResult
+
+METRICS_VERSION = 1
+
+
+@dataclass
+class _Running:
+    """Count, mean, spread (Welford), min and max of a stream of numbers."""
+
+    count: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    low: float = math.inf
+    high: float = -math.inf
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        delta = value - self.mean
+        self.mean += delta / self.count
+        self.m2 += delta * (value - self.mean)
+        self.low = min(self.low, value)
+        self.high = max(self.high, value)
+
+    def summary(self) -> dict[str, float | int | None]:
+        """Count, mean, population std, min and max; None statistics when nothing was added."""
+        if not self.count:
+            return {"count": 0, "mean": None, "std": None, "min": None, "max": None}
+        return {
+            "count": self.count,
+            "mean": self.mean,
+            "std": math.sqrt(self.m2 / self.count),
+            "min": self.low,
+            "max": self.high,
+        }
+
+
+def reason_prefix(reason: str) -> str:
+    """The family of a reason: its text before the first ``_`` (``staging_write_failed`` → ``staging``)."""
+    return reason.split("_", 1)[0]
+
+
+@dataclass
+class DatasetMetrics:
+    """Accumulator of the batch metrics; see the module docstring."""
+
+    planned_rollouts: int = 0
+    receipts: int = 0
+    rows: int = 0
+    trainable_rows: int = 0
+    tokens: int = 0
+    sampled_tokens: int = 0
+    truncated_rows: int = 0
+    epoch_span_count: int = 0
+    groups: int = 0
+    ledger_calls: int = 0
+    ledger_token_in_calls: int = 0
+    ledger_shards: int = 0
+    invalid_reasons: Counter[str] = field(default_factory=Counter)
+    failure_reasons: Counter[str] = field(default_factory=Counter)
+    terminal_selections: Counter[str] = field(default_factory=Counter)
+    advantage_outcomes: Counter[str] = field(default_factory=Counter)
+    group_weight_versions: Counter[int] = field(default_factory=Counter)
+    rewards: _Running = field(default_factory=_Running)
+    row_lengths: _Running = field(default_factory=_Running)
+    turns: _Running = field(default_factory=_Running)
+
+    def add_group(self, result: GroupResult) -> None:
+        """Count one assembled group: its planned rollouts, receipts, rows and advantage outcome."""
+        stats = result.stats
+        self.groups += 1
+        self.planned_rollouts += stats.planned
+        self.invalid_reasons.update(dict(stats.invalid_reasons))
+        self.advantage_outcomes[stats.advantage_outcome] += 1
+        if stats.weight_version is not None:
+            self.group_weight_versions[stats.weight_version] += 1
+        for rollout in result.rollouts:
+            self.receipts += 1
+            self.epoch_span_count += rollout.epoch_span_count
+            self.terminal_selections[rollout.terminal_selection or "none"] += 1
+        for row in result.rows:
+            self.rows += 1
+            self.tokens += row.input_ids.size
+            self.row_lengths.add(row.input_ids.size)
+            if row.sample_mask == 1:
+                self.trainable_rows += 1
+                self.sampled_tokens += int(row.loss_mask.sum())
+                self.truncated_rows += row.truncated
+                self.rewards.add(float(row.reward))
+                self.turns.add(row.num_turns)
+
+    def add_ledger(self, *, calls: int, token_in_calls: int, failure_reasons: Mapping[str, int]) -> None:
+        """Count one committed shard's ledger: all call records, those admitted ``token_in``, failure rows by reason."""
+        for name, value in (("calls", calls), ("token_in_calls", token_in_calls)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if token_in_calls > calls:
+            raise ValueError(f"token_in_calls ({token_in_calls}) exceeds calls ({calls})")
+        self.ledger_shards += 1
+        self.ledger_calls += calls
+        self.ledger_token_in_calls += token_in_calls
+        self.failure_reasons.update(failure_reasons)
+
+    def result(self) -> dict[str, Any]:
+        """The metrics as a JSON-ready dict (sorted keys when dumped); see docs for each name."""
+        invalid = sum(self.invalid_reasons.values())
+        ledger_known = self.ledger_shards > 0
+        prefixes: Counter[str] = Counter()
+        for reason, count in self.failure_reasons.items():
+            prefixes[reason_prefix(reason)] += count
+        return {
+            "metrics_version": METRICS_VERSION,
+            "planned_rollouts": self.planned_rollouts,
+            "receipts": self.receipts,
+            "missing_receipts": self.invalid_reasons[reasons.MISSING_RECEIPT],
+            "rows": self.rows,
+            "trainable_rows": self.trainable_rows,
+            "masked_rows": self.rows - self.trainable_rows,
+            "invalid_rollouts": invalid,
+            "invalid_row_rate": _rate(invalid, self.planned_rollouts),
+            "invalid_reasons": dict(sorted(self.invalid_reasons.items())),
+            "capture_poisoned_rollouts": self.invalid_reasons[reasons.CAPTURE_POISONED],
+            "calls_per_rollout": _rate(self.ledger_calls, self.receipts) if ledger_known else None,
+            "token_in_rate": _rate(self.ledger_token_in_calls, self.ledger_calls) if ledger_known else None,
+            "ledger_calls": self.ledger_calls if ledger_known else None,
+            "failure_reasons": dict(sorted(self.failure_reasons.items())),
+            "failure_reasons_by_prefix": dict(sorted(prefixes.items())),
+            **{
+                f"terminal_selection_{name}": _rate(self.terminal_selections[name], self.receipts)
+                for name in (*TERMINAL_SELECTIONS, "none")
+            },
+            "epoch_span_count": self.epoch_span_count,
+            "groups": self.groups,
+            "groups_dropped": self.advantage_outcomes["no_valid"],
+            "groups_zero_variance": self.advantage_outcomes["zero_variance"],
+            "groups_single_valid": self.advantage_outcomes["single_valid"],
+            "group_weight_versions": {str(v): n for v, n in sorted(self.group_weight_versions.items())},
+            "tokens": self.tokens,
+            "sampled_tokens": self.sampled_tokens,
+            "truncated_rate": _rate(self.truncated_rows, self.trainable_rows),
+            "reward": self.rewards.summary(),
+            "row_length": self.row_lengths.summary(),
+            "turns": self.turns.summary(),
+        }
+
+
+def _rate(numerator: int, denominator: int) -> float | None:
+    return numerator / denominator if denominator else None

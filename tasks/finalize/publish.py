@@ -1,0 +1,282 @@
+"""Publish a batch's GRPO dataset: Parquet parts, metrics, card, then the dataset marker, last.
+
+Under the batch directory::
+
+    dataset/part-00000.parquet ...   rows (DatasetRow schema), at most ``rows_per_part`` each
+    dataset/metrics.json             batch metrics (+ the logprob audit when given)
+    dataset/README.md                the dataset card
+    dataset/_COMMITTED.json          the marker: every file above with size and sha256, counts,
+                                     schema version and the batch config; written last
+
+Groups are streamed: at most one part plus one group of rows is held in memory. Every object
+is created once, so a crashed run that is repeated rewrites identical bytes (no-ops) and then
+commits. A batch whose marker exists is not published again: :func:`publish_dataset` returns
+the committed summary without reading its groups. Readers trust only what the marker names
+and check each file's size and sha256 (:func:`read_dataset_part`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.config import BatchConfig
+from tasks.finalize.card import render_card
+from tasks.finalize.dataset import DATASET_SCHEMA_VERSION, DatasetRow, GroupResult
+from tasks.finalize.metrics import DatasetMetrics
+from tasks.ids import check_id
+from tasks.storage.errors import SegmentChecksumMismatchError, StorageIntegrityError
+from tasks.storage.layout import MARKER_NAME
+from tasks.storage.objects import ObjectConflictError, ObjectStore, WrittenObject, sha256_hex
+
+DATASET_DIR = "dataset"
+DATASET_MARKER = f"{DATASET_DIR}/{MARKER_NAME}"
+METRICS_FILE = f"{DATASET_DIR}/metrics.json"
+CARD_FILE = f"{DATASET_DIR}/README.md"
+MARKER_VERSION = 1
+DEFAULT_ROWS_PER_PART = 8192
+_HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def part_path(index: int) -> str:
+    return f"{DATASET_DIR}/part-{index:05d}.parquet"
+
+
+class MalformedDatasetMarkerError(StorageIntegrityError, ValueError):
+    """A dataset marker that cannot be trusted: bad JSON, wrong version, missing or odd fields."""
+
+    reason = "malformed_marker"
+
+
+@dataclass(frozen=True)
+class DatasetFile:
+    """One object the marker names: batch-relative path, size, sha256; ``rows`` for a part (else None)."""
+
+    path: str
+    size: int
+    sha256: str
+    rows: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("size", "rows"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise MalformedDatasetMarkerError(f"file {self.path!r}: {name} must be an int >= 0, got {value!r}")
+        if not isinstance(self.sha256, str) or not _HEX_SHA256.fullmatch(self.sha256):
+            raise MalformedDatasetMarkerError(f"file {self.path!r}: sha256 must be 64 lowercase hex digits")
+
+    @classmethod
+    def of(cls, written: WrittenObject, rows: int | None = None) -> Self:
+        return cls(path=written.path, size=written.size, sha256=written.sha256, rows=rows)
+
+
+@dataclass(frozen=True)
+class DatasetMarker:
+    """``dataset/_COMMITTED.json``; constructing one checks names, order and counts."""
+
+    batch_id: str
+    schema_version: int
+    parts: tuple[DatasetFile, ...]
+    metrics: DatasetFile
+    card: DatasetFile
+    rows: int
+    trainable_rows: int
+    groups: int
+    config: dict[str, Any]
+    committed_at: float
+    marker_version: int = MARKER_VERSION
+
+    def __post_init__(self) -> None:
+        if self.marker_version != MARKER_VERSION or self.schema_version != DATASET_SCHEMA_VERSION:
+            raise MalformedDatasetMarkerError(
+                f"marker_version {self.marker_version!r} / schema_version {self.schema_version!r} not supported "
+                f"(expected {MARKER_VERSION} / {DATASET_SCHEMA_VERSION})"
+            )
+        try:
+            check_id(self.batch_id, field="batch_id")
+        except (TypeError, ValueError) as exc:
+            raise MalformedDatasetMarkerError(str(exc)) from None
+        if not self.parts or [p.path for p in self.parts] != [part_path(i) for i in range(len(self.parts))]:
+            raise MalformedDatasetMarkerError(f"parts must be {part_path(0)} onwards, consecutively")
+        if any(p.rows is None for p in self.parts) or sum(p.rows or 0 for p in self.parts) != self.rows:
+            raise MalformedDatasetMarkerError(f"rows {self.rows} differ from the rows of the named parts")
+        if (self.metrics.path, self.card.path) != (METRICS_FILE, CARD_FILE):
+            raise MalformedDatasetMarkerError(f"metrics and card must be {METRICS_FILE} and {CARD_FILE}")
+        if not isinstance(self.trainable_rows, int) or not 0 <= self.trainable_rows <= self.rows:
+            raise MalformedDatasetMarkerError(f"trainable_rows {self.trainable_rows!r} must be in [0, {self.rows}]")
+        if self.config.get("batch_id") != self.batch_id:
+            raise MalformedDatasetMarkerError(f"config is of batch {self.config.get('batch_id')!r}")
+
+    @property
+    def files(self) -> tuple[DatasetFile, ...]:
+        return (*self.parts, self.metrics, self.card)
+
+    def same_content(self, other: DatasetMarker) -> bool:
+        """Whether ``other`` commits the same files and counts (``committed_at`` aside)."""
+        return dataclasses.replace(other, committed_at=self.committed_at) == self
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=2, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = DATASET_MARKER) -> Self:
+        try:
+            raw = json.loads(text)
+            if not isinstance(raw, dict) or set(raw) != {f.name for f in dataclasses.fields(cls)}:
+                raise MalformedDatasetMarkerError(
+                    f"fields must be exactly {sorted(f.name for f in dataclasses.fields(cls))}"
+                )
+            raw["parts"] = tuple(DatasetFile(**p) for p in raw["parts"])
+            raw["metrics"] = DatasetFile(**raw["metrics"])
+            raw["card"] = DatasetFile(**raw["card"])
+            return cls(**raw)
+        except (UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError, ValueError) as exc:
+            raise MalformedDatasetMarkerError(f"{source} cannot be trusted: {exc}") from None
+
+
+@dataclass(frozen=True)
+class PublishedDataset:
+    """Where a batch's dataset is and what its marker commits; ``created`` is False for a no-op."""
+
+    url: str
+    marker: DatasetMarker
+    created: bool
+
+
+def read_dataset_marker(store: ObjectStore) -> DatasetMarker | None:
+    """The batch's validated dataset marker (``store`` is rooted at the batch), or None if unpublished."""
+    try:
+        data = store.read_bytes(DATASET_MARKER)
+    except FileNotFoundError:
+        return None
+    return DatasetMarker.from_json(data, source=f"{store.url}/{DATASET_MARKER}")
+
+
+def read_dataset_part(store: ObjectStore, part: DatasetFile) -> pa.Table:
+    """A part the marker names, after checking its size and sha256 and its schema."""
+    data = store.read_bytes(part.path)
+    if len(data) != part.size or sha256_hex(data) != part.sha256:
+        raise SegmentChecksumMismatchError(
+            f"{store.url}/{part.path}: {len(data)} bytes with sha256 {sha256_hex(data)[:12]}, "
+            f"the marker names {part.size} bytes with sha256 {part.sha256[:12]}"
+        )
+    table = pq.read_table(pa.BufferReader(data))
+    DatasetRow.check_table(table, source=f"{store.url}/{part.path}")
+    return table
+
+
+def publish_dataset(
+    store: ObjectStore,
+    groups: Iterable[GroupResult],
+    *,
+    config: BatchConfig,
+    metrics: DatasetMetrics | None = None,
+    audit: Mapping[str, Any] | Callable[[], Mapping[str, Any] | None] | None = None,
+    rows_per_part: int = DEFAULT_ROWS_PER_PART,
+    now: float | None = None,
+) -> PublishedDataset:
+    """Write the dataset of ``config``'s batch from ``groups`` (ascending ``group_id``), marker last.
+
+    ``store`` is rooted at the batch directory. ``metrics`` may already hold ledger counts
+    (:meth:`DatasetMetrics.add_ledger`); every group is added to it here. ``audit`` (a JSON-ready
+    dict, or a function returning one, called once every part is written) goes into
+    ``metrics.json`` and the card. If the marker exists, nothing is read or
+    written and the committed summary is returned. Raises ValueError when groups arrive out of
+    order or belong to another batch, ObjectConflictError when an object differs from one an
+    earlier, unfinished run left (remove the dataset objects no marker names, then retry).
+    """
+    if not isinstance(rows_per_part, int) or rows_per_part < 1:
+        raise ValueError(f"rows_per_part must be an int >= 1, got {rows_per_part!r}")
+    existing = read_dataset_marker(store)
+    if existing is not None:
+        if existing.batch_id != config.batch_id:
+            raise ValueError(f"{store.url} holds the dataset of batch {existing.batch_id}, not {config.batch_id}")
+        return PublishedDataset(url=store.url, marker=existing, created=False)
+
+    metrics = metrics if metrics is not None else DatasetMetrics()
+    writer = _PartWriter(store, rows_per_part)
+    last_group: str | None = None
+    for result in groups:
+        group_id = result.stats.group_id
+        if last_group is not None and group_id <= last_group:
+            raise ValueError(f"group {group_id} arrives after group {last_group}: groups must ascend by group_id")
+        last_group = group_id
+        for row in result.rows:
+            if row.batch_id != config.batch_id or row.group_id != group_id:
+                raise ValueError(f"row {row.rollout_id} is of batch {row.batch_id} group {row.group_id}")
+        metrics.add_group(result)
+        writer.add(result.rows)
+    parts = writer.close()
+    if callable(audit):  # an audit samples the rows just streamed: it can run only now
+        audit = audit()
+
+    config_dict = json.loads(config.to_json())
+    summary = {**metrics.result(), "audit": dict(audit) if audit is not None else None}
+    metrics_file = DatasetFile.of(
+        store.write_once(METRICS_FILE, (json.dumps(summary, sort_keys=True, indent=2, allow_nan=False) + "\n").encode())
+    )
+    card = render_card(
+        batch_id=config.batch_id,
+        config=config_dict,
+        metrics=summary,
+        parts=[dataclasses.asdict(p) for p in parts],
+        audit=audit,
+    )
+    card_file = DatasetFile.of(store.write_once(CARD_FILE, card.encode("utf-8")))
+    marker = DatasetMarker(
+        batch_id=config.batch_id,
+        schema_version=DATASET_SCHEMA_VERSION,
+        parts=parts,
+        metrics=metrics_file,
+        card=card_file,
+        rows=summary["rows"],
+        trainable_rows=summary["trainable_rows"],
+        groups=summary["groups"],
+        config=config_dict,
+        committed_at=time.time() if now is None else now,
+    )
+    try:
+        store.write_once(DATASET_MARKER, marker.to_json().encode("utf-8"))
+    except ObjectConflictError:
+        winner = read_dataset_marker(store)
+        if winner is None or not winner.same_content(marker):
+            raise
+        return PublishedDataset(url=store.url, marker=winner, created=False)
+    return PublishedDataset(url=store.url, marker=marker, created=True)
+
+
+class _PartWriter:
+    """Buffers rows and writes full parts of exactly ``rows_per_part`` rows; the last may be shorter or empty."""
+
+    def __init__(self, store: ObjectStore, rows_per_part: int) -> None:
+        self.store = store
+        self.rows_per_part = rows_per_part
+        self.buffer: list[DatasetRow] = []
+        self.parts: list[DatasetFile] = []
+
+    def add(self, rows: Sequence[DatasetRow]) -> None:
+        self.buffer.extend(rows)
+        while len(self.buffer) >= self.rows_per_part:
+            self._write(self.buffer[: self.rows_per_part])
+            self.buffer = self.buffer[self.rows_per_part :]
+
+    def close(self) -> tuple[DatasetFile, ...]:
+        """Write what is left; a dataset without rows still gets one empty part (a loadable schema)."""
+        if self.buffer or not self.parts:
+            self._write(self.buffer)
+            self.buffer = []
+        return tuple(self.parts)
+
+    def _write(self, rows: Sequence[DatasetRow]) -> None:
+        sink = pa.BufferOutputStream()
+        pq.write_table(DatasetRow.to_table(rows), sink, compression="zstd")
+        written = self.store.write_once(part_path(len(self.parts)), sink.getvalue().to_pybytes())
+        self.parts.append(DatasetFile.of(written, rows=len(rows)))

@@ -1,0 +1,102 @@
+"""Synthetic verified rollouts for dataset, advantage, publish and collate tests (no engine needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tasks import ids
+from tasks.config import BatchConfig, ModelSpec
+from tasks.finalize.dataset import GroupResult, assemble_group
+from tasks.finalize.verified import CallSpan, VerifiedRollout, WeightSpan
+
+BATCH_ID = "batch-test"
+
+
+def make_rollout(
+    task: int = 0,
+    sample: int = 0,
+    *,
+    reward: float | None = 1.0,
+    reason: str | None = None,
+    calls: Sequence[tuple[int, int]] = ((4, 2), (3, 3)),
+    versions: Sequence[int] | None = None,
+    linearized: bool = True,
+    truncated: bool = False,
+    terminal_selection: str | None = "declared",
+    epoch_span_count: int = 0,
+) -> VerifiedRollout:
+    """A rollout of task ``task``: one (carry_len, gen_len) per call, tokens derived from the ids."""
+    rollout_id = ids.rollout_id(task, sample)
+    base = {"batch_id": BATCH_ID, "group_id": ids.group_id(task), "rollout_id": rollout_id, "reward": reward}
+    if not linearized:
+        return VerifiedRollout(**base, reason=reason, terminal_selection=terminal_selection)
+    versions = list(versions) if versions is not None else [0] * len(calls)
+    rng = np.random.default_rng([task, sample])
+    call_spans, weight_spans, masks = [], [], []
+    start = 0
+    for ordinal, ((carry, gen), version) in enumerate(zip(calls, versions, strict=True)):
+        call = ids.call_id(rollout_id, 0, ordinal)
+        call_spans.append(CallSpan(call_id=call, carry_len=carry, gen_len=gen))
+        weight_spans.append(WeightSpan(call_id=call, start=start, end=start + carry + gen, weight_version=version))
+        masks += [0] * carry + [1] * gen
+        start += carry + gen
+    mask = np.array(masks, np.uint8)
+    logprobs = np.where(mask == 1, -rng.uniform(0.01, 5.0, mask.size), 0.0).astype(np.float32)
+    return VerifiedRollout(
+        **base,
+        reason=reason,
+        input_ids=rng.integers(0, 50_000, mask.size).astype(np.int32),
+        loss_mask=mask,
+        logprobs=logprobs,
+        prompt_len=calls[0][0],
+        call_spans=tuple(call_spans),
+        weight_spans=tuple(weight_spans),
+        truncated=truncated,
+        num_turns=len(calls),
+        terminal_selection=terminal_selection,
+        epoch_span_count=epoch_span_count,
+    )
+
+
+def planned_ids(task: int, group_size: int) -> list[str]:
+    return [ids.rollout_id(task, s) for s in range(group_size)]
+
+
+def batch_config(num_tasks: int = 3, group_size: int = 4, **options) -> BatchConfig:
+    return BatchConfig(
+        batch_id=BATCH_ID,
+        environment="guess_number",
+        num_tasks=num_tasks,
+        group_size=group_size,
+        shards=1,
+        model=ModelSpec(path="models/tiny"),
+        **options,
+    )
+
+
+def mixed_groups(config: BatchConfig) -> list[GroupResult]:
+    """Groups with varied outcomes: task 0 all valid, task 1 poisoned + missing, later tasks alternating rewards."""
+    groups = []
+    for task in range(config.num_tasks):
+        verified = []
+        for sample in range(config.group_size):
+            if task == 1 and sample == 0:
+                verified.append(make_rollout(task, sample, reason="capture_poisoned", terminal_selection="heuristic"))
+            elif task == 1 and sample == 1:
+                continue  # no receipt
+            else:
+                calls = ((4 + task, 2), (3, 1 + sample))
+                verified.append(make_rollout(task, sample, reward=float((task + sample) % 2), calls=calls))
+        groups.append(
+            assemble_group(
+                verified,
+                batch_id=BATCH_ID,
+                group_id=ids.group_id(task),
+                planned_rollout_ids=planned_ids(task, config.group_size),
+                on_invalid=config.on_invalid,
+                advantage=config.advantage,
+            )
+        )
+    return groups

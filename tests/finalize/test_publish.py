@@ -1,0 +1,190 @@
+"""Publishing: bounded Parquet parts, metrics and card, the dataset marker last, idempotent re-runs."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.finalize import publish as publish_module
+from tasks.finalize.dataset import DatasetRow
+from tasks.finalize.metrics import DatasetMetrics
+from tasks.finalize.publish import (
+    CARD_FILE,
+    DATASET_MARKER,
+    METRICS_FILE,
+    MalformedDatasetMarkerError,
+    part_path,
+    publish_dataset,
+    read_dataset_marker,
+    read_dataset_part,
+)
+from tasks.storage.errors import SegmentChecksumMismatchError
+from tasks.storage.objects import ObjectConflictError, ObjectStore
+
+from .rollouts import batch_config, mixed_groups
+
+
+def published_rows(store: ObjectStore) -> list[DatasetRow]:
+    marker = read_dataset_marker(store)
+    return [row for part in marker.parts for row in DatasetRow.from_table(read_dataset_part(store, part))]
+
+
+def test_publish_writes_bounded_parts_metrics_card_and_marker(store):
+    config = batch_config()
+    groups = mixed_groups(config)
+    published = publish_dataset(store, iter(groups), config=config, rows_per_part=5)
+    marker = published.marker
+    assert published.created
+    assert [p.path for p in marker.parts] == [part_path(i) for i in range(3)]
+    assert [p.rows for p in marker.parts] == [5, 5, 2]
+    assert (marker.rows, marker.trainable_rows, marker.groups) == (12, 10, 3)
+    assert marker.config["batch_id"] == config.batch_id and marker.config["on_invalid"] == "mask"
+    for named in marker.files:
+        assert store.size(named.path) == named.size
+    rows = published_rows(store)
+    assert [(r.group_id, r.rollout_id) for r in rows] == sorted((r.group_id, r.rollout_id) for r in rows)
+    assert rows == [row for g in groups for row in g.rows]
+    assert json.loads(store.read_bytes(METRICS_FILE))["rows"] == 12
+
+
+def test_marker_is_the_last_object_written(tmp_path):
+    written: list[str] = []
+
+    class RecordingStore(ObjectStore):
+        def write_once(self, relative, data):
+            written.append(relative)
+            return super().write_once(relative, data)
+
+    store = RecordingStore(str(tmp_path / "batch"))
+    publish_dataset(store, mixed_groups(batch_config()), config=batch_config(), rows_per_part=4)
+    assert written[-3:] == [METRICS_FILE, CARD_FILE, DATASET_MARKER]
+
+
+def test_published_batch_is_not_finalized_again(store):
+    config = batch_config()
+    first = publish_dataset(store, mixed_groups(config), config=config, now=1.0)
+
+    def never_read():
+        raise AssertionError("groups of a published batch must not be read")
+        yield
+
+    again = publish_dataset(store, never_read(), config=config, now=2.0)
+    assert not again.created and again.marker == first.marker
+
+
+def test_rerun_after_a_crash_before_the_marker_completes_the_dataset(tmp_path):
+    store = ObjectStore(str(tmp_path / "batch"))
+    config = batch_config()
+    groups = mixed_groups(config)
+
+    def crashing():
+        yield from groups[:2]
+        raise RuntimeError("worker died")
+
+    with pytest.raises(RuntimeError, match="worker died"):
+        publish_dataset(store, crashing(), config=config, rows_per_part=4)
+    assert read_dataset_marker(store) is None and store.exists(part_path(0))
+    published = publish_dataset(store, groups, config=config, rows_per_part=4)
+    assert published.created and published.marker.rows == 12
+
+
+def test_concurrent_publisher_that_lost_the_marker_race_returns_the_winner(tmp_path, monkeypatch):
+    store = ObjectStore(str(tmp_path / "batch"))
+    config = batch_config()
+    winner = publish_dataset(store, mixed_groups(config), config=config, now=1.0)
+    seen: list[ObjectStore] = []
+
+    def stale_then_real(checked: ObjectStore):
+        seen.append(checked)  # the first check runs before the winner's marker "exists"
+        return None if len(seen) == 1 else read_dataset_marker(checked)
+
+    monkeypatch.setattr(publish_module, "read_dataset_marker", stale_then_real)
+    loser = publish_dataset(store, mixed_groups(config), config=config, now=2.0)
+    assert not loser.created and loser.marker == winner.marker
+
+
+def test_different_content_under_an_uncommitted_part_is_a_conflict(tmp_path):
+    store = ObjectStore(str(tmp_path / "batch"))
+    store.write_once(part_path(0), b"left by another run")
+    with pytest.raises(ObjectConflictError, match=r"part-00000\.parquet"):
+        publish_dataset(store, mixed_groups(batch_config()), config=batch_config())
+
+
+def test_groups_out_of_order_are_refused(tmp_path):
+    groups = mixed_groups(batch_config())
+    with pytest.raises(ValueError, match="group g000000 arrives after group g000001"):
+        publish_dataset(ObjectStore(str(tmp_path)), [groups[1], groups[0]], config=batch_config())
+
+
+def test_dataset_without_rows_still_has_one_loadable_part(tmp_path):
+    store = ObjectStore(str(tmp_path / "batch"))
+    config = batch_config(on_invalid="drop")
+    marker = publish_dataset(store, [], config=config).marker
+    assert [(p.path, p.rows) for p in marker.parts] == [(part_path(0), 0)]
+    assert read_dataset_part(store, marker.parts[0]).num_rows == 0
+
+
+def test_drop_mode_writes_only_trainable_rows(tmp_path):
+    config = batch_config(on_invalid="drop")
+    store = ObjectStore(str(tmp_path / "batch"))
+    marker = publish_dataset(store, mixed_groups(config), config=config).marker
+    assert marker.rows == marker.trainable_rows == 10
+    assert all(r.group_size == 4 for r in published_rows(store))
+
+
+def test_tampered_part_fails_its_checksum(tmp_path):
+    store = ObjectStore(str(tmp_path / "batch"))
+    marker = publish_dataset(store, mixed_groups(batch_config()), config=batch_config()).marker
+    path = tmp_path / "batch" / marker.parts[0].path
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(SegmentChecksumMismatchError, match="part-00000") as caught:
+        read_dataset_part(store, marker.parts[0])
+    assert caught.value.reason == "segment_checksum_mismatch"
+
+
+def test_malformed_marker_is_refused_with_its_reason(tmp_path):
+    store = ObjectStore(str(tmp_path / "batch"))
+    store.write_once(DATASET_MARKER, b'{"batch_id": "x"}')
+    with pytest.raises(MalformedDatasetMarkerError, match=r"_COMMITTED\.json cannot be trusted") as caught:
+        read_dataset_marker(store)
+    assert caught.value.reason == "malformed_marker"
+
+
+def test_marker_round_trips_through_json(tmp_path):
+    store = ObjectStore(str(tmp_path / "batch"))
+    marker = publish_dataset(store, mixed_groups(batch_config()), config=batch_config()).marker
+    assert read_dataset_marker(store) == marker
+    raw = json.loads(store.read_bytes(DATASET_MARKER))
+    assert raw["metrics"]["path"] == METRICS_FILE and raw["schema_version"] == 1
+
+
+def test_metrics_and_card_describe_the_batch_and_the_audit(tmp_path):
+    store = ObjectStore(str(tmp_path / "batch"))
+    metrics = DatasetMetrics()
+    metrics.add_ledger(calls=30, token_in_calls=18, failure_reasons={"staging_write_failed": 1})
+    audit = {"sampled_tokens": 40, "mean_abs_logprob_diff": 0.0012}
+    publish_dataset(store, mixed_groups(batch_config()), config=batch_config(), metrics=metrics, audit=audit)
+    written = json.loads(store.read_bytes(METRICS_FILE))
+    assert written["audit"] == audit and written["failure_reasons_by_prefix"] == {"staging": 1}
+    card = store.read_bytes(CARD_FILE).decode()
+    assert "| `capture_poisoned` | 1 |" in card and "| `missing_receipt` | 1 |" in card
+    assert 'load_dataset("parquet", data_files=f"{batch}/dataset/part-*.parquet"' in card
+    assert "## Logprob audit" in card and "| mean_abs_logprob_diff | 0.0012 |" in card
+    assert 'path: "part-*.parquet"' in card
+
+
+def test_parts_are_plain_parquet_with_the_row_schema(tmp_path):
+    store = ObjectStore(str(tmp_path / "batch"))
+    publish_dataset(store, mixed_groups(batch_config()), config=batch_config())
+    table = pq.read_table(tmp_path / "batch" / part_path(0))
+    assert table.schema.field("input_ids").type == pa.list_(pa.int32())
+    assert table.schema.field("weight_version_spans").type.value_type.names == [
+        "call_id",
+        "start",
+        "end",
+        "weight_version",
+    ]

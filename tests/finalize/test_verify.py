@@ -1,0 +1,369 @@
+"""Verification and linearization: fake-engine shards and hand-built chains (fast unit tests)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tasks.capture import terminal
+from tasks.capture.records import CallRecord, FailureRow, Receipt, StagedDelta
+from tasks.config import BatchConfig, ModelSpec
+from tasks.engines.base import SamplingSettings
+from tasks.finalize import reasons as r
+from tasks.finalize.verify import OFF_CHAIN_TOLERATED_FAILURE, verify_rollout, verify_shard
+from tasks.plan import batch_store
+from tasks.storage.errors import UncommittedShardError
+from tasks.storage.ledger import RolloutBundle
+from tasks.storage.objects import ObjectStore
+from tests.generation.chains import linearized, verified_sequences
+
+from .conftest import CommittedBatch, fresh_copy
+from .tamper import BatchFiles
+
+SEGMENT = "staging/shard-00000/attempt-00/seg-000000.parquet"
+CONFIG = BatchConfig(
+    batch_id="b-unit",
+    environment="arithmetic",
+    num_tasks=1,
+    group_size=1,
+    shards=1,
+    model=ModelSpec(path="fake-model"),
+    sampling=SamplingSettings(temperature=1.0),
+)
+
+
+# --- hand-built chains ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Chain:
+    deltas: list[StagedDelta]
+    records: list[CallRecord]
+
+    def table(self, order: list[int] | None = None) -> pa.Table:
+        picked = self.deltas if order is None else [self.deltas[i] for i in order]
+        return StagedDelta.to_table(picked)
+
+
+def build_chain(
+    turns: list[tuple[int, int]],
+    *,
+    rollout_id: str = "r000000-00",
+    finish_reason: str = "stop",
+    weight_versions: list[int] | None = None,
+    epoch_spans: list[bool] | None = None,
+    first_id: int = 100,
+) -> Chain:
+    """A linear chain: turn k carries ``carry`` new prompt tokens and samples ``gen`` tokens."""
+    deltas, records = [], []
+    sequence = np.zeros(0, np.int64)
+    parent: StagedDelta | None = None
+    next_id = first_id
+    for k, (carry, gen) in enumerate(turns):
+        prompt = np.concatenate([sequence, np.arange(next_id, next_id + carry)])
+        generated = np.arange(next_id + carry, next_id + carry + gen)
+        next_id += carry + gen
+        delta = StagedDelta.build(
+            batch_id=CONFIG.batch_id,
+            rollout_id=rollout_id,
+            call_id=f"{rollout_id}.a00.c{k:03d}",
+            parent_call_id=parent.call_id if parent else None,
+            parent_chain_hash=parent.chain_hash if parent else None,
+            prefix_token_ids=sequence,
+            prompt_token_ids=prompt,
+            generated_token_ids=generated,
+            generated_logprobs=-np.linspace(0.1, 1.0, gen, dtype=np.float32),
+            weight_version=(weight_versions or [0] * len(turns))[k],
+            finish_reason=finish_reason if k == len(turns) - 1 else "stop",
+            temperature=CONFIG.sampling.temperature,
+            top_p=CONFIG.sampling.top_p,
+            top_k=CONFIG.sampling.top_k,
+        )
+        record = CallRecord.for_staged(
+            delta,
+            staging_segment=SEGMENT,
+            staging_row=k,
+            admitted_at=1000.0 + k,
+            epoch_span=(epoch_spans or [False] * len(turns))[k],
+        )
+        deltas.append(delta)
+        records.append(record)
+        sequence = np.concatenate([prompt, generated])
+        parent = delta
+    return Chain(deltas, records)
+
+
+def receipt_for(chain: Chain, **overrides: object) -> Receipt:
+    fields = {
+        "rollout_id": chain.records[0].rollout_id,
+        "group_id": "g000000",
+        "attempt": 0,
+        "reward": 1.0,
+        "reward_info": "{}",
+        "terminal_call_id": chain.records[-1].call_id,
+        "terminal_selection": "declared",
+        "terminal_attribution_reason": "selected",
+        "status": "ok",
+        "failure_reason": None,
+        "num_calls": len(chain.records),
+    } | overrides
+    return Receipt(**fields)
+
+
+def bundle_of(chain: Chain, receipt: Receipt | None = None, failures: tuple[FailureRow, ...] = ()) -> RolloutBundle:
+    return RolloutBundle(receipt=receipt or receipt_for(chain), manifest=tuple(chain.records), failures=failures)
+
+
+def failure(chain: Chain, call_id: str, reason: str) -> FailureRow:
+    return FailureRow(
+        batch_id=CONFIG.batch_id,
+        rollout_id=chain.records[0].rollout_id,
+        call_id=call_id,
+        parent_call_id=None,
+        reason=reason,
+        detail="",
+    )
+
+
+def test_a_clean_chain_linearizes_root_to_terminal_with_spans() -> None:
+    chain = build_chain([(5, 3), (2, 4), (1, 2)], weight_versions=[3, 3, 4], epoch_spans=[False, True, False])
+    verified = verify_rollout(bundle_of(chain), chain.table(), CONFIG)
+    assert verified.reason is None and verified.valid
+    assert np.array_equal(verified.input_ids, np.arange(100, 117))
+    assert verified.input_ids.dtype == np.int32
+    assert verified.loss_mask.tolist() == [0] * 5 + [1] * 3 + [0] * 2 + [1] * 4 + [0] + [1] * 2
+    assert verified.logprobs.dtype == np.float32
+    assert (verified.logprobs[verified.loss_mask == 0] == 0).all() and (
+        verified.logprobs[verified.loss_mask == 1] < 0
+    ).all()
+    assert verified.prompt_len == 5 and verified.num_turns == 3 and verified.epoch_span_count == 1
+    assert [(s.carry_len, s.gen_len) for s in verified.call_spans] == [(5, 3), (2, 4), (1, 2)]
+    assert [(w.start, w.end, w.weight_version) for w in verified.weight_spans] == [(0, 8, 3), (8, 14, 3), (14, 17, 4)]
+    assert (verified.batch_id, verified.group_id, verified.reward) == ("b-unit", "g000000", 1.0)
+    assert verified.terminal_selection == "declared" and not verified.truncated
+    assert not verified.input_ids.flags.writeable
+
+
+def test_a_terminal_that_stopped_on_length_is_truncated() -> None:
+    chain = build_chain([(4, 2), (1, 3)], finish_reason="length")
+    assert verify_rollout(bundle_of(chain), chain.table(), CONFIG).truncated
+
+
+@pytest.mark.parametrize(
+    ("status", "failure_reason", "expected"),
+    [
+        ("failed", "environment_error", r.ROLLOUT_FAILED),
+        ("poisoned", "staging_failed", r.CAPTURE_POISONED),
+        ("poisoned", terminal.AMBIGUOUS_TERMINAL, terminal.AMBIGUOUS_TERMINAL),
+        ("poisoned", terminal.DECLARED_TERMINAL_NOT_CAPTURED, terminal.DECLARED_TERMINAL_NOT_CAPTURED),
+        ("poisoned", r.NO_REWARD, r.NO_REWARD),
+    ],
+)
+def test_a_receipt_without_terminal_keeps_its_status_reason(status: str, failure_reason: str, expected: str) -> None:
+    chain = build_chain([(3, 2), (1, 2)])
+    receipt = receipt_for(
+        chain,
+        status=status,
+        failure_reason=failure_reason,
+        terminal_call_id=None,
+        terminal_selection=None,
+        terminal_attribution_reason=None,
+    )
+    verified = verify_rollout(bundle_of(chain, receipt), chain.table(), CONFIG)
+    assert verified.reason == expected and not verified.linearized
+
+
+def test_a_poisoned_receipt_that_names_a_clean_terminal_keeps_the_verified_tokens() -> None:
+    chain = build_chain([(3, 2), (1, 2)])
+    receipt = receipt_for(chain, status="poisoned", failure_reason="ledger_failed")
+    verified = verify_rollout(bundle_of(chain, receipt), chain.table(), CONFIG)
+    assert verified.reason == r.CAPTURE_POISONED and verified.linearized and verified.input_ids.size == 8
+
+
+def test_any_failure_row_poisons_but_keeps_the_verified_tokens() -> None:
+    chain = build_chain([(3, 2), (1, 2)])
+    bundle = bundle_of(chain, failures=(failure(chain, "r000000-00.a00.c009", "engine_error"),))
+    verified = verify_rollout(bundle, chain.table(), CONFIG)
+    assert verified.reason == r.CAPTURE_POISONED and verified.linearized
+
+
+def test_a_tolerated_failure_poisons_only_on_the_selected_chain() -> None:
+    chain = build_chain([(3, 2), (1, 2)])
+    off_chain = bundle_of(chain, failures=(failure(chain, "r000000-00.a00.c009", OFF_CHAIN_TOLERATED_FAILURE),))
+    assert verify_rollout(off_chain, chain.table(), CONFIG).valid
+    on_chain = bundle_of(chain, failures=(failure(chain, chain.records[1].call_id, OFF_CHAIN_TOLERATED_FAILURE),))
+    assert verify_rollout(on_chain, chain.table(), CONFIG).reason == r.CAPTURE_POISONED
+
+
+def test_heuristic_receipts_are_reattributed_on_the_manifest() -> None:
+    chain = build_chain([(3, 2), (1, 2), (1, 1)])
+    agreed = receipt_for(chain, terminal_selection="heuristic")
+    assert verify_rollout(bundle_of(chain, agreed), chain.table(), CONFIG).valid
+    short = Chain(chain.deltas[:2], chain.records[:2])
+    disagreeing = receipt_for(chain, terminal_selection="heuristic", terminal_call_id=chain.records[1].call_id)
+    assert verify_rollout(bundle_of(chain, disagreeing), short.table(), CONFIG).reason == terminal.WITNESS_DISAGREEMENT
+
+
+def test_a_heuristic_receipt_over_a_manifest_with_an_orphan_is_rejected_with_the_heuristic_reason() -> None:
+    chain = build_chain([(3, 2), (1, 2)])
+    orphan = dataclasses.replace(chain.records[1], call_id="r000000-00.a00.c007", parent_call_id="r000000-00.a00.c008")
+    records = [*chain.records, dataclasses.replace(orphan, staging_row=5)]
+    bundle = RolloutBundle(receipt_for(chain, terminal_selection="heuristic", num_calls=3), tuple(records), ())
+    assert verify_rollout(bundle, chain.table(), CONFIG).reason == terminal.ORPHANED_ROW
+
+
+def test_a_fetch_failure_reason_is_reported_for_the_rollout() -> None:
+    chain = build_chain([(3, 2)])
+    assert verify_rollout(bundle_of(chain), r.SEGMENT_CHECKSUM_MISMATCH, CONFIG).reason == r.SEGMENT_CHECKSUM_MISMATCH
+
+
+def test_rows_out_of_chain_order_or_missing_are_named() -> None:
+    chain = build_chain([(3, 2), (1, 2)])
+    assert verify_rollout(bundle_of(chain), chain.table([1, 0]), CONFIG).reason == r.CALL_ID_MISMATCH
+    assert verify_rollout(bundle_of(chain), chain.table([0]), CONFIG).reason == r.MISSING_STAGING_ROW
+    missing_column = chain.table().drop_columns(["top_k"])
+    assert verify_rollout(bundle_of(chain), missing_column, CONFIG).reason == r.INVALID_STAGED_ROW
+
+
+def test_sampling_settings_are_checked_against_the_batch_config() -> None:
+    chain = build_chain([(3, 2)])
+    other = dataclasses.replace(CONFIG, sampling=SamplingSettings(temperature=0.5))
+    assert verify_rollout(bundle_of(chain), chain.table(), other).reason == r.wrong("temperature")
+    assert verify_rollout(bundle_of(chain), chain.table(), dataclasses.replace(CONFIG, batch_id="b-x")).reason == (
+        r.wrong("batch_id")
+    )
+
+
+def replace_list_value(table: pa.Table, column: str, row: int, position: int, value: float) -> pa.Table:
+    cells = table.column(column).to_pylist()
+    cells[row][position] = value
+    return table.set_column(
+        table.schema.get_field_index(column), column, pa.array(cells, table.schema.field(column).type)
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    turns=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 6)), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_any_single_changed_value_in_any_row_is_never_a_valid_rollout(turns: list[tuple[int, int]], data) -> None:
+    chain = build_chain(turns)
+    clean = verify_rollout(bundle_of(chain), chain.table(), CONFIG)
+    assert clean.valid and np.array_equal(clean.input_ids, linearized(chain.deltas))
+    row = data.draw(st.integers(0, len(turns) - 1))
+    position = data.draw(st.integers(0, chain.deltas[row].delta_len - 1))
+    column = data.draw(st.sampled_from(["token_ids_delta", "token_mask_delta", "logprobs_delta"]))
+    old = chain.table().column(column)[row].as_py()[position]
+    value = data.draw(
+        st.one_of(st.integers(-3, 2**31 + 5).map(float), st.floats(allow_nan=True, width=32)).filter(lambda v: v != old)
+    )
+    if column == "token_ids_delta":
+        value = int(value) if np.isfinite(value) and abs(value) < 2**62 else 7
+        if value == old:
+            value = old + 1
+    tampered = replace_list_value(chain.table(), column, row, position, value)
+    verified = verify_rollout(bundle_of(chain), tampered, CONFIG)
+    assert verified.reason in {r.INVALID_STAGED_ROW, r.CORRUPT_DIGEST}
+
+
+# --- committed fake-engine shards -------------------------------------------------------------
+
+
+def test_a_fake_engine_shard_linearizes_every_rollout_to_its_staged_chain(fake_batch: CommittedBatch) -> None:
+    results = fake_batch.verify()
+    store = batch_store(str(fake_batch.root), fake_batch.config.batch_id)
+    chains = verified_sequences(store, 0)
+    assert len(results) == fake_batch.config.num_rollouts and set(chains) == set(results)
+    for rollout_id, deltas in chains.items():
+        verified = results[rollout_id]
+        assert verified.valid, (rollout_id, verified.reason)
+        assert np.array_equal(verified.input_ids, linearized(deltas))
+        assert np.array_equal(verified.loss_mask, np.concatenate([d.token_mask_delta for d in deltas]).astype(np.uint8))
+        assert np.array_equal(verified.logprobs, np.concatenate([d.logprobs_delta for d in deltas]))
+
+
+def test_each_staging_segment_is_read_once_for_the_whole_shard(
+    fake_batch: CommittedBatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[str] = []
+    original = ObjectStore.read_bytes
+
+    def counting(self: ObjectStore, relative: str) -> bytes:
+        reads.append(relative)
+        return original(self, relative)
+
+    monkeypatch.setattr(ObjectStore, "read_bytes", counting)
+    results = fake_batch.verify()
+    staging_reads = [path for path in reads if path.startswith("staging/")]
+    assert staging_reads and len(staging_reads) == len(set(staging_reads))
+    assert sum(v.num_turns for v in results.values()) > len(staging_reads)
+
+
+def test_a_bad_segment_rejects_only_the_rollouts_that_read_it(fake_batch: CommittedBatch, tmp_path: Path) -> None:
+    batch = fresh_copy(fake_batch, tmp_path)
+    files = BatchFiles(batch.batch_dir)
+    segments = files.files("staging")
+    victim = segments[0]
+    (batch.batch_dir / victim).write_bytes(b"not parquet")
+    bundles = batch.bundles()
+    readers = {rid for rid, b in bundles.items() if any(c.staging_segment == victim for c in b.manifest)}
+    results = batch.verify()
+    for rollout_id, verified in results.items():
+        expected = r.SEGMENT_CHECKSUM_MISMATCH if rollout_id in readers else None
+        assert verified.reason == expected, rollout_id
+
+
+def test_an_unreadable_ledger_rejects_every_planned_rollout(fake_batch: CommittedBatch, tmp_path: Path) -> None:
+    batch = fresh_copy(fake_batch, tmp_path)
+    calls = BatchFiles(batch.batch_dir).files("calls")[0]
+    (batch.batch_dir / calls).write_bytes(b"rot")
+    results = batch.verify()
+    assert len(results) == batch.config.num_rollouts
+    assert {v.reason for v in results.values()} == {r.SEGMENT_CHECKSUM_MISMATCH}
+
+
+def test_a_planned_rollout_without_receipt_is_missing(fake_batch: CommittedBatch, tmp_path: Path) -> None:
+    batch = fresh_copy(fake_batch, tmp_path)
+    files = BatchFiles(batch.batch_dir)
+    dropped = files.read_rows(files.files("receipts")[0])[0]["rollout_id"]
+    files.edit_rows(files.files("receipts")[0], lambda rows: rows.pop(0))
+    results = batch.verify()
+    assert results[dropped].reason == r.MISSING_RECEIPT and results[dropped].group_id
+    assert all(v.valid for rid, v in results.items() if rid != dropped)
+
+
+def test_an_uncommitted_shard_is_refused_not_rejected_row_by_row(fake_batch: CommittedBatch, tmp_path: Path) -> None:
+    batch = fresh_copy(fake_batch, tmp_path)
+    BatchFiles(batch.batch_dir).marker_path.unlink()
+    with pytest.raises(UncommittedShardError):
+        batch.verify()
+
+
+def test_a_config_of_another_batch_rejects_every_rollout_as_wrong_batch(fake_batch: CommittedBatch) -> None:
+    store = batch_store(str(fake_batch.root), fake_batch.config.batch_id)
+    other = dataclasses.replace(fake_batch.config, batch_id="b-other")
+    assert {v.reason for v in verify_shard(store, 0, other)} == {r.wrong("batch_id")}
+
+
+# --- the reason catalogue ---------------------------------------------------------------------
+
+
+def test_every_reason_is_unique_snake_case_and_described() -> None:
+    assert len(set(r.ALL_REASONS)) == len(r.ALL_REASONS)
+    assert all(re.fullmatch(r"[a-z][a-z0-9_]*", reason) for reason in r.ALL_REASONS)
+    assert all(r.DESCRIPTIONS[reason] for reason in r.ALL_REASONS)
+    assert set(terminal.ATTRIBUTION_REASONS) - {terminal.SELECTED} <= set(r.ALL_REASONS)
+    assert {"wrong_batch_id", "wrong_finish_reason", "wrong_top_k", "wrong_logprobs_mode"} <= set(r.ALL_REASONS)
+
+
+def test_wrong_refuses_a_field_that_is_not_compared() -> None:
+    with pytest.raises(ValueError, match="not a compared field"):
+        r.wrong("admitted_at")
