@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -68,19 +69,19 @@ def build(root: str, tokens: float, shards: int) -> dict:
     for shard in range(shards):
         plan = read_shard_plan(store, config, shard)
         ledger = LedgerWriter(store, batch_id=config.batch_id, shard=shard, attempt=0)
+        staged: list[tuple[Any, list]] = []
         with StagingWriter(store, shard=shard, attempt=0, max_rows=1024) as writer:
             for planned in plan:
                 sequence = np.zeros(0, np.int64)
                 parent = None
-                records = []
+                calls = []
                 for turn in range(TURNS):
                     carry = rng.integers(0, VOCAB, CARRY)
                     sampled = rng.integers(0, VOCAB, SAMPLED)
-                    call = ids.call_id(planned.rollout_id, 0, turn)
                     delta = StagedDelta.build(
                         batch_id=config.batch_id,
                         rollout_id=planned.rollout_id,
-                        call_id=call,
+                        call_id=ids.call_id(planned.rollout_id, 0, turn),
                         parent_call_id=parent.call_id if parent else None,
                         parent_chain_hash=parent.chain_hash if parent else None,
                         prefix_token_ids=sequence,
@@ -93,35 +94,37 @@ def build(root: str, tokens: float, shards: int) -> dict:
                         top_p=1.0,
                         top_k=-1,
                     )
-                    coordinates = writer.submit(delta).result()
-                    records.append(
-                        CallRecord.for_staged(
-                            delta,
-                            staging_segment=coordinates.segment,
-                            staging_row=coordinates.row,
-                            admitted_at=float(turn),
-                        )
-                    )
+                    calls.append((delta, writer.submit(delta)))
                     sequence = np.concatenate([sequence, delta.token_ids_delta])
                     parent = delta
                     staged_tokens += delta.delta_len
-                for record in records:
-                    ledger.add_call(record)
-                ledger.add_receipt(
-                    Receipt(
-                        rollout_id=planned.rollout_id,
-                        group_id=planned.group_id,
-                        attempt=0,
-                        reward=float(rng.integers(0, 2)),
-                        reward_info=canonical_json({}),
-                        terminal_call_id=records[-1].call_id,
-                        terminal_selection="declared",
-                        terminal_attribution_reason="selected",
-                        status="ok",
-                        failure_reason=None,
-                        num_calls=TURNS,
+                staged.append((planned, calls))
+        for planned, calls in staged:  # the writer is closed: every segment is written
+            for turn, (delta, future) in enumerate(calls):
+                coordinates = future.result()
+                ledger.add_call(
+                    CallRecord.for_staged(
+                        delta,
+                        staging_segment=coordinates.segment,
+                        staging_row=coordinates.row,
+                        admitted_at=float(turn),
                     )
                 )
+            ledger.add_receipt(
+                Receipt(
+                    rollout_id=planned.rollout_id,
+                    group_id=planned.group_id,
+                    attempt=0,
+                    reward=float(rng.integers(0, 2)),
+                    reward_info=canonical_json({}),
+                    terminal_call_id=calls[-1][0].call_id,
+                    terminal_selection="declared",
+                    terminal_attribution_reason="selected",
+                    status="ok",
+                    failure_reason=None,
+                    num_calls=TURNS,
+                )
+            )
         ledger.commit(staging_segments=writer.segments)
         print(
             f"  built shard {shard + 1}/{shards} ({staged_tokens:,} tokens, {time.perf_counter() - started:.0f}s)",

@@ -26,10 +26,11 @@ from tasks.plan import batch_store, plan_batch
 @dataclass(frozen=True)
 class DemoSize:
     environment: str = "guess_number"
+    environment_options: tuple[tuple[str, int], ...] = (("lo", 1), ("hi", 10))  # small enough to be won
     num_tasks: int = 8
     group_size: int = 4
     shards: int = 2
-    max_turns: int = 4
+    max_turns: int = 5
     max_tokens: int = 32
     temperature: float = 1.0
 
@@ -43,6 +44,7 @@ def run_demo(root: str, *, batch_id: str | None = None, size: DemoSize | None = 
     config = BatchConfig(
         batch_id=batch_id,
         environment=size.environment,
+        environment_options=dict(size.environment_options),
         num_tasks=size.num_tasks,
         group_size=size.group_size,
         shards=size.shards,

@@ -98,7 +98,8 @@ class ArrowRecord:
         for f in schema:
             values = [getattr(r, f.name) for r in records]
             if _is_struct_list(f.type):
-                cells = [None if v is None else [dataclasses.asdict(i) for i in v] for v in values]
+                names = [child.name for child in f.type.value_type]
+                cells = [None if v is None else [{n: getattr(i, n) for n in names} for i in v] for v in values]
                 arrays.append(pa.array(cells, type=f.type))
             elif _is_list(f.type):
                 arrays.append(_list_array(values, f.type))

@@ -23,6 +23,7 @@ from tasks.finalize.metrics import DatasetMetrics
 from tasks.finalize.publish import PublishedDataset, publish_dataset, read_dataset_marker
 from tasks.finalize.verify import verify_shard
 from tasks.plan import batch_store, read_batch_config, read_shard_plan
+from tasks.storage.errors import StorageIntegrityError
 from tasks.storage.ledger import LedgerReader
 from tasks.storage.marker import read_marker
 from tasks.storage.objects import ObjectStore
@@ -92,13 +93,18 @@ def _groups(
 ) -> Iterator[GroupResult]:
     """Every planned group of the committed shards, in ascending group id, one shard in memory at a time."""
     for shard in shards:
-        ledger = LedgerReader(store, shard)
-        metrics.add_ledger(
-            calls=len(ledger.calls),
-            token_in_calls=sum(c.mode == "token_in" for c in ledger.calls),
-            failure_reasons=Counter(f.reason for f in ledger.failures),
-        )
-        verified = {v.rollout_id: v for v in verify_shard(store, shard, config)}
+        try:
+            ledger: LedgerReader | None = LedgerReader(store, shard)
+        except StorageIntegrityError as exc:  # verify_shard rejects every rollout of the shard with it
+            log.warning("shard %d: the committed ledger cannot be trusted: %s", shard, exc)
+            ledger = None
+        else:
+            metrics.add_ledger(
+                calls=len(ledger.calls),
+                token_in_calls=sum(c.mode == "token_in" for c in ledger.calls),
+                failure_reasons=Counter(f.reason for f in ledger.failures),
+            )
+        verified = {v.rollout_id: v for v in verify_shard(store, shard, config, ledger=ledger)}
         planned: dict[str, list[str]] = {}
         for rollout in read_shard_plan(store, config, shard):
             planned.setdefault(rollout.group_id, []).append(rollout.rollout_id)

@@ -60,7 +60,9 @@ class _Chain:
     reason: str | None = None
 
 
-def verify_shard(store: ObjectStore, shard: int, config: BatchConfig) -> Iterator[VerifiedRollout]:
+def verify_shard(
+    store: ObjectStore, shard: int, config: BatchConfig, *, ledger: LedgerReader | None = None
+) -> Iterator[VerifiedRollout]:
     """One :class:`VerifiedRollout` per planned rollout of ``shard``, in plan order.
 
     ``store`` is rooted at the batch directory. A planned rollout without a receipt is
@@ -69,11 +71,11 @@ def verify_shard(store: ObjectStore, shard: int, config: BatchConfig) -> Iterato
     :class:`UncommittedShardError` when the shard has no marker (a precondition of finalization,
     not a property of one rollout). A ledger that fails its integrity checks rejects every
     planned rollout with that reason. The staged rows of all chains are fetched in bulk first:
-    each segment is read once.
+    each segment is read once. ``ledger`` is the shard's reader when the caller already has one.
     """
     plan = read_shard_plan(store, config, shard)
     try:
-        ledger = LedgerReader(store, shard)
+        ledger = ledger if ledger is not None else LedgerReader(store, shard)
     except UncommittedShardError:
         raise
     except StorageIntegrityError as exc:

@@ -1,0 +1,90 @@
+"""Finalizing shards the REAL engine generated: the dataset loads with `datasets` and the collator,
+and every trainable row's input_ids are the engine's exact prompt + completion tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tasks.config import BatchConfig, EngineSpec, ModelSpec
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.finalize.collate import GrpoCollator, PublishedDataset
+from tasks.finalize.run import FinalizeOptions, UncommittedShardsError, finalize_batch
+from tasks.generate import generate_shard
+from tasks.models.provenance import model_provenance
+from tasks.plan import plan_batch
+
+pytestmark = pytest.mark.e2e
+
+
+class RecordingEngine(Engine):
+    """Delegates to the real engine and keeps every request and result (what the model really saw)."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.seen: dict[str, tuple[GenerationRequest, GenerationResult]] = {}
+
+    weight_version = property(lambda self: self.inner.weight_version)
+    tokenizer = property(lambda self: self.inner.tokenizer)
+    eos_token_id = property(lambda self: self.inner.eos_token_id)
+    max_model_len = property(lambda self: self.inner.max_model_len)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        result = await self.inner.generate(request)
+        self.seen[request.request_id] = (request, result)
+        return result
+
+    async def update_weights(self, model_path: str) -> int:
+        return await self.inner.update_weights(model_path)
+
+    async def close(self) -> None:
+        return None
+
+
+def test_finalized_real_shards_load_and_are_token_exact(vllm_engine, tmp_path):
+    engine, loop = vllm_engine
+    recording = RecordingEngine(engine)
+    config = BatchConfig(
+        batch_id="b-finalize-e2e",
+        environment="guess_number",
+        environment_options={"lo": 1, "hi": 6},
+        num_tasks=3,
+        group_size=2,
+        shards=2,
+        model=ModelSpec(path=str(engine.model_path), **model_provenance(engine.model_path)),
+        engine=EngineSpec(name="vllm", options={"max_model_len": 2048}),
+        sampling=SamplingSettings(temperature=0.9, max_tokens=24),
+        max_turns=3,
+    )
+    root = str(tmp_path / "runs")
+    plan_batch(root, config)
+    generate_shard(root, config.batch_id, 0, engine=recording, run=loop.run, progress=False)
+    with pytest.raises(UncommittedShardsError, match=r"shard\(s\) \[1\]"):
+        finalize_batch(root, config.batch_id)
+    generate_shard(root, config.batch_id, 1, engine=recording, run=loop.run, progress=False)
+
+    published = finalize_batch(root, config.batch_id, FinalizeOptions(audit=True, audit_sample_size=4))
+    assert published.created
+    assert published.marker.rows == 6
+    again = finalize_batch(root, config.batch_id)
+    assert not again.created and again.marker == published.marker
+
+    data = PublishedDataset.from_url(published.url)
+    trainable = [data[i] for i in range(len(data)) if int(data[i]["sample_mask"]) == 1]
+    assert trainable, "no trainable row to check"
+    for row in trainable:
+        terminal = max(c for c in recording.seen if c.startswith(row["rollout_id"] + "."))
+        request, result = recording.seen[terminal]
+        exact = np.array([*request.prompt_token_ids, *result.token_ids])
+        np.testing.assert_array_equal(row["input_ids"].numpy(), exact)
+        sampled = row["loss_mask"].numpy().astype(bool)
+        np.testing.assert_allclose(row["logprobs"].numpy()[sampled][-len(result.token_ids) :], result.logprobs)
+
+    datasets = pytest.importorskip("datasets")
+    parts = [f"{published.url}/{p.path}" for p in published.marker.parts]
+    loaded = datasets.load_dataset("parquet", data_files=parts, split="train")
+    assert len(loaded) == 6
+    batch = GrpoCollator(pad_token_id=engine.tokenizer.pad_token_id or 0)([loaded[i] for i in range(len(loaded))])
+    assert batch["input_ids"].shape == batch["loss_mask"].shape == batch["advantages"].shape
+    assert batch["input_ids"].dtype == torch.long
