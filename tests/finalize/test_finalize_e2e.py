@@ -14,32 +14,22 @@ from tasks.finalize.run import FinalizeOptions, UncommittedShardsError, finalize
 from tasks.generate import generate_shard
 from tasks.models.provenance import model_provenance
 from tasks.plan import plan_batch
+from tests.generation.fakes import DelegatingEngine
 
 pytestmark = pytest.mark.e2e
 
 
-class RecordingEngine(Engine):
+class RecordingEngine(DelegatingEngine):
     """Delegates to the real engine and keeps every request and result (what the model really saw)."""
 
     def __init__(self, inner: Engine) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.seen: dict[str, tuple[GenerationRequest, GenerationResult]] = {}
-
-    weight_version = property(lambda self: self.inner.weight_version)
-    tokenizer = property(lambda self: self.inner.tokenizer)
-    eos_token_id = property(lambda self: self.inner.eos_token_id)
-    max_model_len = property(lambda self: self.inner.max_model_len)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         result = await self.inner.generate(request)
         self.seen[request.request_id] = (request, result)
         return result
-
-    async def update_weights(self, model_path: str) -> int:
-        return await self.inner.update_weights(model_path)
-
-    async def close(self) -> None:
-        return None
 
 
 def test_finalized_real_shards_load_and_are_token_exact(vllm_engine, tmp_path):

@@ -121,3 +121,24 @@ def fail_staging_writes(monkeypatch: Any, message: str) -> None:
         return original(self, relative, data)
 
     monkeypatch.setattr(ObjectStore, "write_once", failing)
+
+
+class DelegatingEngine(Engine):
+    """Passes everything to a real engine; subclasses wrap ``generate`` (to record, or to crash)."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+
+    weight_version = property(lambda self: self.inner.weight_version)
+    tokenizer = property(lambda self: self.inner.tokenizer)
+    eos_token_id = property(lambda self: self.inner.eos_token_id)
+    max_model_len = property(lambda self: self.inner.max_model_len)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await self.inner.generate(request)
+
+    async def update_weights(self, model_path: str) -> int:
+        return await self.inner.update_weights(model_path)
+
+    async def close(self) -> None:
+        return None  # the wrapped engine belongs to whoever created it

@@ -20,7 +20,7 @@ from tasks.storage.ledger import LedgerReader
 from tasks.storage.objects import ObjectStore
 
 from .chains import linearized, verified_sequences
-from .fakes import FatalEngineCrash, fail_staging_writes
+from .fakes import DelegatingEngine, FatalEngineCrash, fail_staging_writes
 
 pytestmark = pytest.mark.e2e
 
@@ -42,28 +42,18 @@ def real_config(engine, **overrides) -> BatchConfig:
     return BatchConfig(**fields)
 
 
-class CrashingEngine(Engine):
+class CrashingEngine(DelegatingEngine):
     """Delegates to the real engine, then dies (a process crash) on the n-th request."""
 
     def __init__(self, inner: Engine, crash_at: int) -> None:
-        self.inner, self.crash_at, self.calls = inner, crash_at, 0
-
-    weight_version = property(lambda self: self.inner.weight_version)
-    tokenizer = property(lambda self: self.inner.tokenizer)
-    eos_token_id = property(lambda self: self.inner.eos_token_id)
-    max_model_len = property(lambda self: self.inner.max_model_len)
+        super().__init__(inner)
+        self.crash_at, self.calls = crash_at, 0
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         self.calls += 1
         if self.calls >= self.crash_at:
             raise FatalEngineCrash("worker died")
         return await self.inner.generate(request)
-
-    async def update_weights(self, model_path: str) -> int:
-        return await self.inner.update_weights(model_path)
-
-    async def close(self) -> None:
-        return None
 
 
 def multi_turn_chains_are_exact(store, engine) -> int:
