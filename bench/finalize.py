@@ -147,16 +147,14 @@ def measure_raw_scan(root: str, batch_id: str) -> dict:
 
 def measure_finalize(root: str, batch_id: str) -> dict:
     from tasks.capture import digest as dg
+    from tasks.capture import digest_batch
     from tasks.finalize.run import FinalizeOptions, finalize_batch
 
     spent = [0.0]
-    for name in (
-        "digest_of_checked_call",
-        "chain_hash_of_checked",
-        "cumulative_hash_of_parts",
-        "compute_extras_digest",
-    ):
-        original = getattr(dg, name)
+    hashing = [(digest_batch, name) for name in ("call_digests", "chain_hashes", "cumulative_hash")]
+    hashing += [(dg, "compute_extras_digest")]
+    for module, name in hashing:
+        original = getattr(module, name)
 
         def timed(*args, _original=original, **kwargs):
             start = time.perf_counter()
@@ -165,7 +163,7 @@ def measure_finalize(root: str, batch_id: str) -> dict:
             finally:
                 spent[0] += time.perf_counter() - start
 
-        setattr(dg, name, timed)
+        setattr(module, name, timed)
     started = time.perf_counter()
     published = finalize_batch(root, batch_id, FinalizeOptions(audit=False))
     seconds = time.perf_counter() - started

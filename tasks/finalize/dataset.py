@@ -94,6 +94,21 @@ class DatasetRow(ArrowRecord):
     num_turns: int = column(pa.int32())
     terminal_selection: str | None = column(pa.string(), nullable=True)
 
+    @classmethod
+    def to_table(cls, records: Sequence[DatasetRow]) -> pa.Table:
+        """The rows as one table of the record's schema, built column by column (same table as the base's)."""
+        schema = cls.arrow_schema()
+        arrays = []
+        for f in schema:
+            values = [getattr(row, f.name) for row in records]
+            if pa.types.is_list(f.type) and pa.types.is_struct(f.type.value_type):
+                arrays.append(_span_list_array(values, f.type))
+            elif pa.types.is_list(f.type):
+                arrays.append(pa.ListArray.from_arrays(_offsets(values), _flat(values, f.type.value_type)))
+            else:
+                arrays.append(pa.array(values, type=f.type))
+        return pa.Table.from_arrays(arrays, schema=schema)
+
     def __post_init__(self) -> None:
         for name in ("batch_id", "group_id", "rollout_id"):
             check_id(getattr(self, name), field=name)
@@ -180,15 +195,15 @@ class DatasetRow(ArrowRecord):
             )
         if self.prompt_len != carry[0]:
             raise self._fail(f"prompt_len {self.prompt_len} differs from the root call's carry_len {carry[0]}")
-        lengths = np.column_stack([carry, gen]).ravel()
-        expected = np.repeat(np.tile(np.array([0, 1], np.uint8), len(calls)), lengths)
+        lengths = np.empty(2 * len(calls), dtype=np.int64)
+        lengths[0::2], lengths[1::2] = carry, gen
+        expected = np.repeat(np.arange(lengths.size, dtype=np.uint8) & 1, lengths)  # per call: 0s, then 1s
         if not np.array_equal(expected, self.loss_mask):
             raise self._fail("loss_mask does not follow call_spans (each call: carried 0s, then sampled 1s)")
         if [s.call_id for s in spans] != [c.call_id for c in calls]:
             raise self._fail("weight_version_spans must name the calls of call_spans, one each, in order")
-        ends = np.cumsum(lengths.reshape(-1, 2).sum(axis=1))
-        starts = ends - lengths.reshape(-1, 2).sum(axis=1)
-        for span, lo, hi in zip(spans, starts, ends, strict=True):
+        ends = np.cumsum(carry + gen)
+        for span, lo, hi in zip(spans, (ends - carry - gen).tolist(), ends.tolist(), strict=True):
             if not lo <= span.start < span.end <= hi:
                 raise self._fail(f"weight span of {span.call_id} [{span.start}, {span.end}) is outside [{lo}, {hi})")
         versions = [s.weight_version for s in spans]
@@ -212,6 +227,25 @@ class DatasetRow(ArrowRecord):
                 raise self._fail(f"a masked row has advantage {self.advantage}, expected 0")
         else:
             raise self._fail(f"sample_mask must be 0 or 1, got {self.sample_mask!r}")
+
+
+def _offsets(cells: Sequence[Sequence]) -> pa.Array:
+    offsets = np.zeros(len(cells) + 1, dtype=np.int32)
+    np.cumsum([len(cell) for cell in cells], out=offsets[1:])
+    return pa.array(offsets)
+
+
+def _flat(arrays: Sequence[np.ndarray], value_type: pa.DataType) -> pa.Array:
+    dtype = value_type.to_pandas_dtype()
+    return pa.array(np.concatenate(arrays) if arrays else np.zeros(0, dtype), type=value_type)
+
+
+def _span_list_array(cells: Sequence[tuple], list_type: pa.ListType) -> pa.Array:
+    """A list<struct> column from tuples of span dataclasses, one child array per struct field."""
+    items = [item for cell in cells for item in cell]
+    fields = list(list_type.value_type)
+    children = [pa.array([getattr(item, f.name) for item in items], type=f.type) for f in fields]
+    return pa.ListArray.from_arrays(_offsets(cells), pa.StructArray.from_arrays(children, fields=fields))
 
 
 def _finite_number(value: object) -> bool:

@@ -44,6 +44,8 @@ CARD_FILE = f"{DATASET_DIR}/README.md"
 MARKER_VERSION = 1
 DEFAULT_ROWS_PER_PART = 8192
 _HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
+# Dictionary-encode the repetitive text columns only: on token lists it costs half the write time.
+_DICTIONARY_COLUMNS = ["batch_id", "group_id", "mask_reason", "terminal_selection"]
 
 
 def part_path(index: int) -> str:
@@ -277,6 +279,6 @@ class _PartWriter:
 
     def _write(self, rows: Sequence[DatasetRow]) -> None:
         sink = pa.BufferOutputStream()
-        pq.write_table(DatasetRow.to_table(rows), sink, compression="zstd")
+        pq.write_table(DatasetRow.to_table(rows), sink, compression="zstd", use_dictionary=_DICTIONARY_COLUMNS)
         written = self.store.write_once(part_path(len(self.parts)), sink.getvalue().to_pybytes())
         self.parts.append(DatasetFile.of(written, rows=len(rows)))

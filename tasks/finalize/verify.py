@@ -14,8 +14,11 @@ generation, the terminal's cumulative hash. Guard reasons win over later ones, b
 whose chain verified keeps its linearized tokens even when a guard rejects it.
 
 Staged rows are checked as Arrow columns and numpy views, never as :class:`StagedDelta`
-objects (whose constructor raises on exactly the malformed rows this module must name).
-Token-level checks are vectorized over the whole chain; Python loops run per row only.
+objects (whose constructor raises on exactly the malformed rows this module must name). The
+staged rows of a whole shard are checked at once (:func:`verify_chains`): columns are converted
+once, field comparisons and token checks are vectorized, digests hash slices of one big-endian
+buffer (:mod:`tasks.capture.digest_batch`), and each chain's reason is the earliest check any of
+its rows fails, exactly as if the chain were checked alone. Python loops run per row only.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.capture import digest as dg
+from tasks.capture import digest_batch as db
 from tasks.capture import terminal
 from tasks.capture.records import CallRecord, Receipt, StagedDelta, canonical_json
 from tasks.config import BatchConfig
@@ -86,13 +91,18 @@ def verify_shard(
     chains = {rollout_id: _plan_chain(bundle) for rollout_id, bundle in bundles.items()}
     reader = StagedReader(store, segment_sha256=ledger.segment_sha256, cached_segments=1)
     fetched = fetch_chains(reader, {rid: chain.calls for rid, chain in chains.items() if chain.reason is None})
+    staged: dict[str, VerifiedRollout | str] = dict(fetched.failed)
+    results = verify_chains([chains[rid].calls for rid in fetched.spans], fetched.table, config)
+    staged.update(zip(fetched.spans, results, strict=True))
+    del fetched, results  # linearized rollouts hold copies: the shard's staged rows can go
     shard_reason = None if ledger.marker.batch_id == config.batch_id else r.wrong("batch_id")
     for planned in plan:
         bundle = bundles.get(planned.rollout_id)
         if bundle is None:
             yield _rejected(config, planned.group_id, planned.rollout_id, r.MISSING_RECEIPT)
             continue
-        verified = verify_rollout(bundle, fetched.get(planned.rollout_id, r.MISSING_STAGING_ROW), config)
+        rid = planned.rollout_id
+        verified = _verified(bundle, chains[rid], staged.get(rid, r.MISSING_STAGING_ROW), config)
         guard = shard_reason or (r.INVALID_RECEIPT if verified.group_id != planned.group_id else None)
         yield verified if guard is None else replace(verified, group_id=planned.group_id, reason=guard)
     unplanned = sorted(set(bundles) - {planned.rollout_id for planned in plan})
@@ -100,8 +110,21 @@ def verify_shard(
         log.warning("shard %d commits receipts of unplanned rollouts, not verified: %s", shard, unplanned[:10])
 
 
-def fetch_chains(reader: StagedReader, chains: dict[str, Sequence[CallRecord]]) -> dict[str, pa.Table | str]:
-    """rollout id -> its chain's staged rows in chain order, or the storage reason they cannot be read.
+@dataclass(frozen=True)
+class FetchedChains:
+    """The staged rows of every fetched chain in one table, chain after chain, each root→terminal.
+
+    ``spans`` maps a rollout id to its chain's first row and row count in ``table``;
+    ``failed`` maps a rollout id to the storage reason its rows cannot be read.
+    """
+
+    table: pa.Table
+    spans: dict[str, tuple[int, int]]
+    failed: dict[str, str]
+
+
+def fetch_chains(reader: StagedReader, chains: dict[str, Sequence[CallRecord]]) -> FetchedChains:
+    """Every chain's staged rows in chain order, or the storage reason they cannot be read.
 
     Requests are grouped by segment and each segment is fetched once for every chain that reads
     it. A segment that cannot be trusted as a whole (checksum, schema, unparseable) rejects every
@@ -127,13 +150,15 @@ def fetch_chains(reader: StagedReader, chains: dict[str, Sequence[CallRecord]]) 
     combined = pa.concat_tables(parts) if parts else StagedDelta.arrow_schema().empty_table()
     fetched = [rid for rid in chains if rid not in failed]
     order = [index[(rid, position)] for rid in fetched for position in range(len(chains[rid]))]
-    ordered = combined.take(pa.array(order, type=pa.int64()))  # one take; each rollout is a zero-copy slice
-    result: dict[str, pa.Table | str] = dict(failed)
+    spans: dict[str, tuple[int, int]] = {}
     start = 0
     for rollout_id in fetched:
-        result[rollout_id] = ordered.slice(start, len(chains[rollout_id]))
+        spans[rollout_id] = (start, len(chains[rollout_id]))
         start += len(chains[rollout_id])
-    return result
+    indices = np.asarray(order, dtype=np.int64)
+    if indices.size != combined.num_rows or (indices != np.arange(indices.size)).any():
+        combined = combined.take(pa.array(indices))  # one take, only when chains are not already in order
+    return FetchedChains(table=combined, spans=spans, failed=failed)
 
 
 def _fetch_segment(
@@ -188,24 +213,30 @@ def _fetch_per_rollout(
 def verify_rollout(bundle: RolloutBundle, staged_rows: pa.Table | str, config: BatchConfig) -> VerifiedRollout:
     """Verify one receipted rollout and linearize its chain; never raises for bad data.
 
-    ``staged_rows`` are the staged rows of the chain root→terminal in that order (as
-    :func:`fetch_chains` returns them), or the reason string of a failed fetch. The result has
-    ``reason`` None exactly when the rollout is trainable; it keeps its tokens whenever the
-    chain itself verified.
+    ``staged_rows`` are the staged rows of the chain root→terminal in that order, or the reason
+    string of a failed fetch. The result has ``reason`` None exactly when the rollout is
+    trainable; it keeps its tokens whenever the chain itself verified.
     """
+    chain = _plan_chain(bundle)
+    staged = staged_rows
+    if chain.reason is None and not isinstance(staged_rows, str):
+        staged = _verify_one(chain.calls, staged_rows, config)
+    return _verified(bundle, chain, staged, config)
+
+
+def _verified(
+    bundle: RolloutBundle, chain: _Chain, staged: VerifiedRollout | str, config: BatchConfig
+) -> VerifiedRollout:
+    """Combine the receipt guards, the chain's graph and the staged rows' verdict (guards win)."""
     receipt = bundle.receipt
     guard = _receipt_reason(bundle)
-    chain = _plan_chain(bundle)
     if chain.reason is not None:
         return _rejected_receipt(config, receipt, guard or chain.reason)
     guard = guard or _failure_reason(bundle, chain.calls)
-    if isinstance(staged_rows, str):
-        return _rejected_receipt(config, receipt, guard or staged_rows)
-    linear = _verify_staged(chain.calls, staged_rows, config)
-    if isinstance(linear, str):
-        return _rejected_receipt(config, receipt, guard or linear)
+    if isinstance(staged, str):
+        return _rejected_receipt(config, receipt, guard or staged)
     return replace(
-        linear,
+        staged,
         batch_id=config.batch_id,
         group_id=receipt.group_id,
         reward=receipt.reward,
@@ -285,197 +316,278 @@ def _attribution_reason(bundle: RolloutBundle) -> str | None:
 
 # --- staged rows ------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class _Columns:
-    """A chain's staged rows as Python scalars per row and flat numpy token arrays."""
-
-    scalars: dict[str, list]
-    ids: np.ndarray  # int64, all deltas root→terminal
-    mask: np.ndarray  # float32
-    logprobs: np.ndarray  # float32
-    starts: np.ndarray  # int64 offset of each row's delta in the flat arrays, plus the total at the end
-
-
+_STAGED_SCHEMA = StagedDelta.arrow_schema()
 _LIST_COLUMNS = ("token_ids_delta", "token_mask_delta", "logprobs_delta")
+_PASSING = np.iinfo(np.int32).max  # the check index of a row that has not failed yet
 
 
-def _columns(table: pa.Table) -> _Columns | str:
-    flats, lengths = {}, {}
-    for name in _LIST_COLUMNS:
-        column = table.column(name).combine_chunks()
-        values = column.flatten()
-        if values.null_count:
-            return r.INVALID_STAGED_ROW
-        flats[name] = values.to_numpy(zero_copy_only=False)
-        lengths[name] = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
-    scalars = {name: table.column(name).to_pylist() for name in table.column_names if name not in _LIST_COLUMNS}
-    delta_len = np.asarray(scalars["delta_len"], dtype=np.int64)
-    if any(not np.array_equal(length, delta_len) for length in lengths.values()):
-        return r.INVALID_STAGED_ROW
-    starts = np.zeros(delta_len.size + 1, np.int64)
-    np.cumsum(delta_len, out=starts[1:])
-    return _Columns(
-        scalars=scalars,
-        ids=flats["token_ids_delta"],
-        mask=flats["token_mask_delta"],
-        logprobs=flats["logprobs_delta"],
-        starts=starts,
-    )
+def verify_chains(
+    chains: Sequence[Sequence[CallRecord]], table: pa.Table, config: BatchConfig
+) -> list[VerifiedRollout | str]:
+    """Verify the staged rows of many chains at once: per chain, its linearization or first failing reason.
+
+    ``table`` holds the rows of every chain, chain after chain, each root→terminal (as
+    :func:`fetch_chains` returns them). Every check runs over the whole table; a chain's reason
+    is the earliest check (in the module's order) that any of its rows fails, exactly as if its
+    rows were checked alone. Identity fields of a linearized rollout are left for the caller.
+    """
+    lengths = [len(chain) for chain in chains]
+    if table.num_rows != sum(lengths) or 0 in lengths:
+        raise ValueError(f"{table.num_rows} staged rows for chains of {lengths[:10]} calls (each at least one)")
+    if not chains:
+        return []
+    conformed = _conformed(table)
+    if conformed is None:
+        return [r.INVALID_STAGED_ROW] * len(chains)
+    first_rows = np.zeros(len(chains), np.int64)
+    np.cumsum(lengths[:-1], out=first_rows[1:])
+    staged = _StagedRows(conformed, [call for chain in chains for call in chain], first_rows, config)
+    failing = np.minimum.reduceat(staged.checks.first, first_rows)
+    results: list[VerifiedRollout | str] = []
+    for chain, first, check in zip(chains, first_rows.tolist(), failing.tolist(), strict=True):
+        if check != _PASSING:
+            results.append(staged.checks.reasons[check])
+        else:
+            results.append(staged.linearize(chain, first))
+    return results
 
 
-def _verify_staged(chain: Sequence[CallRecord], table: pa.Table, config: BatchConfig) -> VerifiedRollout | str:
-    """The linearized chain (identity fields left for the caller), or the first reason it fails."""
-    if not _has_staged_schema(table):
-        return r.INVALID_STAGED_ROW
+def _verify_one(chain: Sequence[CallRecord], table: pa.Table, config: BatchConfig) -> VerifiedRollout | str:
+    """The staged rows of one chain: a row count that differs from the chain's is ``missing_staging_row``."""
     if table.num_rows != len(chain):
-        return r.MISSING_STAGING_ROW
-    for name, reason in (("rollout_id", r.STAGING_KEY_MISMATCH), ("call_id", r.CALL_ID_MISMATCH)):
-        if table.column(name).to_pylist() != [getattr(call, name) for call in chain]:
-            return reason
-    for name, expected, reason in (
-        ("schema_version", dg.SCHEMA_VERSION, r.UNSUPPORTED_SCHEMA),
-        ("digest_version", dg.DIGEST_VERSION, r.UNSUPPORTED_DIGEST),
-        ("extras_digest_version", dg.EXTRAS_DIGEST_VERSION, r.UNSUPPORTED_DIGEST),
-    ):
-        if any(value != expected for value in table.column(name).to_pylist()):
-            return reason
-    for name in r.MANIFEST_FIELDS:
-        if table.column(name).to_pylist() != [getattr(call, name) for call in chain]:
-            return r.wrong(name)
-    if any(value != config.batch_id for value in table.column("batch_id").to_pylist()):
-        return r.wrong("batch_id")
-    for name in r.SAMPLING_FIELDS:
-        expected = getattr(config.sampling, name)
-        if any(value != expected for value in table.column(name).to_pylist()):
-            return r.wrong(name)
-    columns = _columns(table)
-    if isinstance(columns, str):
-        return columns
-    return (
-        _malformed(columns)
-        or _corrupt_digest(columns)
-        or _corrupt_extras(columns)
-        or _broken_links(columns)
-        or _linearize(chain, columns)
-    )
+        conformed = _conformed(table)
+        return r.INVALID_STAGED_ROW if conformed is None or _null_rows(conformed).any() else r.MISSING_STAGING_ROW
+    return verify_chains([chain], table, config)[0]
 
 
-def _has_staged_schema(table: pa.Table) -> bool:
-    """Exactly the staged-delta columns and types, no nulls where the schema forbids them."""
-    schema = StagedDelta.arrow_schema()
-    if not table.schema.equals(schema):
-        try:
-            StagedDelta.check_table(table, source="staged rows")  # the slow path also accepts a reordering
-        except SchemaMismatchError:
-            return False
-        table = table.select(schema.names)
-    return not any(table.column(f.name).null_count for f in schema if not f.nullable)
+def _conformed(table: pa.Table) -> pa.Table | None:
+    """The table with exactly the staged-delta columns and types (a reordering accepted), or None."""
+    if table.schema.equals(_STAGED_SCHEMA):
+        return table
+    try:
+        StagedDelta.check_table(table, source="staged rows")
+    except SchemaMismatchError:
+        return None
+    return table.select(_STAGED_SCHEMA.names)
 
 
-def _malformed(c: _Columns) -> str | None:
-    """Token ids in [0, int32], masks exactly 0/1, logprobs finite and exactly 0 where carried."""
-    if c.ids.size and (c.ids.min() < 0 or c.ids.max() > _I32_MAX):
-        return r.INVALID_STAGED_ROW
-    carried = c.mask == 0.0
-    if not (carried | (c.mask == 1.0)).all():
-        return r.INVALID_STAGED_ROW
-    if not np.isfinite(c.logprobs).all() or (c.logprobs[carried] != 0.0).any():
-        return r.INVALID_STAGED_ROW
-    return None
+def _null_rows(table: pa.Table) -> np.ndarray:
+    """Rows with a null where the staged-delta schema forbids one."""
+    nulls = np.zeros(table.num_rows, dtype=bool)
+    for f in _STAGED_SCHEMA:
+        column = table.column(f.name)
+        if not f.nullable and column.null_count:
+            nulls |= pc.is_null(column).to_numpy(zero_copy_only=False)
+    return nulls
 
 
-def _corrupt_digest(c: _Columns) -> str | None:
-    s = c.scalars
-    ids = c.ids.view(np.uint64)
-    for i in range(len(s["digest"])):
-        lo, hi = c.starts[i], c.starts[i + 1]
-        recomputed = dg.digest_of_checked_call(
-            rollout_id=s["rollout_id"][i],
-            call_id=s["call_id"][i],
-            parent_call_id=s["parent_call_id"][i],
-            mode=s["mode"][i],
-            prev_len=s["prev_len"][i],
-            delta_len=s["delta_len"][i],
-            cum_len=s["cum_len"][i],
-            weight_version=s["weight_version"][i],
-            ids=ids[lo:hi],
-            mask=c.mask[lo:hi],
-            logprobs=c.logprobs[lo:hi],
-            extras_digest=s["extras_digest"][i],
-            chain_hash=s["chain_hash"][i],
-            cumulative_hash=s["cumulative_hash"][i],
+class _Checks:
+    """The first failing check of every row; checks are recorded in the order they are defined."""
+
+    def __init__(self, rows: int) -> None:
+        self.first = np.full(rows, _PASSING, dtype=np.int32)
+        self.reasons: list[str] = []
+
+    def record(self, reason: str, failing: np.ndarray) -> None:
+        """Record the next check; ``failing`` is a boolean mask over rows or an array of row indices."""
+        index = len(self.reasons)
+        self.reasons.append(reason)
+        if failing.dtype == bool:
+            failing = np.flatnonzero(failing)
+        self.first[failing] = np.minimum(self.first[failing], index)
+
+    def passing(self) -> np.ndarray:
+        """Indices of the rows that passed every check so far."""
+        return np.flatnonzero(self.first == _PASSING)
+
+
+class _StagedRows:
+    """Every check of section 8 over the staged rows of many chains, columns converted once.
+
+    Field comparisons use the chains' call records; token checks and hashes run over the flat
+    token lists of ``self.rows``: the rows that passed every check up to the list lengths, in
+    table order (a row failing an earlier check already decided its chain's reason).
+    """
+
+    def __init__(self, table: pa.Table, calls: list[CallRecord], first_rows: np.ndarray, config: BatchConfig) -> None:
+        n = table.num_rows
+        self.checks = checks = _Checks(n)
+        self.chain_start = np.zeros(n, dtype=bool)
+        self.chain_start[first_rows] = True
+        self.recorded = {
+            name: list(map(attrgetter(name), calls)) for name in ("rollout_id", "call_id", *r.MANIFEST_FIELDS)
+        }
+        checks.record(r.INVALID_STAGED_ROW, _null_rows(table))
+        for name, reason in (("rollout_id", r.STAGING_KEY_MISMATCH), ("call_id", r.CALL_ID_MISMATCH)):
+            checks.record(reason, _differs(table.column(name), self.recorded[name]))
+        for name, expected, reason in (
+            ("schema_version", dg.SCHEMA_VERSION, r.UNSUPPORTED_SCHEMA),
+            ("digest_version", dg.DIGEST_VERSION, r.UNSUPPORTED_DIGEST),
+            ("extras_digest_version", dg.EXTRAS_DIGEST_VERSION, r.UNSUPPORTED_DIGEST),
+        ):
+            checks.record(reason, _differs_from(table.column(name), expected))
+        for name in r.MANIFEST_FIELDS:
+            checks.record(r.wrong(name), _differs(table.column(name), self.recorded[name]))
+        checks.record(r.wrong("batch_id"), _differs_from(table.column("batch_id"), config.batch_id))
+        for name in r.SAMPLING_FIELDS:
+            checks.record(r.wrong(name), _differs_from(table.column(name), getattr(config.sampling, name)))
+        self._load_tokens(table)
+        self._check_tokens()
+        self._check_digests()
+        self._check_extras(table.column("extras_json"))
+        self._check_links(table)
+
+    def _load_tokens(self, table: pa.Table) -> None:
+        """Check that the three lists are null-free and ``delta_len`` long; flatten the passing rows once."""
+        delta_len = pc.fill_null(table.column("delta_len"), -1).to_numpy(zero_copy_only=False)
+        lists = {name: table.column(name).combine_chunks() for name in _LIST_COLUMNS}
+        bad = np.zeros(table.num_rows, dtype=bool)
+        for column in lists.values():
+            lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+            bad |= lengths != delta_len
+            values = column.flatten()
+            if values.null_count:
+                null_tokens = np.flatnonzero(pc.is_null(values).to_numpy(zero_copy_only=False))
+                bad[_owners(_starts(lengths), null_tokens)] = True
+        self.checks.record(r.INVALID_STAGED_ROW, bad)
+        self.rows = self.checks.passing()
+        if self.rows.size != table.num_rows:
+            lists = {name: column.take(pa.array(self.rows)) for name, column in lists.items()}
+        flat = {name: column.flatten().to_numpy(zero_copy_only=False) for name, column in lists.items()}
+        self.ids, self.mask, self.logprobs = (flat[name] for name in _LIST_COLUMNS)
+        self.starts = _starts(delta_len[self.rows])
+        self.position = np.full(table.num_rows, -1, dtype=np.int64)  # table row -> index into self.rows
+        self.position[self.rows] = np.arange(self.rows.size)
+
+    def _check_tokens(self) -> None:
+        """Token ids in [0, int32], masks exactly 0/1, logprobs finite and exactly 0 where carried."""
+        ids, mask, logprobs = self.ids, self.mask, self.logprobs
+        carried = mask == 0.0
+        bad = (ids < 0) | (ids > _I32_MAX) | ~(carried | (mask == 1.0)) | ~np.isfinite(logprobs)
+        bad |= carried & (logprobs != 0.0)
+        self.checks.record(r.INVALID_STAGED_ROW, self.rows[_owners(self.starts, np.flatnonzero(bad))])
+        self.tokens = db.FlatTokens.of(ids.view(np.uint64), mask, logprobs, self.starts)
+
+    def _check_digests(self) -> None:
+        """The call digest recomputed over the stored row equals the stored digest."""
+        todo = self.checks.passing()
+        recorded = self.recorded
+        if self.rows.size != self.position.size:  # index the scalars like the token rows
+            recorded = {name: [values[i] for i in self.rows] for name, values in recorded.items()}
+        recomputed = db.call_digests(self.tokens, recorded, self.position[todo].tolist())
+        stored = recorded["digest"]
+        wrong = [
+            row for row, i, digest in zip(todo, self.position[todo], recomputed, strict=True) if digest != stored[i]
+        ]
+        self.checks.record(r.CORRUPT_DIGEST, np.array(wrong, dtype=np.int64))
+
+    def _check_extras(self, extras_json: pa.ChunkedArray) -> None:
+        """extras_json parses, is canonical, and its digest is the stored extras digest."""
+        todo = self.checks.passing()
+        texts = extras_json.take(pa.array(todo, type=pa.int64())).to_pylist()
+        stored = self.recorded["extras_digest"]
+        wrong = [row for row, text in zip(todo.tolist(), texts, strict=True) if not _extras_match(text, stored[row])]
+        self.checks.record(r.CORRUPT_EXTRAS, np.array(wrong, dtype=np.int64))
+
+    def _check_links(self, table: pa.Table) -> None:
+        """Parent lengths, the chain-hash walk, carried-then-sampled masks, a sampled token per call."""
+        prev_len = pc.fill_null(table.column("prev_len"), 0).to_numpy(zero_copy_only=False)
+        cum_len = pc.fill_null(table.column("cum_len"), 0).to_numpy(zero_copy_only=False)
+        child = np.flatnonzero(~self.chain_start)
+        self.checks.record(r.PARENT_LENGTH_MISMATCH, child[prev_len[child] != cum_len[child - 1]])
+        todo = self.checks.passing()
+        walkable = todo[self.chain_start[todo] | np.isin(todo - 1, todo)]  # a failed parent already failed the chain
+        stored = self.recorded["chain_hash"]
+        rows = walkable.tolist()
+        parents = [None if self.chain_start[i] else stored[i - 1] for i in rows]
+        walked = db.chain_hashes(self.tokens, parents, self.position[walkable].tolist())
+        wrong = [i for i, recomputed in zip(rows, walked, strict=True) if recomputed != stored[i]]
+        self.checks.record(r.CHAIN_HASH_MISMATCH, np.array(wrong, dtype=np.int64))
+        descending = np.flatnonzero(self.mask[1:] < self.mask[:-1]) + 1
+        inside = descending[np.isin(descending, self.starts, invert=True)]
+        self.checks.record(r.INVALID_MASK_ORDER, self.rows[_owners(self.starts, inside)])
+        nonempty = self.starts[1:] > self.starts[:-1]
+        self.sampled = np.zeros(self.rows.size, dtype=np.int64)  # sampled tokens per row
+        if self.mask.size:
+            self.sampled[nonempty] = np.add.reduceat(self.mask == 1.0, self.starts[:-1][nonempty], dtype=np.int64)
+        self.checks.record(r.EMPTY_GENERATION, self.rows[self.sampled == 0])
+
+    def linearize(self, chain: Sequence[CallRecord], first: int) -> VerifiedRollout | str:
+        """Concatenate a chain's deltas root→terminal (every row passed), after its cumulative hash."""
+        lo_row = int(self.position[first])
+        hi_row = lo_row + len(chain)
+        if db.cumulative_hash(self.tokens, lo_row, hi_row) != chain[-1].cumulative_hash:
+            return r.CUMULATIVE_HASH_MISMATCH
+        starts = self.starts[lo_row : hi_row + 1]
+        lo, hi = int(starts[0]), int(starts[-1])
+        sampled = self.sampled[lo_row:hi_row].tolist()
+        bounds = (starts - lo).tolist()
+        call_spans = tuple(
+            CallSpan(call_id=call.call_id, carry_len=end - begin - k, gen_len=k)
+            for call, begin, end, k in zip(chain, bounds[:-1], bounds[1:], sampled, strict=True)
         )
-        if recomputed != s["digest"][i]:
-            return r.CORRUPT_DIGEST
-    return None
+        weight_spans = tuple(
+            WeightSpan(call_id=call.call_id, start=begin, end=end, weight_version=call.weight_version)
+            for call, begin, end in zip(chain, bounds[:-1], bounds[1:], strict=True)
+        )
+        terminal_call = chain[-1]
+        return VerifiedRollout(
+            batch_id=terminal_call.batch_id,
+            group_id="",
+            rollout_id=terminal_call.rollout_id,
+            reward=None,
+            reason=None,
+            input_ids=_frozen(self.ids[lo:hi].astype(np.int32)),
+            loss_mask=_frozen(self.mask[lo:hi].astype(np.uint8)),
+            logprobs=_frozen(self.logprobs[lo:hi].copy()),
+            prompt_len=call_spans[0].carry_len,
+            call_spans=call_spans,
+            weight_spans=weight_spans,
+            truncated=terminal_call.finish_reason == "length",
+            num_turns=len(chain),
+            epoch_span_count=sum(call.epoch_span for call in chain),
+        )
 
 
-def _corrupt_extras(c: _Columns) -> str | None:
-    """extras_json parses, is canonical, and its digest is the stored extras digest."""
-    for text, stored in zip(c.scalars["extras_json"], c.scalars["extras_digest"], strict=True):
-        if text == "null" and stored == _NULL_EXTRAS_DIGEST:
-            continue
-        try:
-            extras = json.loads(text)
-            if canonical_json(extras) != text or dg.compute_extras_digest(extras) != stored:
-                return r.CORRUPT_EXTRAS
-        except (ValueError, TypeError):  # invalid JSON, NaN, values the extras encoding refuses
-            return r.CORRUPT_EXTRAS
-    return None
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """Offsets of consecutive segments of ``lengths``, plus the total at the end."""
+    starts = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    return starts
 
 
-def _broken_links(c: _Columns) -> str | None:
-    """Parent lengths, the chain-hash walk, carried-then-sampled masks, a sampled token per call."""
-    s = c.scalars
-    if any(s["prev_len"][i] != s["cum_len"][i - 1] for i in range(1, len(s["prev_len"]))):
-        return r.PARENT_LENGTH_MISMATCH
-    ids = c.ids.view(np.uint64)
-    parent_hash = None
-    for i, stored in enumerate(s["chain_hash"]):
-        if dg.chain_hash_of_checked(parent_hash, ids[c.starts[i] : c.starts[i + 1]]) != stored:
-            return r.CHAIN_HASH_MISMATCH
-        parent_hash = stored
-    descending = np.flatnonzero(c.mask[1:] < c.mask[:-1]) + 1
-    if np.isin(descending, c.starts[1:-1], invert=True).any():
-        return r.INVALID_MASK_ORDER
-    sampled = np.add.reduceat(c.mask, c.starts[:-1]) if c.mask.size else np.zeros(0)
-    if (sampled == 0).any():
-        return r.EMPTY_GENERATION
-    return None
+def _owners(starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The segment (of ``starts``) holding each flat position."""
+    return np.searchsorted(starts, positions, side="right") - 1
 
 
-def _linearize(chain: Sequence[CallRecord], c: _Columns) -> VerifiedRollout | str:
-    """Concatenate the deltas root→terminal, after proving the terminal's cumulative hash."""
-    if dg.cumulative_hash_of_parts(c.ids.view(np.uint64)) != chain[-1].cumulative_hash:
-        return r.CUMULATIVE_HASH_MISMATCH
-    sampled = np.add.reduceat(c.mask, c.starts[:-1]).astype(np.int64)
-    lengths = np.diff(c.starts)
-    call_spans = tuple(
-        CallSpan(call_id=call.call_id, carry_len=int(n - k), gen_len=int(k))
-        for call, n, k in zip(chain, lengths, sampled, strict=True)
-    )
-    weight_spans = tuple(
-        WeightSpan(call_id=call.call_id, start=int(lo), end=int(hi), weight_version=call.weight_version)
-        for call, lo, hi in zip(chain, c.starts[:-1], c.starts[1:], strict=True)
-    )
-    terminal_call = chain[-1]
-    return VerifiedRollout(
-        batch_id=terminal_call.batch_id,
-        group_id="",
-        rollout_id=terminal_call.rollout_id,
-        reward=None,
-        reason=None,
-        input_ids=_frozen(c.ids.astype(np.int32)),
-        loss_mask=_frozen(c.mask.astype(np.uint8)),
-        logprobs=_frozen(c.logprobs.astype(np.float32, copy=True)),
-        prompt_len=call_spans[0].carry_len,
-        call_spans=call_spans,
-        weight_spans=weight_spans,
-        truncated=terminal_call.finish_reason == "length",
-        num_turns=len(chain),
-        epoch_span_count=sum(call.epoch_span for call in chain),
-    )
+def _differs(column: pa.ChunkedArray, expected: list) -> np.ndarray:
+    """Rows where the column's value != the expected Python value (null equals only None)."""
+    try:
+        other = pa.array(expected, type=column.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # a value the column type cannot hold
+        return np.array([a != b for a, b in zip(column.to_pylist(), expected, strict=True)], dtype=bool)
+    column = column.combine_chunks()
+    same = pc.or_(pc.fill_null(pc.equal(column, other), False), pc.and_(pc.is_null(column), pc.is_null(other)))
+    return ~same.to_numpy(zero_copy_only=False)
+
+
+def _differs_from(column: pa.ChunkedArray, expected: object) -> np.ndarray:
+    """Rows where the column's value != ``expected`` (Python comparison, over the distinct values first)."""
+    if all(value == expected for value in column.unique().to_pylist()):
+        return np.zeros(len(column), dtype=bool)
+    return np.array([value != expected for value in column.to_pylist()], dtype=bool)
+
+
+def _extras_match(text: str, stored: str) -> bool:
+    """extras_json parses, is canonical, and its digest is ``stored``."""
+    if text == "null" and stored == _NULL_EXTRAS_DIGEST:
+        return True
+    try:
+        extras = json.loads(text)
+        return canonical_json(extras) == text and dg.compute_extras_digest(extras) == stored
+    except (ValueError, TypeError):  # invalid JSON, NaN, values the extras encoding refuses
+        return False
 
 
 # --- results ----------------------------------------------------------------------------------
