@@ -98,9 +98,7 @@ class ArrowRecord:
         for f in schema:
             values = [getattr(r, f.name) for r in records]
             if _is_struct_list(f.type):
-                names = [child.name for child in f.type.value_type]
-                cells = [None if v is None else [{n: getattr(i, n) for n in names} for i in v] for v in values]
-                arrays.append(pa.array(cells, type=f.type))
+                arrays.append(_struct_list_array(values, f.type))
             elif _is_list(f.type):
                 arrays.append(_list_array(values, f.type))
             else:
@@ -151,6 +149,19 @@ def _list_array(values: Iterable[Any], arrow_type: pa.DataType) -> pa.Array:
     flat = np.concatenate(arrays).astype(value_type, copy=False) if arrays else np.zeros(0, dtype=value_type)
     list_type = pa.ListArray if pa.types.is_list(arrow_type) else pa.LargeListArray
     return list_type.from_arrays(pa.array(offsets), pa.array(flat, type=arrow_type.value_type), type=arrow_type)
+
+
+def _struct_list_array(cells: Sequence[Sequence[Any] | None], list_type: pa.ListType) -> pa.Array:
+    """A list<struct> column from cells of dataclasses, built one child array per struct field."""
+    items = [item for cell in cells if cell is not None for item in cell]
+    fields = list(list_type.value_type)
+    children = [pa.array([getattr(item, f.name) for item in items], type=f.type) for f in fields]
+    offsets = np.zeros(len(cells) + 1, dtype=np.int32)
+    np.cumsum([0 if cell is None else len(cell) for cell in cells], out=offsets[1:])
+    nulls = pa.array([cell is None for cell in cells], type=pa.bool_())
+    return pa.ListArray.from_arrays(
+        pa.array(offsets), pa.StructArray.from_arrays(children, fields=fields), type=list_type, mask=nulls
+    )
 
 
 def _list_values(chunked: pa.ChunkedArray) -> list[np.ndarray | None]:

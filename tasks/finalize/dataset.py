@@ -94,21 +94,6 @@ class DatasetRow(ArrowRecord):
     num_turns: int = column(pa.int32())
     terminal_selection: str | None = column(pa.string(), nullable=True)
 
-    @classmethod
-    def to_table(cls, records: Sequence[DatasetRow]) -> pa.Table:
-        """The rows as one table of the record's schema, built column by column (same table as the base's)."""
-        schema = cls.arrow_schema()
-        arrays = []
-        for f in schema:
-            values = [getattr(row, f.name) for row in records]
-            if pa.types.is_list(f.type) and pa.types.is_struct(f.type.value_type):
-                arrays.append(_span_list_array(values, f.type))
-            elif pa.types.is_list(f.type):
-                arrays.append(pa.ListArray.from_arrays(_offsets(values), _flat(values, f.type.value_type)))
-            else:
-                arrays.append(pa.array(values, type=f.type))
-        return pa.Table.from_arrays(arrays, schema=schema)
-
     def __post_init__(self) -> None:
         for name in ("batch_id", "group_id", "rollout_id"):
             check_id(getattr(self, name), field=name)
@@ -227,25 +212,6 @@ class DatasetRow(ArrowRecord):
                 raise self._fail(f"a masked row has advantage {self.advantage}, expected 0")
         else:
             raise self._fail(f"sample_mask must be 0 or 1, got {self.sample_mask!r}")
-
-
-def _offsets(cells: Sequence[Sequence]) -> pa.Array:
-    offsets = np.zeros(len(cells) + 1, dtype=np.int32)
-    np.cumsum([len(cell) for cell in cells], out=offsets[1:])
-    return pa.array(offsets)
-
-
-def _flat(arrays: Sequence[np.ndarray], value_type: pa.DataType) -> pa.Array:
-    dtype = value_type.to_pandas_dtype()
-    return pa.array(np.concatenate(arrays) if arrays else np.zeros(0, dtype), type=value_type)
-
-
-def _span_list_array(cells: Sequence[tuple], list_type: pa.ListType) -> pa.Array:
-    """A list<struct> column from tuples of span dataclasses, one child array per struct field."""
-    items = [item for cell in cells for item in cell]
-    fields = list(list_type.value_type)
-    children = [pa.array([getattr(item, f.name) for item in items], type=f.type) for f in fields]
-    return pa.ListArray.from_arrays(_offsets(cells), pa.StructArray.from_arrays(children, fields=fields))
 
 
 def _finite_number(value: object) -> bool:
