@@ -21,8 +21,9 @@ from tasks.finalize.audit import audit_logprobs
 from tasks.finalize.dataset import DatasetRow, GroupResult, assemble_group
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.finalize.publish import PublishedDataset, publish_dataset, read_dataset_marker
+from tasks.finalize.verified import VerifiedRollout
 from tasks.finalize.verify import verify_shard
-from tasks.plan import batch_store, read_batch_config, read_shard_plan
+from tasks.plan import batch_store, read_batch_config
 from tasks.storage.errors import StorageIntegrityError
 from tasks.storage.ledger import LedgerReader
 from tasks.storage.marker import read_marker
@@ -104,17 +105,18 @@ def _groups(
                 token_in_calls=sum(c.mode == "token_in" for c in ledger.calls),
                 failure_reasons=Counter(f.reason for f in ledger.failures),
             )
-        verified = {v.rollout_id: v for v in verify_shard(store, shard, config, ledger=ledger)}
-        planned: dict[str, list[str]] = {}
-        for rollout in read_shard_plan(store, config, shard):
-            planned.setdefault(rollout.group_id, []).append(rollout.rollout_id)
+        # verify_shard yields exactly one result per planned rollout, under its planned group
+        # (missing receipts included), so the plan's groups are read off its results.
+        planned: dict[str, list[VerifiedRollout]] = {}
+        for verified in verify_shard(store, shard, config, ledger=ledger):
+            planned.setdefault(verified.group_id, []).append(verified)
         for group_id in sorted(planned):
-            ids = planned[group_id]
+            rollouts = planned[group_id]
             result = assemble_group(
-                [verified[r] for r in ids if r in verified],
+                rollouts,
                 batch_id=config.batch_id,
                 group_id=group_id,
-                planned_rollout_ids=ids,
+                planned_rollout_ids=[v.rollout_id for v in rollouts],
                 on_invalid=config.on_invalid,
                 advantage=config.advantage,
             )
@@ -122,7 +124,9 @@ def _groups(
                 if row.sample_mask == 1:
                     sample.offer(row)
             yield result
-        log.info("shard %d: %d receipts verified, %d groups", shard, len(verified), len(planned))
+        log.info(
+            "shard %d: %d planned rollouts verified, %d groups", shard, sum(map(len, planned.values())), len(planned)
+        )
 
 
 def _is_bundled(config: BatchConfig) -> bool:
