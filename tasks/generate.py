@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +36,6 @@ from tasks.storage.sweep import sweep_orphans
 
 log = logging.getLogger(__name__)
 ENVIRONMENT_ERROR = "environment_error"
-_ATTEMPT_DIR = re.compile(r"/attempt-(\d+)/")
 PROGRESS_LOG_SECONDS = 15.0
 # Receipts are made durable at least this often, so a crashed attempt loses little: its
 # successor adopts every rollout whose receipt reached storage.
@@ -81,15 +79,21 @@ class ShardSummary:
         )
 
 
+def attempts_used(store: ObjectStore, shard: int) -> set[int]:
+    """Every attempt that left an object (staging or ledger) for ``shard``."""
+    used = set()
+    for directory in (layout.staging_shard_dir(shard), layout.ledger_shard_dir(shard)):
+        for path in store.list_files(directory):
+            try:
+                used.add(layout.attempt_of(path))
+            except ValueError:  # the shard marker and stray names live outside attempt directories
+                continue
+    return used
+
+
 def next_attempt(store: ObjectStore, shard: int) -> int:
     """One past the highest attempt that left any object for ``shard`` (0 when none did)."""
-    seen = [
-        int(match.group(1))
-        for directory in (layout.staging_shard_dir(shard), layout.ledger_shard_dir(shard))
-        for path in store.list_files(directory)
-        if (match := _ATTEMPT_DIR.search("/" + path))
-    ]
-    return max(seen, default=-1) + 1
+    return max(attempts_used(store, shard), default=-1) + 1
 
 
 def generate_shard(
@@ -115,14 +119,13 @@ def generate_shard(
     if marker is not None:
         log.info("shard %d of %s is already committed by attempt %d: nothing to do", shard, batch_id, marker.attempt)
         return ShardSummary.of_marker(marker)
+    used = attempts_used(store, shard)
     if attempt is None:
-        attempt = next_attempt(store, shard)
-    elif store.list_files(f"{layout.staging_shard_dir(shard)}/attempt-{attempt:02d}") or store.list_files(
-        f"{layout.ledger_shard_dir(shard)}/attempt-{attempt:02d}"
-    ):
+        attempt = max(used, default=-1) + 1
+    elif attempt in used:
         raise FileExistsError(
             f"attempt {attempt} of shard {shard} already wrote objects; retry with a higher --attempt "
-            f"(next unused: {next_attempt(store, shard)})"
+            f"(next unused: {max(used) + 1})"
         )
     plan = read_shard_plan(store, config, shard)
     if engine is not None:

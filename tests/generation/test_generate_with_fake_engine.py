@@ -106,6 +106,8 @@ def test_retry_adopts_receipted_rollouts_and_produces_no_duplicates(root, tokeni
     with pytest.raises(FatalEngineCrash):
         run_shard(root, config, 0, FakeScriptedEngine(tokenizer, fail=crash_late))
     assert next_attempt(store, 0) == 1
+    with pytest.raises(FileExistsError, match=r"attempt 0 of shard 0 already wrote objects.*next unused: 1"):
+        run_shard(root, config, 0, FakeScriptedEngine(tokenizer), attempt=0)
     engine = FakeScriptedEngine(tokenizer)
     summary = run_shard(root, config, 0, engine)
     assert summary.attempt == 1
