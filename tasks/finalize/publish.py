@@ -33,8 +33,9 @@ from tasks.finalize.card import render_card
 from tasks.finalize.dataset import DATASET_SCHEMA_VERSION, DatasetRow, GroupResult
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.ids import check_id
-from tasks.storage.errors import SegmentChecksumMismatchError, StorageIntegrityError
+from tasks.storage.errors import SegmentChecksumMismatchError
 from tasks.storage.layout import MARKER_NAME
+from tasks.storage.marker import MalformedMarkerError
 from tasks.storage.objects import ObjectConflictError, ObjectStore, WrittenObject, sha256_hex
 
 DATASET_DIR = "dataset"
@@ -52,10 +53,8 @@ def part_path(index: int) -> str:
     return f"{DATASET_DIR}/part-{index:05d}.parquet"
 
 
-class MalformedDatasetMarkerError(StorageIntegrityError, ValueError):
-    """A dataset marker that cannot be trusted: bad JSON, wrong version, missing or odd fields."""
-
-    reason = "malformed_marker"
+class MalformedDatasetMarkerError(MalformedMarkerError):
+    """A dataset marker (not a shard marker) that cannot be trusted."""
 
 
 @dataclass(frozen=True)
