@@ -15,12 +15,12 @@ from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
 from tasks.engines.base import SamplingSettings
-from tasks.finalize.publish import METRICS_FILE
 from tasks.finalize.run import finalize_batch
 from tasks.generate import generate_shard
 from tasks.models.bundled import resolve_model
 from tasks.models.provenance import model_provenance
 from tasks.plan import batch_store, plan_batch
+from tasks.storage import layout
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def run_demo(root: str, *, batch_id: str | None = None, size: DemoSize | None = 
     print("[3/3] finalize: verify lineage, linearize, advantages, logprob audit, publish", flush=True)
     published = finalize_batch(root, batch_id)
     store = batch_store(root, batch_id)
-    metrics = json.loads(store.read_bytes(METRICS_FILE))
+    metrics = json.loads(store.read_bytes(layout.DATASET_METRICS))
     summary = {
         "batch_id": batch_id,
         "dataset": f"{published.url}/dataset",

@@ -33,24 +33,16 @@ from tasks.finalize.card import render_card
 from tasks.finalize.dataset import DATASET_SCHEMA_VERSION, DatasetRow, GroupResult
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.ids import check_id
+from tasks.storage import layout
 from tasks.storage.errors import SegmentChecksumMismatchError
-from tasks.storage.layout import MARKER_NAME
 from tasks.storage.marker import MalformedMarkerError
 from tasks.storage.objects import ObjectConflictError, ObjectStore, WrittenObject, sha256_hex
 
-DATASET_DIR = "dataset"
-DATASET_MARKER = f"{DATASET_DIR}/{MARKER_NAME}"
-METRICS_FILE = f"{DATASET_DIR}/metrics.json"
-CARD_FILE = f"{DATASET_DIR}/README.md"
 MARKER_VERSION = 1
 DEFAULT_ROWS_PER_PART = 8192
 _HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 # Dictionary-encode the repetitive text columns only: on token lists it costs half the write time.
 _DICTIONARY_COLUMNS = ["batch_id", "group_id", "mask_reason", "terminal_selection"]
-
-
-def part_path(index: int) -> str:
-    return f"{DATASET_DIR}/part-{index:05d}.parquet"
 
 
 class MalformedDatasetMarkerError(MalformedMarkerError):
@@ -105,12 +97,14 @@ class DatasetMarker:
             check_id(self.batch_id, field="batch_id")
         except (TypeError, ValueError) as exc:
             raise MalformedDatasetMarkerError(str(exc)) from None
-        if not self.parts or [p.path for p in self.parts] != [part_path(i) for i in range(len(self.parts))]:
-            raise MalformedDatasetMarkerError(f"parts must be {part_path(0)} onwards, consecutively")
+        if not self.parts or [p.path for p in self.parts] != [layout.dataset_part(i) for i in range(len(self.parts))]:
+            raise MalformedDatasetMarkerError(f"parts must be {layout.dataset_part(0)} onwards, consecutively")
         if any(p.rows is None for p in self.parts) or sum(p.rows or 0 for p in self.parts) != self.rows:
             raise MalformedDatasetMarkerError(f"rows {self.rows} differ from the rows of the named parts")
-        if (self.metrics.path, self.card.path) != (METRICS_FILE, CARD_FILE):
-            raise MalformedDatasetMarkerError(f"metrics and card must be {METRICS_FILE} and {CARD_FILE}")
+        if (self.metrics.path, self.card.path) != (layout.DATASET_METRICS, layout.DATASET_CARD):
+            raise MalformedDatasetMarkerError(
+                f"metrics and card must be {layout.DATASET_METRICS} and {layout.DATASET_CARD}"
+            )
         if not isinstance(self.trainable_rows, int) or not 0 <= self.trainable_rows <= self.rows:
             raise MalformedDatasetMarkerError(f"trainable_rows {self.trainable_rows!r} must be in [0, {self.rows}]")
         if self.config.get("batch_id") != self.batch_id:
@@ -128,7 +122,7 @@ class DatasetMarker:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=2, allow_nan=False) + "\n"
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, source: str = DATASET_MARKER) -> Self:
+    def from_json(cls, text: str | bytes, *, source: str = layout.DATASET_MARKER) -> Self:
         try:
             raw = json.loads(text)
             if not isinstance(raw, dict) or set(raw) != {f.name for f in dataclasses.fields(cls)}:
@@ -155,10 +149,10 @@ class PublishedDataset:
 def read_dataset_marker(store: ObjectStore) -> DatasetMarker | None:
     """The batch's validated dataset marker (``store`` is rooted at the batch), or None if unpublished."""
     try:
-        data = store.read_bytes(DATASET_MARKER)
+        data = store.read_bytes(layout.DATASET_MARKER)
     except FileNotFoundError:
         return None
-    return DatasetMarker.from_json(data, source=f"{store.url}/{DATASET_MARKER}")
+    return DatasetMarker.from_json(data, source=f"{store.url}/{layout.DATASET_MARKER}")
 
 
 def read_dataset_part(store: ObjectStore, part: DatasetFile) -> pa.Table:
@@ -222,7 +216,9 @@ def publish_dataset(
     config_dict = json.loads(config.to_json())
     summary = {**metrics.result(), "audit": dict(audit) if audit is not None else None}
     metrics_file = DatasetFile.of(
-        store.write_once(METRICS_FILE, (json.dumps(summary, sort_keys=True, indent=2, allow_nan=False) + "\n").encode())
+        store.write_once(
+            layout.DATASET_METRICS, (json.dumps(summary, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
+        )
     )
     card = render_card(
         batch_id=config.batch_id,
@@ -231,7 +227,7 @@ def publish_dataset(
         parts=[dataclasses.asdict(p) for p in parts],
         audit=audit,
     )
-    card_file = DatasetFile.of(store.write_once(CARD_FILE, card.encode("utf-8")))
+    card_file = DatasetFile.of(store.write_once(layout.DATASET_CARD, card.encode("utf-8")))
     marker = DatasetMarker(
         batch_id=config.batch_id,
         schema_version=DATASET_SCHEMA_VERSION,
@@ -245,7 +241,7 @@ def publish_dataset(
         committed_at=time.time() if now is None else now,
     )
     try:
-        store.write_once(DATASET_MARKER, marker.to_json().encode("utf-8"))
+        store.write_once(layout.DATASET_MARKER, marker.to_json().encode("utf-8"))
     except ObjectConflictError:
         winner = read_dataset_marker(store)
         if winner is None or not winner.same_content(marker):
@@ -279,5 +275,5 @@ class _PartWriter:
     def _write(self, rows: Sequence[DatasetRow]) -> None:
         sink = pa.BufferOutputStream()
         pq.write_table(DatasetRow.to_table(rows), sink, compression="zstd", use_dictionary=_DICTIONARY_COLUMNS)
-        written = self.store.write_once(part_path(len(self.parts)), sink.getvalue().to_pybytes())
+        written = self.store.write_once(layout.dataset_part(len(self.parts)), sink.getvalue().to_pybytes())
         self.parts.append(DatasetFile.of(written, rows=len(rows)))

@@ -50,6 +50,16 @@ def shard_marker(shard: int) -> str:
     return f"{ledger_shard_dir(shard)}/{MARKER_NAME}"
 
 
+DATASET_DIR = "dataset"
+DATASET_MARKER = f"{DATASET_DIR}/{MARKER_NAME}"
+DATASET_METRICS = f"{DATASET_DIR}/metrics.json"
+DATASET_CARD = f"{DATASET_DIR}/README.md"
+
+
+def dataset_part(index: int) -> str:
+    return f"{DATASET_DIR}/part-{index:05d}.parquet"
+
+
 def attempt_of(path: str) -> int:
     """The attempt number encoded in a staging or ledger object path."""
     match = _ATTEMPT_IN_PATH.search("/" + path)

@@ -12,15 +12,12 @@ from tasks.finalize import publish as publish_module
 from tasks.finalize.dataset import DatasetRow
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.finalize.publish import (
-    CARD_FILE,
-    DATASET_MARKER,
-    METRICS_FILE,
     MalformedDatasetMarkerError,
-    part_path,
     publish_dataset,
     read_dataset_marker,
     read_dataset_part,
 )
+from tasks.storage import layout
 from tasks.storage.errors import SegmentChecksumMismatchError
 from tasks.storage.objects import ObjectConflictError, ObjectStore
 
@@ -38,7 +35,7 @@ def test_publish_writes_bounded_parts_metrics_card_and_marker(store):
     published = publish_dataset(store, iter(groups), config=config, rows_per_part=5)
     marker = published.marker
     assert published.created
-    assert [p.path for p in marker.parts] == [part_path(i) for i in range(3)]
+    assert [p.path for p in marker.parts] == [layout.dataset_part(i) for i in range(3)]
     assert [p.rows for p in marker.parts] == [5, 5, 2]
     assert (marker.rows, marker.trainable_rows, marker.groups) == (12, 10, 3)
     assert marker.config["batch_id"] == config.batch_id and marker.config["on_invalid"] == "mask"
@@ -47,7 +44,7 @@ def test_publish_writes_bounded_parts_metrics_card_and_marker(store):
     rows = published_rows(store)
     assert [(r.group_id, r.rollout_id) for r in rows] == sorted((r.group_id, r.rollout_id) for r in rows)
     assert rows == [row for g in groups for row in g.rows]
-    assert json.loads(store.read_bytes(METRICS_FILE))["rows"] == 12
+    assert json.loads(store.read_bytes(layout.DATASET_METRICS))["rows"] == 12
 
 
 def test_marker_is_the_last_object_written(tmp_path):
@@ -60,7 +57,7 @@ def test_marker_is_the_last_object_written(tmp_path):
 
     store = RecordingStore(str(tmp_path / "batch"))
     publish_dataset(store, mixed_groups(batch_config()), config=batch_config(), rows_per_part=4)
-    assert written[-3:] == [METRICS_FILE, CARD_FILE, DATASET_MARKER]
+    assert written[-3:] == [layout.DATASET_METRICS, layout.DATASET_CARD, layout.DATASET_MARKER]
 
 
 def test_published_batch_is_not_finalized_again(store):
@@ -86,7 +83,7 @@ def test_rerun_after_a_crash_before_the_marker_completes_the_dataset(tmp_path):
 
     with pytest.raises(RuntimeError, match="worker died"):
         publish_dataset(store, crashing(), config=config, rows_per_part=4)
-    assert read_dataset_marker(store) is None and store.exists(part_path(0))
+    assert read_dataset_marker(store) is None and store.exists(layout.dataset_part(0))
     published = publish_dataset(store, groups, config=config, rows_per_part=4)
     assert published.created and published.marker.rows == 12
 
@@ -108,7 +105,7 @@ def test_concurrent_publisher_that_lost_the_marker_race_returns_the_winner(tmp_p
 
 def test_different_content_under_an_uncommitted_part_is_a_conflict(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
-    store.write_once(part_path(0), b"left by another run")
+    store.write_once(layout.dataset_part(0), b"left by another run")
     with pytest.raises(ObjectConflictError, match=r"part-00000\.parquet"):
         publish_dataset(store, mixed_groups(batch_config()), config=batch_config())
 
@@ -123,7 +120,7 @@ def test_dataset_without_rows_still_has_one_loadable_part(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
     config = batch_config(on_invalid="drop")
     marker = publish_dataset(store, [], config=config).marker
-    assert [(p.path, p.rows) for p in marker.parts] == [(part_path(0), 0)]
+    assert [(p.path, p.rows) for p in marker.parts] == [(layout.dataset_part(0), 0)]
     assert read_dataset_part(store, marker.parts[0]).num_rows == 0
 
 
@@ -148,7 +145,7 @@ def test_tampered_part_fails_its_checksum(tmp_path):
 
 def test_malformed_marker_is_refused_with_its_reason(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
-    store.write_once(DATASET_MARKER, b'{"batch_id": "x"}')
+    store.write_once(layout.DATASET_MARKER, b'{"batch_id": "x"}')
     with pytest.raises(MalformedDatasetMarkerError, match=r"_COMMITTED\.json cannot be trusted") as caught:
         read_dataset_marker(store)
     assert caught.value.reason == "malformed_marker"
@@ -158,8 +155,8 @@ def test_marker_round_trips_through_json(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
     marker = publish_dataset(store, mixed_groups(batch_config()), config=batch_config()).marker
     assert read_dataset_marker(store) == marker
-    raw = json.loads(store.read_bytes(DATASET_MARKER))
-    assert raw["metrics"]["path"] == METRICS_FILE and raw["schema_version"] == 1
+    raw = json.loads(store.read_bytes(layout.DATASET_MARKER))
+    assert raw["metrics"]["path"] == layout.DATASET_METRICS and raw["schema_version"] == 1
 
 
 def test_metrics_and_card_describe_the_batch_and_the_audit(tmp_path):
@@ -168,9 +165,9 @@ def test_metrics_and_card_describe_the_batch_and_the_audit(tmp_path):
     metrics.add_ledger(calls=30, token_in_calls=18, failure_reasons={"staging_write_failed": 1})
     audit = {"sampled_tokens": 40, "mean_abs_logprob_diff": 0.0012}
     publish_dataset(store, mixed_groups(batch_config()), config=batch_config(), metrics=metrics, audit=audit)
-    written = json.loads(store.read_bytes(METRICS_FILE))
+    written = json.loads(store.read_bytes(layout.DATASET_METRICS))
     assert written["audit"] == audit and written["failure_reasons_by_prefix"] == {"staging": 1}
-    card = store.read_bytes(CARD_FILE).decode()
+    card = store.read_bytes(layout.DATASET_CARD).decode()
     assert "| `capture_poisoned` | 1 |" in card and "| `missing_receipt` | 1 |" in card
     assert 'load_dataset("parquet", data_files=f"{batch}/dataset/part-*.parquet"' in card
     assert "## Logprob audit" in card and "| mean_abs_logprob_diff | 0.0012 |" in card
@@ -180,7 +177,7 @@ def test_metrics_and_card_describe_the_batch_and_the_audit(tmp_path):
 def test_parts_are_plain_parquet_with_the_row_schema(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
     publish_dataset(store, mixed_groups(batch_config()), config=batch_config())
-    table = pq.read_table(tmp_path / "batch" / part_path(0))
+    table = pq.read_table(tmp_path / "batch" / layout.dataset_part(0))
     assert table.schema.field("input_ids").type == pa.list_(pa.int32())
     assert table.schema.field("weight_version_spans").type.value_type.names == [
         "call_id",
