@@ -29,7 +29,8 @@ from tasks.capture.records import StagedDelta
 from tasks.capture.splice import ChatPromptBuilder, splice_chat_prompt
 from tasks.models.bundled import load_bundled_tokenizer
 from tasks.storage.objects import ObjectStore
-from tasks.storage.staging import CommitCoordinates, StagedReader, StagingWriter
+from tasks.storage.staged_reader import StagedReader
+from tasks.storage.staging import CommitCoordinates, StagingWriter
 
 TARGET_RATIO = 1.5
 EARLY_TURN = 4

@@ -31,7 +31,8 @@ from tasks.storage import layout
 from tasks.storage.ledger import LedgerWriter, recover_earlier_attempts
 from tasks.storage.marker import ShardMarker, read_marker
 from tasks.storage.objects import ObjectStore
-from tasks.storage.staging import StagedReader, StagingWriter
+from tasks.storage.staged_reader import StagedReader
+from tasks.storage.staging import StagingWriter
 from tasks.storage.sweep import sweep_orphans
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,12 @@ MODES = ("text", "token_in")
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _U64 = struct.Struct(">Q")
 _LENGTHS = struct.Struct(">QQQQ")
+# Values already in their wire byte order (``>u8`` ids, ``>f4`` floats), hashed as they are.
+WireBuffer = bytes | memoryview | np.ndarray
 _U64_MAX = 2**64 - 1
+_CALL_HEAD = CALL_DOMAIN + struct.pack(">BBB", SCHEMA_VERSION, DIGEST_VERSION, EXTRAS_DIGEST_VERSION)
+_ROOT_LINK = CHAIN_DOMAIN + b"\x00"
+_CHILD_LINK = CHAIN_DOMAIN + b"\x01"
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
@@ -120,10 +125,6 @@ def _opt_digest(value: str | None) -> bytes:
     return b"\x00" if value is None else b"\x01" + bytes.fromhex(value)
 
 
-def _framed(blob: bytes) -> bytes:
-    return _u64(len(blob)) + blob
-
-
 def encode_token_list(ids: np.ndarray) -> bytes:
     """``>Q`` count + ``>Q`` per id, for an already checked uint64 array."""
     return _u64(ids.size) + ids.astype(">u8", copy=False).tobytes()
@@ -187,10 +188,17 @@ def hash_token_ids(ids: Sequence[int] | np.ndarray) -> str:
 
 def cumulative_hash_of_parts(*parts: np.ndarray) -> str:
     """Cumulative hash of the concatenation of checked uint64 arrays, streamed without joining them."""
+    return cumulative_hash_of_encoded(
+        sum(part.size for part in parts), *(part.astype(">u8", copy=False) for part in parts)
+    )
+
+
+def cumulative_hash_of_encoded(count: int, *parts: WireBuffer) -> str:
+    """Cumulative hash of ``count`` ids given as big-endian (``>u8``) buffers, in order."""
     hasher = hashlib.sha256(PREFIX_DOMAIN)
-    hasher.update(_u64(sum(part.size for part in parts)))
+    hasher.update(_u64(count))
     for part in parts:
-        hasher.update(part.astype(">u8", copy=False))
+        hasher.update(part)
     return hasher.hexdigest()
 
 
@@ -203,8 +211,15 @@ def chain_hash(parent_chain_hash: str | None, delta_ids: Sequence[int] | np.ndar
 
 def chain_hash_of_checked(parent_chain_hash: str | None, ids: np.ndarray) -> str:
     """Chain hash for an already checked parent hash and uint64 delta ids."""
-    link = b"\x00" if parent_chain_hash is None else b"\x01" + bytes.fromhex(parent_chain_hash)
-    return hashlib.sha256(CHAIN_DOMAIN + link + encode_token_list(ids)).hexdigest()
+    return chain_hash_of_encoded(parent_chain_hash, ids.size, ids.astype(">u8", copy=False))
+
+
+def chain_hash_of_encoded(parent_chain_hash: str | None, count: int, ids: WireBuffer) -> str:
+    """Chain hash for a checked parent hash and ``count`` delta ids as a big-endian buffer."""
+    link = _ROOT_LINK if parent_chain_hash is None else _CHILD_LINK + bytes.fromhex(parent_chain_hash)
+    hasher = hashlib.sha256(link + _u64(count))
+    hasher.update(ids)
+    return hasher.hexdigest()
 
 
 def check_call_shape(
@@ -343,18 +358,58 @@ def digest_of_checked_call(
     Verifiers use it to recompute the digest of a stored row exactly as stored, so a
     malformed row yields a mismatch rather than an exception.
     """
+    return digest_of_encoded_call(
+        rollout_id=rollout_id,
+        call_id=call_id,
+        parent_call_id=parent_call_id,
+        mode=mode,
+        lengths=(prev_len, delta_len, cum_len, weight_version),
+        count=ids.size,
+        ids=ids.astype(">u8", copy=False),
+        mask=mask.astype(">f4", copy=False),
+        logprobs=logprobs.astype(">f4", copy=False),
+        extras_digest=extras_digest,
+        chain_hash=chain_hash,
+        cumulative_hash=cumulative_hash,
+    )
+
+
+def digest_of_encoded_call(
+    *,
+    rollout_id: str,
+    call_id: str,
+    parent_call_id: str | None,
+    mode: str,
+    lengths: tuple[int, int, int, int],
+    count: int,
+    ids: WireBuffer,
+    mask: WireBuffer,
+    logprobs: WireBuffer,
+    extras_digest: str,
+    chain_hash: str | None,
+    cumulative_hash: str | None,
+) -> str:
+    """The one encoder of the call digest: checked scalars, ``count`` list entries as wire buffers.
+
+    ``lengths`` is ``(prev_len, delta_len, cum_len, weight_version)``; ``ids`` holds ``>u8``
+    and ``mask`` / ``logprobs`` ``>f4`` values. Single rows and batched verifiers both end here.
+    """
+    floats = _u64(8 + 4 * count) + _u64(count)
     blob = b"".join(
         (
-            CALL_DOMAIN,
-            struct.pack(">BBB", SCHEMA_VERSION, DIGEST_VERSION, EXTRAS_DIGEST_VERSION),
+            _CALL_HEAD,
             _text(rollout_id),
             _text(call_id),
             _opt_text(parent_call_id),
             _text(mode),
-            _LENGTHS.pack(prev_len, delta_len, cum_len, weight_version),
-            _framed(encode_token_list(ids)),
-            _framed(encode_float_list(mask)),
-            _framed(encode_float_list(logprobs)),
+            _LENGTHS.pack(*lengths),
+            _u64(8 + 8 * count),
+            _u64(count),
+            ids,
+            floats,
+            mask,
+            floats,
+            logprobs,
             bytes.fromhex(extras_digest),
             _opt_digest(chain_hash),
             _opt_digest(cumulative_hash),

@@ -59,6 +59,35 @@ def _read_only(fresh: np.ndarray) -> np.ndarray:
     return fresh
 
 
+def _id_array(values: Any, *, field: str) -> np.ndarray:
+    """Token ids as a flat uint64 array, values unchecked (see :func:`_check_id_range`)."""
+    if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype.kind in "iu":
+        if values.dtype.itemsize == 8:
+            return values.view(np.uint64)
+        return values.astype(np.int64).view(np.uint64)
+    return dg.token_array(values, field=field)
+
+
+def _check_id_range(ids: np.ndarray, *, field: str) -> None:
+    """Every id of a uint64 view is a valid int64 token id (negatives wrapped past int64)."""
+    if ids.size and int(ids.max()) > _I64_MAX:
+        raise ValueError(f"{field} holds a token id outside [0, 2**63) (a negative id, or one past int64)")
+
+
+def _finite_float32(values: Any, *, field: str) -> np.ndarray:
+    """Values as float32, refusing non-numbers and NaN/inf before or after the cast."""
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"{field} must be a flat list of floats, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "fiu":
+        raise TypeError(f"{field} must hold numbers, got dtype {arr.dtype}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = arr.astype(np.float32)
+    if out.size and not np.isfinite(out).all():
+        raise ValueError(f"{field} holds NaN or infinity, or a value that overflows float32")
+    return out
+
+
 def _extras_fields(extras: Any) -> tuple[str, str]:
     """(canonical JSON, extras digest) of a call's extras; ``None`` is the common, precomputed case."""
     if extras is None:
@@ -185,10 +214,10 @@ class StagedDelta(ArrowRecord):
         are derived from checked values, so the result satisfies ``__post_init__``'s
         invariants by construction and is not re-validated.
         """
-        prefix = dg.token_array(prefix_token_ids, field="prefix_token_ids")
-        prompt = dg.token_array(prompt_token_ids, field="prompt_token_ids")
-        generated = dg.token_array(generated_token_ids, field="generated_token_ids")
-        sampled_logprobs = dg.float32_array(generated_logprobs, field="generated_logprobs")
+        prefix = _id_array(prefix_token_ids, field="prefix_token_ids")
+        prompt = _id_array(prompt_token_ids, field="prompt_token_ids")
+        generated = _id_array(generated_token_ids, field="generated_token_ids")
+        sampled_logprobs = _finite_float32(generated_logprobs, field="generated_logprobs")
         if sampled_logprobs.size != generated.size:
             raise ValueError(
                 f"generated_logprobs has {sampled_logprobs.size} entries for {generated.size} generated tokens"
@@ -202,21 +231,40 @@ class StagedDelta(ArrowRecord):
             )
         if parent_chain_hash is not None:
             dg.check_hex_digest(parent_chain_hash, field="parent_chain_hash")
+        # The prompt starts with the prefix, so these two checks cover every id of the sequence.
+        _check_id_range(prompt, field="prompt_token_ids")
+        _check_id_range(generated, field="generated_token_ids")
         carry = prompt[prefix.size :]
         ids = np.concatenate([carry, generated])
         if ids.size == 0:
             raise ValueError(f"call {call_id} has an empty delta: no new prompt tokens and no generation")
-        if int(ids.max()) > _I64_MAX:
-            raise ValueError(f"call {call_id} holds a token id past int64")
         mask = np.zeros(ids.size, np.float32)
         mask[carry.size :] = 1.0
         delta_logprobs = np.zeros(ids.size, np.float32)
         delta_logprobs[carry.size :] = sampled_logprobs
         prev_len, delta_len = int(prefix.size), int(ids.size)
+        cum_len = prev_len + delta_len
         mode = "text" if parent_call_id is None else "token_in"
+        weight_version = dg.check_u64(weight_version, field="weight_version")
         extras_json, extras_digest = _extras_fields(extras)
-        chain = dg.chain_hash_of_checked(parent_chain_hash, ids)
-        cumulative = dg.cumulative_hash_of_parts(prefix, ids)
+        # Each list is converted to its wire byte order once; every hash reads those buffers.
+        wire_ids = ids.astype(">u8")
+        chain = dg.chain_hash_of_encoded(parent_chain_hash, delta_len, wire_ids)
+        cumulative = dg.cumulative_hash_of_encoded(cum_len, prompt.astype(">u8"), generated.astype(">u8"))
+        digest = dg.digest_of_encoded_call(
+            rollout_id=rollout_id,
+            call_id=call_id,
+            parent_call_id=parent_call_id,
+            mode=mode,
+            lengths=(prev_len, delta_len, cum_len, weight_version),
+            count=delta_len,
+            ids=wire_ids,
+            mask=mask.astype(">f4"),
+            logprobs=delta_logprobs.astype(">f4"),
+            extras_digest=extras_digest,
+            chain_hash=chain,
+            cumulative_hash=cumulative,
+        )
         delta = object.__new__(cls)
         fields = {
             "schema_version": dg.SCHEMA_VERSION,
@@ -229,8 +277,8 @@ class StagedDelta(ArrowRecord):
             "mode": mode,
             "prev_len": prev_len,
             "delta_len": delta_len,
-            "cum_len": prev_len + delta_len,
-            "weight_version": dg.check_u64(weight_version, field="weight_version"),
+            "cum_len": cum_len,
+            "weight_version": weight_version,
             "token_ids_delta": _read_only(ids.view(np.int64)),
             "token_mask_delta": _read_only(mask),
             "logprobs_delta": _read_only(delta_logprobs),
@@ -238,22 +286,7 @@ class StagedDelta(ArrowRecord):
             "extras_digest": extras_digest,
             "chain_hash": chain,
             "cumulative_hash": cumulative,
-            "digest": dg.digest_of_checked_call(
-                rollout_id=rollout_id,
-                call_id=call_id,
-                parent_call_id=parent_call_id,
-                mode=mode,
-                prev_len=prev_len,
-                delta_len=delta_len,
-                cum_len=prev_len + delta_len,
-                weight_version=weight_version,
-                ids=ids,
-                mask=mask,
-                logprobs=delta_logprobs,
-                extras_digest=extras_digest,
-                chain_hash=chain,
-                cumulative_hash=cumulative,
-            ),
+            "digest": digest,
             "finish_reason": finish_reason,
             "temperature": float(temperature),
             "top_p": float(top_p),

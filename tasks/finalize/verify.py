@@ -45,7 +45,8 @@ from tasks.schema import SchemaMismatchError
 from tasks.storage.errors import SegmentChecksumMismatchError, StorageIntegrityError, UncommittedShardError
 from tasks.storage.ledger import LedgerReader, RolloutBundle
 from tasks.storage.objects import ObjectStore
-from tasks.storage.staging import CommitCoordinates, StagedReader
+from tasks.storage.staged_reader import StagedReader
+from tasks.storage.staging import CommitCoordinates
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ from tasks.capture import digest as dg
 from tasks.capture.records import StagedDelta
 from tasks.storage.ledger import LedgerReader
 from tasks.storage.objects import ObjectStore
-from tasks.storage.staging import CommitCoordinates, StagedReader
+from tasks.storage.staged_reader import StagedReader
+from tasks.storage.staging import CommitCoordinates
 
 
 def verified_sequences(store: ObjectStore, shard: int) -> dict[str, list[StagedDelta]]:

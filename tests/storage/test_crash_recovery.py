@@ -18,7 +18,8 @@ from tasks.storage.errors import UncommittedShardError
 from tasks.storage.ledger import LedgerReader, LedgerWriter, RolloutBundle, recover_earlier_attempts
 from tasks.storage.marker import read_marker
 from tasks.storage.objects import ObjectStore
-from tasks.storage.staging import CommitCoordinates, StagedReader
+from tasks.storage.staged_reader import StagedReader
+from tasks.storage.staging import CommitCoordinates
 from tasks.storage.sweep import sweep_orphans
 
 from ._writer_process import BATCH, WriterProcess, run_attempt

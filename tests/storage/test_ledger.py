@@ -39,7 +39,8 @@ from tasks.storage.marker import (
     write_marker,
 )
 from tasks.storage.objects import ObjectConflictError, ObjectStore, sha256_hex
-from tasks.storage.staging import CommitCoordinates, StagedReader
+from tasks.storage.staged_reader import StagedReader
+from tasks.storage.staging import CommitCoordinates
 
 from ._writer_process import BATCH, make_call, make_chain, make_failure, make_receipt, run_attempt
 

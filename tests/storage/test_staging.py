@@ -26,7 +26,8 @@ from tasks.storage.errors import (
 )
 from tasks.storage.layout import staging_segment
 from tasks.storage.objects import ObjectStore, WrittenObject, sha256_hex
-from tasks.storage.staging import CommitCoordinates, StagedReader, StagingWriter
+from tasks.storage.staged_reader import StagedReader
+from tasks.storage.staging import CommitCoordinates, StagingWriter
 
 NEVER_MS = 3_600_000.0  # a delay threshold that never fires within a test
 

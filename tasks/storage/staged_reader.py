@@ -1,0 +1,161 @@
+"""The staged reader: fetches staged rows back by staging key, one read per segment (ARCHITECTURE 5, 8).
+
+Invariant: rows come back only from segments whose bytes match the committed sha256 (when
+given) and whose schema is the :class:`StagedDelta` schema, and only when the row at the
+coordinates holds the requested ``rollout_id/call_id``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tasks.capture.records import StagedDelta
+from tasks.schema import SchemaMismatchError
+from tasks.storage.errors import (
+    CallIdMismatchError,
+    DuplicateStagingKeyError,
+    MissingStagingRowError,
+    SegmentChecksumMismatchError,
+    StagingKeyMismatchError,
+    StorageIntegrityError,
+)
+from tasks.storage.objects import ObjectStore, sha256_hex
+from tasks.storage.staging import CommitCoordinates
+
+DEFAULT_CACHED_SEGMENTS = 4
+
+
+class StagedReader:
+    """Fetches staged rows by ``(staging_key, coordinates)``, one read per segment.
+
+    ``segment_sha256`` maps segment paths to the sha256 a commit marker recorded; when given,
+    only those segments are read and each must match. Parsed segments are kept in a small
+    LRU across calls (``cached_segments``, 0 disables it).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        segment_sha256: Mapping[str, str] | None = None,
+        cached_segments: int = DEFAULT_CACHED_SEGMENTS,
+    ) -> None:
+        self._store = store
+        self._segment_sha256 = dict(segment_sha256) if segment_sha256 is not None else None
+        self._cached_segments = cached_segments
+        self._cache: OrderedDict[str, pa.Table] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def fetch(self, requests: Sequence[tuple[str, CommitCoordinates]]) -> pa.Table:
+        """The requested rows, in request order, as a table with the :class:`StagedDelta` schema.
+
+        Raises :class:`DuplicateStagingKeyError`, :class:`MissingStagingRowError`,
+        :class:`SegmentChecksumMismatchError`, :class:`StagingKeyMismatchError` or
+        :class:`CallIdMismatchError`, each naming the key, segment and row.
+        """
+        schema = StagedDelta.arrow_schema()
+        if not requests:
+            return schema.empty_table()
+        seen: set[str] = set()
+        by_segment: dict[str, list[int]] = {}
+        for position, (key, coords) in enumerate(requests):
+            if key.count("/") != 1:
+                raise ValueError(f"staging key {key!r} is not of the form rollout_id/call_id")
+            if key in seen:
+                raise DuplicateStagingKeyError(f"staging key {key} is requested twice")
+            seen.add(key)
+            by_segment.setdefault(coords.segment, []).append(position)
+        parts: list[pa.Table] = []
+        order: list[int] = []
+        for segment, positions in by_segment.items():
+            table = self._segment(segment)
+            rows = [requests[p][1].row for p in positions]
+            for position, row in zip(positions, rows, strict=True):
+                if not 0 <= row < table.num_rows:
+                    key = requests[position][0]
+                    raise MissingStagingRowError(
+                        f"staging key {key}: row {row} is past the {table.num_rows} rows of segment {segment}"
+                    )
+            part = table.take(pa.array(rows, type=pa.int64()))
+            _check_keys(part, [requests[p][0] for p in positions], segment, rows)
+            parts.append(part)
+            order.extend(positions)
+        combined = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        if order != sorted(order):
+            combined = combined.take(pa.array(np.argsort(np.asarray(order), kind="stable")))
+        return combined
+
+    def fetch_records(self, requests: Sequence[tuple[str, CommitCoordinates]]) -> list[StagedDelta]:
+        """The requested rows as validated :class:`StagedDelta` records, in request order."""
+        return StagedDelta.from_table(self.fetch(requests), source="staged rows")
+
+    def fetch_token_ids(self, requests: Sequence[tuple[str, CommitCoordinates]]) -> list[np.ndarray]:
+        """Each requested row's ``token_ids_delta`` as a read-only int64 array, in request order."""
+        column = self.fetch(requests).column("token_ids_delta").combine_chunks()
+        offsets = column.offsets.to_numpy()
+        flat = column.flatten().to_numpy(zero_copy_only=False)
+        flat.flags.writeable = False
+        return np.split(flat, offsets[1:-1] - offsets[0])
+
+    def _segment(self, segment: str) -> pa.Table:
+        with self._lock:
+            table = self._cache.get(segment)
+            if table is not None:
+                self._cache.move_to_end(segment)
+                return table
+        table = self._load(segment)
+        if self._cached_segments > 0:
+            with self._lock:
+                self._cache[segment] = table
+                while len(self._cache) > self._cached_segments:
+                    self._cache.popitem(last=False)
+        return table
+
+    def _load(self, segment: str) -> pa.Table:
+        expected = None
+        if self._segment_sha256 is not None:
+            expected = self._segment_sha256.get(segment)
+            if expected is None:
+                raise MissingStagingRowError(f"segment {segment} is not named by the commit marker")
+        try:
+            data = self._store.read_bytes(segment)
+        except FileNotFoundError:
+            raise MissingStagingRowError(f"segment {segment} does not exist") from None
+        if expected is not None:
+            actual = sha256_hex(data)
+            if actual != expected:
+                raise SegmentChecksumMismatchError(
+                    f"segment {segment} has sha256 {actual}, the commit marker recorded {expected}"
+                )
+        table = pq.read_table(pa.BufferReader(data))
+        try:
+            StagedDelta.check_table(table, source=f"segment {segment}")
+        except SchemaMismatchError as exc:
+            raise StorageIntegrityError(str(exc), reason="invalid_staged_row") from exc
+        return table.select(StagedDelta.column_names()).cast(StagedDelta.arrow_schema())
+
+
+def _check_keys(part: pa.Table, keys: list[str], segment: str, rows: list[int]) -> None:
+    """Raise when a fetched row holds another rollout or call than its staging key names."""
+    requested = [key.split("/", 1) for key in keys]
+    want_rollouts = pa.array([r[0] for r in requested], type=pa.string())
+    want_calls = pa.array([r[1] for r in requested], type=pa.string())
+    rollout_ok = pc.equal(part.column("rollout_id"), want_rollouts)
+    call_ok = pc.equal(part.column("call_id"), want_calls)
+    if pc.all(pc.and_(rollout_ok, call_ok)).as_py():
+        return
+    ok_rollouts = rollout_ok.to_numpy(zero_copy_only=False)
+    ok_calls = call_ok.to_numpy(zero_copy_only=False)
+    bad = int(np.flatnonzero(~(ok_rollouts & ok_calls))[0])
+    found = f"{part.column('rollout_id')[bad].as_py()}/{part.column('call_id')[bad].as_py()}"
+    where = f"staging key {keys[bad]}: row {rows[bad]} of segment {segment} holds {found}"
+    if not ok_rollouts[bad]:
+        raise StagingKeyMismatchError(where)
+    raise CallIdMismatchError(where)
