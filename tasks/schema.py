@@ -11,6 +11,7 @@ a list<struct> column is held as a tuple of frozen dataclasses (its ``item`` cla
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Self
 
@@ -95,8 +96,7 @@ class ArrowRecord:
     def to_table(cls, records: Sequence[Self]) -> pa.Table:
         schema = cls.arrow_schema()
         arrays = []
-        for f in schema:
-            values = [getattr(r, f.name) for r in records]
+        for f, values in zip(schema, _columns(records, schema.names), strict=True):
             if _is_struct_list(f.type):
                 arrays.append(_struct_list_array(values, f.type))
             elif _is_list(f.type):
@@ -138,6 +138,13 @@ class ArrowRecord:
         return True
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _columns(records: Sequence[Any], names: list[str]) -> list[tuple[Any, ...]]:
+    """Each named attribute of every record, column by column (transposed in C, one call per row)."""
+    if len(names) == 1 or not records:
+        return [tuple(getattr(r, name) for r in records) for name in names]
+    return list(zip(*map(operator.attrgetter(*names), records), strict=True))
 
 
 def _list_array(values: Iterable[Any], arrow_type: pa.DataType) -> pa.Array:
