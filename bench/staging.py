@@ -40,9 +40,9 @@ TARGET_BYTES_PER_TOKEN = 6.0
 TARGET_DELTA_RATIO_32 = 8.0
 TARGET_THROUGHPUT_RATIO = 0.5
 HASH_FUNCTIONS = (
-    "chain_hash_of_checked",
-    "cumulative_hash_of_parts",
-    "digest_of_checked_call",
+    "chain_hash_of_encoded",
+    "cumulative_hash_of_encoded",
+    "digest_of_encoded_call",
     "compute_extras_digest",
 )
 LIST_COLUMNS = ("token_ids_delta", "token_mask_delta", "logprobs_delta")

@@ -53,6 +53,11 @@ def _check_int(value: object, *, field: str, minimum: int = 0) -> None:
 _NULL_EXTRAS = ("null", dg.compute_extras_digest(None))
 
 
+# Big-endian float32 0.0 and 1.0: the wire form of carried and sampled mask entries.
+_WIRE_ZERO = b"\x00\x00\x00\x00"
+_WIRE_ONE = b"\x3f\x80\x00\x00"
+
+
 def _read_only(fresh: np.ndarray) -> np.ndarray:
     """Freeze an array this module just allocated (no copy: nobody else holds it)."""
     fresh.flags.writeable = False
@@ -217,40 +222,37 @@ class StagedDelta(ArrowRecord):
         prefix = _id_array(prefix_token_ids, field="prefix_token_ids")
         prompt = _id_array(prompt_token_ids, field="prompt_token_ids")
         generated = _id_array(generated_token_ids, field="generated_token_ids")
-        sampled_logprobs = _finite_float32(generated_logprobs, field="generated_logprobs")
-        if sampled_logprobs.size != generated.size:
-            raise ValueError(
-                f"generated_logprobs has {sampled_logprobs.size} entries for {generated.size} generated tokens"
-            )
-        if prompt.size < prefix.size or not np.array_equal(prompt[: prefix.size], prefix):
-            raise ValueError(f"prompt of {call_id} does not start with its parent's {prefix.size} exact tokens")
-        if (parent_call_id is None) != (prefix.size == 0) or (parent_call_id is None) != (parent_chain_hash is None):
+        sampled = _finite_float32(generated_logprobs, field="generated_logprobs")
+        prev_len = prefix.size
+        if sampled.size != generated.size:
+            raise ValueError(f"generated_logprobs has {sampled.size} entries for {generated.size} generated tokens")
+        # Bytes equality: the same test as np.array_equal on equal dtypes, at half the cost.
+        if prompt.size < prev_len or prompt[:prev_len].tobytes() != prefix.tobytes():
+            raise ValueError(f"prompt of {call_id} does not start with its parent's {prev_len} exact tokens")
+        if (parent_call_id is None) != (prev_len == 0) or (parent_call_id is None) != (parent_chain_hash is None):
             raise ValueError(
                 f"call {call_id}: a root has no parent, no parent chain hash and no prefix; "
-                f"a child has all three (parent {parent_call_id!r}, prefix of {prefix.size} tokens)"
+                f"a child has all three (parent {parent_call_id!r}, prefix of {prev_len} tokens)"
             )
         if parent_chain_hash is not None:
             dg.check_hex_digest(parent_chain_hash, field="parent_chain_hash")
         # The prompt starts with the prefix, so these two checks cover every id of the sequence.
         _check_id_range(prompt, field="prompt_token_ids")
         _check_id_range(generated, field="generated_token_ids")
-        carry = prompt[prefix.size :]
-        ids = np.concatenate([carry, generated])
-        if ids.size == 0:
+        carry = prompt.size - prev_len
+        delta_len = carry + generated.size
+        if delta_len == 0:
             raise ValueError(f"call {call_id} has an empty delta: no new prompt tokens and no generation")
-        mask = np.zeros(ids.size, np.float32)
-        mask[carry.size :] = 1.0
-        delta_logprobs = np.zeros(ids.size, np.float32)
-        delta_logprobs[carry.size :] = sampled_logprobs
-        prev_len, delta_len = int(prefix.size), int(ids.size)
         cum_len = prev_len + delta_len
-        mode = "text" if parent_call_id is None else "token_in"
         weight_version = dg.check_u64(weight_version, field="weight_version")
         extras_json, extras_digest = _extras_fields(extras)
         # Each list is converted to its wire byte order once; every hash reads those buffers.
-        wire_ids = ids.astype(">u8")
+        wire_prompt = prompt.astype(">u8")
+        wire_generated = generated.astype(">u8")
+        wire_ids = wire_prompt[prev_len:].tobytes() + wire_generated.tobytes()
         chain = dg.chain_hash_of_encoded(parent_chain_hash, delta_len, wire_ids)
-        cumulative = dg.cumulative_hash_of_encoded(cum_len, prompt.astype(">u8"), generated.astype(">u8"))
+        cumulative = dg.cumulative_hash_of_encoded(cum_len, wire_prompt, wire_generated)
+        mode = "text" if parent_call_id is None else "token_in"
         digest = dg.digest_of_encoded_call(
             rollout_id=rollout_id,
             call_id=call_id,
@@ -259,12 +261,17 @@ class StagedDelta(ArrowRecord):
             lengths=(prev_len, delta_len, cum_len, weight_version),
             count=delta_len,
             ids=wire_ids,
-            mask=mask.astype(">f4"),
-            logprobs=delta_logprobs.astype(">f4"),
+            mask=_WIRE_ZERO * carry + _WIRE_ONE * generated.size,
+            logprobs=_WIRE_ZERO * carry + sampled.astype(">f4").tobytes(),
             extras_digest=extras_digest,
             chain_hash=chain,
             cumulative_hash=cumulative,
         )
+        ids = np.frombuffer(wire_ids, dtype=">i8").astype(np.int64)
+        mask = np.zeros(delta_len, np.float32)
+        mask[carry:] = 1.0
+        logprobs = np.zeros(delta_len, np.float32)
+        logprobs[carry:] = sampled
         delta = object.__new__(cls)
         fields = {
             "schema_version": dg.SCHEMA_VERSION,
@@ -279,9 +286,9 @@ class StagedDelta(ArrowRecord):
             "delta_len": delta_len,
             "cum_len": cum_len,
             "weight_version": weight_version,
-            "token_ids_delta": _read_only(ids.view(np.int64)),
+            "token_ids_delta": _read_only(ids),
             "token_mask_delta": _read_only(mask),
-            "logprobs_delta": _read_only(delta_logprobs),
+            "logprobs_delta": _read_only(logprobs),
             "extras_json": extras_json,
             "extras_digest": extras_digest,
             "chain_hash": chain,
