@@ -25,6 +25,7 @@ RECEIPT_STATUSES = ("ok", "poisoned", "failed")
 TERMINAL_SELECTIONS = ("declared", "response_id", "content", "heuristic")
 LOGPROBS_MODES = ("processed",)
 _I64_MAX = 2**63 - 1
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def canonical_json(value: Any) -> str:
@@ -80,17 +81,22 @@ def _check_id_range(ids: np.ndarray, *, field: str) -> None:
 
 
 def _finite_float32(values: Any, *, field: str) -> np.ndarray:
-    """Values as float32, refusing non-numbers and NaN/inf before or after the cast."""
+    """Values as float32 (float32 input as is), refusing non-numbers, NaN/inf and float32 overflow."""
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"{field} must be a flat list of floats, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind not in "fiu":
+    if not arr.size or arr.dtype == np.float32:
+        if arr.size and not np.isfinite(arr).all():
+            raise ValueError(f"{field} holds NaN or infinity")
+        return arr.astype(np.float32, copy=False)
+    if arr.dtype.kind not in "fiu":
         raise TypeError(f"{field} must hold numbers, got dtype {arr.dtype}")
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = arr.astype(np.float32)
-    if out.size and not np.isfinite(out).all():
-        raise ValueError(f"{field} holds NaN or infinity, or a value that overflows float32")
-    return out
+    # Checked before the cast, so the cast itself can neither warn nor overflow.
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{field} holds NaN or infinity")
+    if float(np.abs(arr).max()) > _F32_MAX:
+        raise ValueError(f"{field} holds a value that overflows float32")
+    return arr.astype(np.float32)
 
 
 def _extras_fields(extras: Any) -> tuple[str, str]:
