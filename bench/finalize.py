@@ -7,8 +7,11 @@ separate processes so memory is measured alone:
 * raw scan: ``pyarrow.parquet.read_table`` of every staging segment (all columns);
 * finalize: ``finalize_batch`` (every digest recomputed, every chain walked, dataset written).
 
-Prints finalize tokens/s ÷ raw scan tokens/s (target >= 0.3), the share of finalize time spent
-hashing, and finalize peak RSS (target <= 1.5 GB).
+Prints finalize tokens/s ÷ raw scan tokens/s (target >= 0.3), the share of finalize wall time
+spent in the hashing functions (they run on the verifying thread while other threads read and
+write), and finalize peak RSS (target <= 1.5 GB). ``--keep DIR`` builds into ``DIR``, or reuses
+the batch an earlier run built there for the same ``--tokens``/``--shards`` (resetting its dataset
+output, so finalize runs again).
 
     python bench/finalize.py [--tokens 1e8] [--shards 40] [--keep DIR]
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,6 +38,7 @@ TARGET_RSS_GB = 1.5
 TURNS = 8
 CARRY, SAMPLED = 50, 200
 VOCAB = 49152
+BUILT = "bench-build.json"  # what build() staged under a --keep directory, for the next run to reuse
 
 
 def build(root: str, tokens: float, shards: int) -> dict:
@@ -133,6 +138,19 @@ def build(root: str, tokens: float, shards: int) -> dict:
     return {"batch_id": config.batch_id, "tokens": staged_tokens, "rollouts": rollouts}
 
 
+def reuse(root: str, tokens: float, shards: int) -> dict | None:
+    """The batch an earlier run built under ``root`` for the same request, its dataset output removed; None if none."""
+    try:
+        built = json.loads(Path(root, BUILT).read_text())
+    except FileNotFoundError:
+        return None
+    if built.pop("requested") != [tokens, shards]:
+        raise SystemExit(f"{root} holds a batch built for other --tokens/--shards; use another --keep directory")
+    shutil.rmtree(Path(root, "batches", built["batch_id"], "dataset"), ignore_errors=True)
+    print(f"reusing the batch built under {root} ({built['tokens']:,} tokens); its dataset output was reset")
+    return built
+
+
 def measure_raw_scan(root: str, batch_id: str) -> dict:
     import pyarrow.parquet as pq
 
@@ -200,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=float, default=1e8)
     parser.add_argument("--shards", type=int, default=40)
-    parser.add_argument("--keep", default=None, help="build into (or reuse) this directory instead of a temp one")
+    parser.add_argument(
+        "--keep", default=None, help="build into this directory instead of a temp one; reuse what it already holds"
+    )
     parser.add_argument("--measure", choices=("raw", "finalize"), help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     parser.add_argument("--batch-id", help=argparse.SUPPRESS)
@@ -211,8 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-finalize-") as tmp:
         root = args.keep or tmp
-        print(f"building ~{args.tokens:.0e} tokens of committed staging in {args.shards} shards under {root}")
-        built = build(root, args.tokens, args.shards)
+        built = reuse(root, args.tokens, args.shards) if args.keep else None
+        if built is None:
+            print(f"building ~{args.tokens:.0e} tokens of committed staging in {args.shards} shards under {root}")
+            built = build(root, args.tokens, args.shards)
+            Path(root, BUILT).write_text(json.dumps({**built, "requested": [args.tokens, args.shards]}))
         raw = in_subprocess("raw", root, built["batch_id"])
         final = in_subprocess("finalize", root, built["batch_id"])
     raw_tps = raw["tokens"] / raw["seconds"]

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar, Self
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 
 class SchemaMismatchError(ValueError):
@@ -74,6 +76,10 @@ class ArrowRecord:
     def check_table(cls, table: pa.Table, *, source: str = "table") -> None:
         """Raise :class:`SchemaMismatchError` naming every missing, extra or mistyped column."""
         expected = cls.arrow_schema()
+        if table.schema.equals(expected) and not any(
+            table.column(i).null_count for i, f in enumerate(expected) if not f.nullable
+        ):
+            return  # exactly the declared columns, in order, nulls only where allowed
         present, wanted = set(table.column_names), set(expected.names)
         problems = []
         missing = [n for n in expected.names if n not in present]
@@ -109,6 +115,26 @@ class ArrowRecord:
     def from_table(cls, table: pa.Table, *, source: str = "table") -> list[Self]:
         """Records of every row, each validated by the record's own invariants."""
         cls.check_table(table, source=source)
+        return [cls(**fields) for fields in cls._row_fields(table)]
+
+    @classmethod
+    def from_checked_table(cls, table: pa.Table) -> list[Self]:
+        """Records of a table whose schema and rows were already proved valid, without re-running ``__post_init__``.
+
+        Only for record classes whose ``__post_init__`` checks and never converts, and only for
+        tables a column-wise check (or :meth:`from_table` itself) has accepted: a record that
+        exists is well-formed, this just does not prove it a second time.
+        """
+        records = []
+        for fields in cls._row_fields(table):
+            record = object.__new__(cls)
+            record.__dict__.update(fields)  # frozen dataclass: fields are set once, here
+            records.append(record)
+        return records
+
+    @classmethod
+    def _row_fields(cls, table: pa.Table) -> Iterator[dict[str, Any]]:
+        """Each row's field values, converted as the record holds them."""
         columns: dict[str, list[Any]] = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             chunked = table.column(f.name)
@@ -120,7 +146,7 @@ class ArrowRecord:
             else:
                 columns[f.name] = chunked.to_pylist()
         names = list(columns)
-        return [cls(**dict(zip(names, row, strict=True))) for row in zip(*columns.values(), strict=True)]
+        return (dict(zip(names, row, strict=True)) for row in zip(*columns.values(), strict=True))
 
     def to_row(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
@@ -188,3 +214,29 @@ def frozen_array(values: Any, dtype: np.dtype | type) -> np.ndarray:
     arr = np.array(values, dtype=dtype, copy=True) if not isinstance(values, np.ndarray) else values.astype(dtype)
     arr.flags.writeable = False
     return arr
+
+
+# --- column-wise checks -------------------------------------------------------------------------
+# Building one record per row proves its invariants at the price of a constructor call per row.
+# These helpers let a reader prove the same invariants for a whole table with Arrow compute; a
+# table that fails (or cannot be checked) is then decoded record by record, which names the row.
+
+Column = pa.Array | pa.ChunkedArray
+
+
+def fullmatch(column: Column, pattern: re.Pattern[str]) -> Column:
+    """Per value: whether it matches ``pattern`` entirely, as ``pattern.fullmatch`` does (null stays null).
+
+    The pattern is run by RE2, so it must mean the same there (classes, repetition, alternation).
+    """
+    return pc.match_substring_regex(column, f"^(?:{pattern.pattern})$")
+
+
+def null_or(column: Column, holds: Column) -> Column:
+    """Per value: null, or ``holds`` (a condition over the same rows)."""
+    return pc.or_kleene(pc.is_null(column), holds)
+
+
+def all_hold(conditions: Iterable[Column]) -> bool:
+    """Whether every boolean column is true on every row; a null counts as false."""
+    return all(pc.all(pc.fill_null(c, False), min_count=0).as_py() for c in conditions)

@@ -1,7 +1,7 @@
 """Batch metrics of a finalized dataset (ARCHITECTURE section 8), accumulated group by group.
 
-:class:`DatasetMetrics` is fed one :class:`~tasks.finalize.dataset.GroupResult` at a time (its
-rows, stats and the verified rollouts behind them) plus, per shard, the ledger-level counts
+:class:`DatasetMetrics` is fed assembled groups (:class:`~tasks.finalize.dataset.AssembledRows`: their
+rows, stats and counts of the verified rollouts behind them) plus, per shard, the ledger-level counts
 that no rollout carries (:meth:`DatasetMetrics.add_ledger`). It holds only counters and running
 sums, so memory does not grow with the batch. :meth:`DatasetMetrics.result` is a JSON-ready
 dict; a rate whose denominator is 0 is None, never NaN.
@@ -15,9 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tasks.capture.records import TERMINAL_SELECTIONS
 from tasks.finalize import reasons
-from tasks.finalize.dataset import GroupResult
+from tasks.finalize.dataset import AssembledRows
+from tasks.finalize.runs import run_sums
 
 METRICS_VERSION = 1
 
@@ -83,29 +86,35 @@ class DatasetMetrics:
     row_lengths: _Running = field(default_factory=_Running)
     turns: _Running = field(default_factory=_Running)
 
-    def add_group(self, result: GroupResult) -> None:
-        """Count one assembled group: its planned rollouts, receipts, rows and advantage outcome."""
-        stats = result.stats
-        self.groups += 1
-        self.planned_rollouts += stats.planned
-        self.invalid_reasons.update(dict(stats.invalid_reasons))
-        self.advantage_outcomes[stats.advantage_outcome] += 1
-        if stats.weight_version is not None:
-            self.group_weight_versions[stats.weight_version] += 1
-        for rollout in result.rollouts:
-            self.receipts += 1
-            self.epoch_span_count += rollout.epoch_span_count
-            self.terminal_selections[rollout.terminal_selection or "none"] += 1
-        for row in result.rows:
-            self.rows += 1
-            self.tokens += row.input_ids.size
-            self.row_lengths.add(row.input_ids.size)
-            if row.sample_mask == 1:
-                self.trainable_rows += 1
-                self.sampled_tokens += int(row.loss_mask.sum())
-                self.truncated_rows += row.truncated
-                self.rewards.add(float(row.reward))
-                self.turns.add(row.num_turns)
+    def add_groups(self, assembled: AssembledRows) -> None:
+        """Count assembled groups: planned rollouts and outcomes, the verified rollouts behind them, rows."""
+        for stats in assembled.groups:
+            self.groups += 1
+            self.planned_rollouts += stats.planned
+            self.invalid_reasons.update(dict(stats.invalid_reasons))
+            self.advantage_outcomes[stats.advantage_outcome] += 1
+            if stats.weight_version is not None:
+                self.group_weight_versions[stats.weight_version] += 1
+        self.receipts += assembled.receipts
+        self.epoch_span_count += assembled.epoch_span_count
+        self.terminal_selections.update(dict(assembled.terminal_selections))
+        table = assembled.table
+        mask = table.column("loss_mask").combine_chunks()
+        starts = mask.offsets.to_numpy()  # into mask.values, which a sliced array holds in full
+        lengths = np.diff(starts)
+        sampled = run_sums(mask.values.to_numpy()[starts[0] :], starts - starts[0])  # loss_mask sum per row
+        trainable = table.column("sample_mask").to_numpy() == 1
+        self.rows += table.num_rows
+        self.tokens += int(lengths.sum())
+        for length in lengths.tolist():
+            self.row_lengths.add(length)
+        self.trainable_rows += int(trainable.sum())
+        self.sampled_tokens += int(sampled[trainable].sum())
+        self.truncated_rows += int(table.column("truncated").to_numpy()[trainable].sum())
+        for reward in table.column("reward").filter(trainable).to_pylist():
+            self.rewards.add(float(reward))
+        for turns in table.column("num_turns").filter(trainable).to_pylist():
+            self.turns.add(turns)
 
     def add_ledger(self, *, calls: int, token_in_calls: int, failure_reasons: Mapping[str, int]) -> None:
         """Count one committed shard's ledger: all call records, those admitted ``token_in``, failure rows by reason."""

@@ -8,7 +8,8 @@ Under the batch directory::
     dataset/_COMMITTED.json          the marker: every file above with size and sha256, counts,
                                      schema version and the batch config; written last
 
-Groups are streamed: at most one part plus one group of rows is held in memory. Every object
+Assembled groups are streamed (a shard's at a time when finalizing): besides the rows being added,
+at most one part is buffered and one is being written, in a background thread. Every object
 is created once, so a crashed run that is repeated rewrites identical bytes (no-ops) and then
 commits. A batch whose marker exists is not published again: :func:`publish_dataset` returns
 the committed summary without reading its groups. Readers trust only what the marker names
@@ -21,16 +22,20 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.config import BatchConfig
 from tasks.finalize.card import render_card
-from tasks.finalize.dataset import DATASET_SCHEMA_VERSION, DatasetRow, GroupResult
+from tasks.finalize.dataset import DATASET_SCHEMA_VERSION, AssembledRows, DatasetRow
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.ids import check_id
 from tasks.storage import layout
@@ -163,14 +168,14 @@ def read_dataset_part(store: ObjectStore, part: DatasetFile) -> pa.Table:
             f"{store.url}/{part.path}: {len(data)} bytes with sha256 {sha256_hex(data)[:12]}, "
             f"the marker names {part.size} bytes with sha256 {part.sha256[:12]}"
         )
-    table = pq.read_table(pa.BufferReader(data))
+    table = pq.ParquetFile(pa.BufferReader(data)).read()
     DatasetRow.check_table(table, source=f"{store.url}/{part.path}")
     return table
 
 
 def publish_dataset(
     store: ObjectStore,
-    groups: Iterable[GroupResult],
+    groups: Iterable[AssembledRows],
     *,
     config: BatchConfig,
     metrics: DatasetMetrics | None = None,
@@ -197,19 +202,19 @@ def publish_dataset(
         return PublishedDataset(url=store.url, marker=existing, created=False)
 
     metrics = metrics if metrics is not None else DatasetMetrics()
-    writer = _PartWriter(store, rows_per_part)
     last_group: str | None = None
-    for result in groups:
-        group_id = result.stats.group_id
-        if last_group is not None and group_id <= last_group:
-            raise ValueError(f"group {group_id} arrives after group {last_group}: groups must ascend by group_id")
-        last_group = group_id
-        for row in result.rows:
-            if row.batch_id != config.batch_id or row.group_id != group_id:
-                raise ValueError(f"row {row.rollout_id} is of batch {row.batch_id} group {row.group_id}")
-        metrics.add_group(result)
-        writer.add(result.rows)
-    parts = writer.close()
+    with _PartWriter(store, rows_per_part) as writer:
+        for assembled in groups:
+            for stats in assembled.groups:
+                if last_group is not None and stats.group_id <= last_group:
+                    raise ValueError(
+                        f"group {stats.group_id} arrives after group {last_group}: groups must ascend by group_id"
+                    )
+                last_group = stats.group_id
+            _check_rows_belong(assembled, config.batch_id)
+            metrics.add_groups(assembled)
+            writer.add(assembled.table)
+        parts = writer.close()
     if callable(audit):  # an audit samples the rows just streamed: it can run only now
         audit = audit()
 
@@ -250,30 +255,86 @@ def publish_dataset(
     return PublishedDataset(url=store.url, marker=marker, created=True)
 
 
+def _check_rows_belong(assembled: AssembledRows, batch_id: str) -> None:
+    """The rows are of ``batch_id`` and of the assembled groups, in order; ValueError naming the first that is not."""
+    table = assembled.table
+    groups = [stats.group_id for stats in assembled.groups]
+    counts = [stats.rows for stats in assembled.groups]
+    if sum(counts) != table.num_rows:
+        raise ValueError(f"{table.num_rows} rows for groups {groups[:5]} that assembled {sum(counts)}")
+    expected = pa.array(np.repeat(np.array(groups, object), counts), pa.string())
+    belongs = pc.and_(pc.equal(table.column("batch_id"), batch_id), pc.equal(table.column("group_id"), expected))
+    if not pc.all(belongs, min_count=0).as_py():
+        row = table.filter(pc.invert(belongs)).slice(0, 1).to_pylist()[0]
+        raise ValueError(f"row {row['rollout_id']} is of batch {row['batch_id']} group {row['group_id']}")
+
+
 class _PartWriter:
-    """Buffers rows and writes full parts of exactly ``rows_per_part`` rows; the last may be shorter or empty."""
+    """Writes parts of exactly ``rows_per_part`` rows (the last may be shorter or empty), in order.
+
+    Rows are encoded as they arrive, one Parquet row group per slice added, in a background
+    thread, so encoding overlaps the assembly of the next rows; a part is written to storage
+    when it is full or on :meth:`close`. At most ``_IN_FLIGHT`` slices wait to be encoded.
+    """
+
+    _IN_FLIGHT = 2
 
     def __init__(self, store: ObjectStore, rows_per_part: int) -> None:
         self.store = store
         self.rows_per_part = rows_per_part
-        self.buffer: list[DatasetRow] = []
         self.parts: list[DatasetFile] = []
+        self._rows = 0  # rows sent to the part being written
+        self._index = 0  # that part's index
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-part")
+        self._pending: deque[Future[None]] = deque()
+        self._open: tuple[pa.BufferOutputStream, pq.ParquetWriter] | None = None  # the encoding thread's part
 
-    def add(self, rows: Sequence[DatasetRow]) -> None:
-        self.buffer.extend(rows)
-        while len(self.buffer) >= self.rows_per_part:
-            self._write(self.buffer[: self.rows_per_part])
-            self.buffer = self.buffer[self.rows_per_part :]
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def add(self, table: pa.Table) -> None:
+        offset = 0
+        while offset < table.num_rows:
+            chunk = table.slice(offset, self.rows_per_part - self._rows)
+            self._submit(self._encode, chunk)
+            offset += chunk.num_rows
+            self._rows += chunk.num_rows
+            if self._rows == self.rows_per_part:
+                self._finish_part()
 
     def close(self) -> tuple[DatasetFile, ...]:
         """Write what is left; a dataset without rows still gets one empty part (a loadable schema)."""
-        if self.buffer or not self.parts:
-            self._write(self.buffer)
-            self.buffer = []
+        if self._rows or not self._index:
+            self._finish_part()
+        while self._pending:
+            self._pending.popleft().result()
         return tuple(self.parts)
 
-    def _write(self, rows: Sequence[DatasetRow]) -> None:
-        sink = pa.BufferOutputStream()
-        pq.write_table(DatasetRow.to_table(rows), sink, compression="zstd", use_dictionary=_DICTIONARY_COLUMNS)
-        written = self.store.write_once(layout.dataset_part(len(self.parts)), sink.getvalue().to_pybytes())
-        self.parts.append(DatasetFile.of(written, rows=len(rows)))
+    def _finish_part(self) -> None:
+        self._submit(self._write, layout.dataset_part(self._index), self._rows)
+        self._rows, self._index = 0, self._index + 1
+
+    def _submit(self, task: Callable[..., None], *args: object) -> None:
+        while len(self._pending) >= self._IN_FLIGHT:
+            self._pending.popleft().result()
+        self._pending.append(self._executor.submit(task, *args))
+
+    def _part(self) -> tuple[pa.BufferOutputStream, pq.ParquetWriter]:
+        """The part being encoded (in the encoding thread), opened on first use."""
+        if self._open is None:
+            sink = pa.BufferOutputStream()
+            schema = DatasetRow.arrow_schema()
+            self._open = (sink, pq.ParquetWriter(sink, schema, compression="zstd", use_dictionary=_DICTIONARY_COLUMNS))
+        return self._open
+
+    def _encode(self, rows: pa.Table) -> None:
+        self._part()[1].write_table(rows, row_group_size=rows.num_rows)
+
+    def _write(self, path: str, rows: int) -> None:
+        sink, writer = self._part()
+        writer.close()
+        self._open = None
+        self.parts.append(DatasetFile.of(self.store.write_once(path, sink.getvalue().to_pybytes()), rows=rows))

@@ -9,28 +9,34 @@ marker is written last; a batch whose marker exists is not finalized again.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
-from collections import Counter
-from collections.abc import Iterator
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.config import BatchConfig, ConfigError
 from tasks.finalize.audit import audit_logprobs
-from tasks.finalize.dataset import DatasetRow, GroupResult, assemble_group
+from tasks.finalize.dataset import AssembledRows, DatasetRow, assemble_rows
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.finalize.publish import PublishedDataset, publish_dataset, read_dataset_marker
-from tasks.finalize.verified import VerifiedRollout
-from tasks.finalize.verify import verify_shard
+from tasks.finalize.verify import prepare_shard
 from tasks.plan import batch_store, read_batch_config
-from tasks.storage.errors import StorageIntegrityError
-from tasks.storage.ledger import LedgerReader
 from tasks.storage.marker import read_marker
 from tasks.storage.objects import ObjectStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 AUDIT_CANDIDATES = 512  # trainable rows kept (reservoir) for the audit to sample from
+READ_AHEAD = 2  # shards read and converted in background threads while one is verified
 AUDIT_SAMPLE_SIZE = 32
 
 
@@ -70,12 +76,12 @@ def finalize_batch(root_url: str, batch_id: str, options: FinalizeOptions | None
     if missing:
         log.warning("finalizing batch %s without uncommitted shard(s) %s (--allow-partial)", batch_id, missing)
     metrics = DatasetMetrics()
-    sample = _Reservoir(AUDIT_CANDIDATES, seed=config.seed)
-    groups = _groups(store, config, committed, metrics, sample)
     audit_on = options.audit if options.audit is not None else _is_bundled(config)
+    sample = _Reservoir(AUDIT_CANDIDATES, seed=config.seed) if audit_on else None
+    assembled = _assembled_shards(store, config, committed, metrics, sample)
 
     def audit() -> dict[str, Any] | None:
-        if not audit_on or not sample.items:
+        if sample is None or not sample.items:
             return None
         report = audit_logprobs(
             sample.items,
@@ -86,47 +92,57 @@ def finalize_batch(root_url: str, batch_id: str, options: FinalizeOptions | None
         )
         return report.to_dict()
 
-    return publish_dataset(store, groups, config=config, metrics=metrics, audit=audit)
+    return publish_dataset(store, assembled, config=config, metrics=metrics, audit=audit)
 
 
-def _groups(
-    store: ObjectStore, config: BatchConfig, shards: list[int], metrics: DatasetMetrics, sample: _Reservoir
-) -> Iterator[GroupResult]:
-    """Every planned group of the committed shards, in ascending group id, one shard in memory at a time."""
-    for shard in shards:
-        try:
-            ledger: LedgerReader | None = LedgerReader(store, shard)
-        except StorageIntegrityError as exc:  # verify_shard rejects every rollout of the shard with it
-            log.warning("shard %d: the committed ledger cannot be trusted: %s", shard, exc)
-            ledger = None
+def _assembled_shards(
+    store: ObjectStore, config: BatchConfig, shards: list[int], metrics: DatasetMetrics, sample: _Reservoir | None
+) -> Iterator[AssembledRows]:
+    """The rows of every planned group of the committed shards, a shard at a time, groups ascending.
+
+    While a shard is verified, the next ``READ_AHEAD`` are read and converted (:func:`prepare_shard`:
+    mostly Arrow and numpy work, outside the GIL) in background threads, so at most
+    ``READ_AHEAD + 1`` shards are held.
+    """
+    for prepared in _read_ahead(functools.partial(prepare_shard, store, config=config), shards):
+        if prepared.ledger is None:  # verification rejects every rollout of the shard with the ledger's reason
+            log.warning("shard %d: the committed ledger cannot be trusted: %s", prepared.shard, prepared.read)
         else:
+            tables = prepared.ledger.tables
             metrics.add_ledger(
-                calls=len(ledger.calls),
-                token_in_calls=sum(c.mode == "token_in" for c in ledger.calls),
-                failure_reasons=Counter(f.reason for f in ledger.failures),
+                calls=tables.calls.num_rows,
+                token_in_calls=int(pc.sum(pc.equal(tables.calls.column("mode"), "token_in"), min_count=0).as_py()),
+                failure_reasons=Counter(tables.failures.column("reason").to_pylist()),
             )
-        # verify_shard yields exactly one result per planned rollout, under its planned group
-        # (missing receipts included), so the plan's groups are read off its results.
-        planned: dict[str, list[VerifiedRollout]] = {}
-        for verified in verify_shard(store, shard, config, ledger=ledger):
-            planned.setdefault(verified.group_id, []).append(verified)
-        for group_id in sorted(planned):
-            rollouts = planned[group_id]
-            result = assemble_group(
-                rollouts,
-                batch_id=config.batch_id,
-                group_id=group_id,
-                planned_rollout_ids=[v.rollout_id for v in rollouts],
-                on_invalid=config.on_invalid,
-                advantage=config.advantage,
-            )
-            for row in result.rows:
-                if row.sample_mask == 1:
-                    sample.offer(row)
-            yield result
-        log.info(
-            "shard %d: %d planned rollouts verified, %d groups", shard, sum(map(len, planned.values())), len(planned)
+        # One verdict per planned rollout, under its planned group (missing receipts included),
+        # so the plan's groups are read off the verdicts.
+        verified = prepared.verify()
+        planned: dict[str, list[str]] = {}
+        for group_id, rollout_id in zip(verified.group_ids, verified.rollout_ids, strict=True):
+            planned.setdefault(group_id, []).append(rollout_id)
+        rows = assemble_rows(
+            verified,
+            batch_id=config.batch_id,
+            planned=planned,
+            on_invalid=config.on_invalid,
+            advantage=config.advantage,
         )
+        if sample is not None:
+            sample.offer_trainable(rows.table)
+        log.info("shard %d: %d planned rollouts verified, %d groups", prepared.shard, len(verified), len(planned))
+        yield rows
+
+
+def _read_ahead(read: Callable[[T], R], items: Sequence[T], depth: int = READ_AHEAD) -> Iterator[R]:
+    """``read(item)`` of each item in order, ``depth`` background threads reading up to ``depth`` items ahead."""
+    with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="finalize-read") as pool:
+        pending = deque(pool.submit(read, item) for item in items[:depth])
+        for following in items[depth:]:
+            ready = pending.popleft().result()
+            pending.append(pool.submit(read, following))
+            yield ready
+        while pending:
+            yield pending.popleft().result()
 
 
 def _is_bundled(config: BatchConfig) -> bool:
@@ -136,7 +152,10 @@ def _is_bundled(config: BatchConfig) -> bool:
 
 
 class _Reservoir:
-    """A uniform, seeded sample of at most ``size`` rows from a stream (bounded memory)."""
+    """A uniform, seeded sample of at most ``size`` trainable rows from a stream (bounded memory).
+
+    Rows are offered table by table; only the rows the sample keeps are built as records.
+    """
 
     def __init__(self, size: int, *, seed: int) -> None:
         self.size = size
@@ -144,11 +163,15 @@ class _Reservoir:
         self.seen = 0
         self._rng = random.Random(seed)
 
-    def offer(self, item: DatasetRow) -> None:
-        self.seen += 1
-        if len(self.items) < self.size:
-            self.items.append(item)
-        else:
-            slot = self._rng.randrange(self.seen)
+    def offer_trainable(self, table: pa.Table) -> None:
+        """Offer every trainable row of a :class:`DatasetRow` table, in order."""
+        trainable = np.flatnonzero(table.column("sample_mask").to_numpy() == 1)
+        for index in trainable.tolist():
+            self.seen += 1
+            slot = len(self.items) if len(self.items) < self.size else self._rng.randrange(self.seen)
             if slot < self.size:
-                self.items[slot] = item
+                (row,) = DatasetRow.from_table(table.slice(index, 1))
+                if slot == len(self.items):
+                    self.items.append(row)
+                else:
+                    self.items[slot] = row

@@ -15,18 +15,31 @@ absent) and hands its receipted rollouts to the next attempt to adopt.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.capture.records import CallRecord, FailureRow, Receipt
-from tasks.ids import attempt_name, check_id
-from tasks.schema import ArrowRecord
+from tasks.capture import digest as dg
+from tasks.capture.records import (
+    REASON_PATTERN,
+    RECEIPT_STATUSES,
+    TERMINAL_SELECTIONS,
+    CallRecord,
+    FailureRow,
+    Receipt,
+    canonical_json,
+)
+from tasks.ids import ID_PATTERN, MAX_ID_LENGTH, attempt_name, check_id
+from tasks.schema import ArrowRecord, Column, all_hold, fullmatch, null_or
 from tasks.storage import layout
 from tasks.storage.errors import (
     LedgerConflictError,
@@ -104,11 +117,141 @@ def encode_ledger_file(record_cls: type[ArrowRecord], records: Sequence[ArrowRec
 
 def decode_ledger_file(kind: str, data: bytes, *, path: str) -> list[Any]:
     """Validated records of a ledger file; :class:`CorruptLedgerFileError` naming ``path`` otherwise."""
+    return RECORD_OF_KIND[kind].from_checked_table(decode_ledger_table(kind, data, path=path))
+
+
+def decode_ledger_table(kind: str, data: bytes, *, path: str) -> pa.Table:
+    """A ledger file as a table of its record's schema, every row proved valid (:func:`prove_rows`).
+
+    A malformed file raises :class:`CorruptLedgerFileError` naming ``path`` and the problem,
+    exactly as constructing its records would.
+    """
+    table = parse_ledger_table(kind, data, path=path)
+    prove_rows(kind, [(path, table)])
+    return table
+
+
+def parse_ledger_table(kind: str, data: bytes, *, path: str) -> pa.Table:
+    """A ledger file as a table of its record's schema (columns in schema order); rows not yet proved valid."""
     record_cls = RECORD_OF_KIND[kind]
     try:
-        return record_cls.from_table(pq.read_table(pa.BufferReader(data)), source=path)
+        table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)  # one in-memory file, one thread
+        record_cls.check_table(table, source=path)
     except (pa.ArrowException, ValueError, TypeError) as exc:
         raise CorruptLedgerFileError(f"ledger file {path} cannot be read as {kind}: {exc}") from None
+    return table.select(record_cls.column_names())
+
+
+def prove_rows(kind: str, files: Sequence[tuple[str, pa.Table]]) -> None:
+    """Prove that every row of the ``kind`` tables (path, table) satisfies its record's invariants.
+
+    All tables are checked column-wise at once (:func:`rows_hold`); when that fails they are
+    decoded record by record, so the first malformed file raises
+    :class:`CorruptLedgerFileError` naming its path and the record's own complaint.
+    """
+    tables = [table for _, table in files]
+    if not tables or rows_hold(kind, pa.concat_tables(tables)):
+        return
+    for path, table in files:
+        try:
+            RECORD_OF_KIND[kind].from_table(table, source=path)
+        except (pa.ArrowException, ValueError, TypeError) as exc:
+            raise CorruptLedgerFileError(f"ledger file {path} cannot be read as {kind}: {exc}") from None
+
+
+def rows_hold(kind: str, table: pa.Table) -> bool:
+    """Whether every row of a ``kind`` table (its record's schema) satisfies the record's invariants.
+
+    The column-wise form of ``CallRecord`` / ``FailureRow`` / ``Receipt.__post_init__``: it may
+    refuse a valid table (the caller then decodes it record by record) but never accepts a
+    table one of whose records would refuse to construct (tests/storage/test_ledger.py pins
+    this for every rule).
+    """
+    try:
+        table.validate(full=True)  # UTF-8 of every string, as decoding each one would check
+        return all_hold(_RULES[kind](table))
+    except (pa.ArrowException, ValueError):  # an overflow in a checked sum, an uncheckable value
+        return False
+
+
+def _ids(table: pa.Table, *names: str, optional: bool = False) -> list[Column]:
+    """``check_id`` (``check_optional_id`` when ``optional``) of each named column."""
+    rules = []
+    for name in names:
+        column = table.column(name)
+        holds = pc.and_(fullmatch(column, ID_PATTERN), pc.less_equal(pc.utf8_length(column), MAX_ID_LENGTH))
+        rules.append(null_or(column, holds) if optional else holds)
+    return rules
+
+
+def _hex(table: pa.Table, *names: str, optional: bool = False) -> list[Column]:
+    """``check_hex_digest`` of each named column (null allowed when ``optional``)."""
+    rules = [fullmatch(table.column(name), dg._HEX_DIGEST) for name in names]
+    return [null_or(table.column(n), r) for n, r in zip(names, rules, strict=True)] if optional else rules
+
+
+def _reason(column: Column) -> Column:
+    return fullmatch(column, REASON_PATTERN)
+
+
+def _call_rules(t: pa.Table) -> list[Column]:
+    root = pc.equal(t["mode"], "text")
+    return [
+        *_ids(t, "batch_id", "rollout_id", "call_id"),
+        *_ids(t, "parent_call_id", optional=True),
+        *(pc.greater_equal(t[name], 0) for name in ("prev_len", "delta_len", "cum_len", "staging_row")),
+        # dg.check_call_shape
+        pc.is_in(t["mode"], value_set=pa.array(dg.MODES)),
+        pc.equal(pc.is_null(t["parent_call_id"]), root),
+        pc.equal(pc.equal(t["prev_len"], 0), root),
+        pc.greater_equal(t["delta_len"], 1),
+        pc.equal(t["cum_len"], pc.add_checked(t["prev_len"], t["delta_len"])),
+        *_hex(t, "digest", "extras_digest", "chain_hash", "cumulative_hash"),
+        *_hex(t, "output_fingerprint", optional=True),
+        pc.starts_with(t["staging_segment"], "staging/"),
+        null_or(t["admitted_at"], pc.is_finite(t["admitted_at"])),
+        pc.greater(pc.utf8_length(t["finish_reason"]), 0),
+        null_or(t["response_id"], pc.greater(pc.utf8_length(t["response_id"]), 0)),
+    ]
+
+
+def _failure_rules(t: pa.Table) -> list[Column]:
+    return [
+        *_ids(t, "batch_id", "rollout_id", "call_id"),
+        *_ids(t, "parent_call_id", optional=True),
+        _reason(t["reason"]),
+    ]
+
+
+def _receipt_rules(t: pa.Table) -> list[Column]:
+    ok = pc.equal(t["status"], "ok")
+    ok_holds = pc.and_(
+        pc.and_(pc.is_valid(t["terminal_call_id"]), pc.is_null(t["failure_reason"])),
+        pc.and_(pc.is_valid(t["reward"]), pc.greater_equal(t["num_calls"], 1)),
+    )
+    return [
+        *_ids(t, "rollout_id", "group_id"),
+        *_ids(t, "terminal_call_id", optional=True),
+        pc.greater_equal(t["attempt"], 0),
+        pc.greater_equal(t["num_calls"], 0),
+        null_or(t["reward"], pc.is_finite(t["reward"])),
+        pa.array([_is_canonical_json(text) for text in pc.unique(t["reward_info"]).to_pylist()], pa.bool_()),
+        pc.is_in(t["status"], value_set=pa.array(RECEIPT_STATUSES)),
+        null_or(t["terminal_selection"], pc.is_in(t["terminal_selection"], value_set=pa.array(TERMINAL_SELECTIONS))),
+        pc.equal(pc.is_null(t["terminal_call_id"]), pc.is_null(t["terminal_selection"])),
+        null_or(t["terminal_attribution_reason"], _reason(t["terminal_attribution_reason"])),
+        pc.if_else(ok, ok_holds, pc.fill_null(_reason(t["failure_reason"]), False)),
+    ]
+
+
+def _is_canonical_json(text: str) -> bool:
+    try:
+        return canonical_json(json.loads(text)) == text
+    except (ValueError, TypeError):
+        return False
+
+
+_RULES = {"calls": _call_rules, "failures": _failure_rules, "receipts": _receipt_rules}
 
 
 class LedgerWriter:
@@ -326,13 +469,30 @@ class LedgerWriter:
             del pending[:count]
 
 
+@dataclass(frozen=True)
+class LedgerTables:
+    """A committed shard's ledger as checked tables, rows in ledger order (the marker's file order).
+
+    Each table has its record's schema and every row satisfies the record's invariants;
+    ``call_attempts`` / ``failure_attempts`` (int64) give the attempt whose file holds each row.
+    """
+
+    calls: pa.Table
+    call_attempts: np.ndarray
+    failures: pa.Table
+    failure_attempts: np.ndarray
+    receipts: pa.Table
+
+
 class LedgerReader:
     """The committed ledger of one shard, read only through its marker.
 
     Raises :class:`UncommittedShardError` without a marker, and
     :class:`SegmentChecksumMismatchError` naming a ledger file whose size or sha256 differs
     from the marker. Staging segments are not read here: ``segment_sha256`` maps each named
-    segment to its committed sha256 for ``StagedReader``.
+    segment to its committed sha256 for ``StagedReader``. The rows are held as checked tables
+    (:attr:`tables`); ``receipts``, ``calls``, ``failures`` and :meth:`rollouts` build records
+    from them on first use.
     """
 
     def __init__(self, store: ObjectStore, shard: int) -> None:
@@ -342,36 +502,51 @@ class LedgerReader:
         self.marker = marker
         self.segment_sha256: dict[str, str] = {f.path: f.sha256 for f in marker.files_of("staging")}
         loaded = {kind: [(f, _read_verified(store, f)) for f in marker.files_of(kind)] for kind in layout.LEDGER_KINDS}
+        for kind, files in loaded.items():
+            prove_rows(kind, [(marked.path, table) for marked, table in files])
         for kind in ("calls", "failures"):
-            for marked, records in loaded[kind]:
-                for record in records:
-                    if record.batch_id != marker.batch_id:
-                        raise CorruptLedgerFileError(
-                            f"{marked.path}: call {record.call_id} belongs to batch {record.batch_id}, "
-                            f"the marker commits batch {marker.batch_id}"
-                        )
+            for marked, table in loaded[kind]:
+                row = _first_differing(table, "batch_id", marker.batch_id)
+                if row is not None:
+                    raise CorruptLedgerFileError(
+                        f"{marked.path}: call {row['call_id']} belongs to batch {row['batch_id']}, "
+                        f"the marker commits batch {marker.batch_id}"
+                    )
         _check_receipt_attempts(loaded["receipts"])
-        self.receipts: tuple[Receipt, ...] = tuple(r for _, records in loaded["receipts"] for r in records)
-        self.calls: tuple[CallRecord, ...] = tuple(c for _, records in loaded["calls"] for c in records)
-        self.failures: tuple[FailureRow, ...] = tuple(f for _, records in loaded["failures"] for f in records)
-        _check_unique_receipts(self.receipts, where=f"shard {shard}")
-        self._calls_by_attempt = _group_by_attempt(loaded["calls"])
-        self._failures_by_attempt = _group_by_attempt(loaded["failures"])
+        self.tables = LedgerTables(
+            calls=_concat("calls", loaded["calls"]),
+            call_attempts=_attempts(loaded["calls"]),
+            failures=_concat("failures", loaded["failures"]),
+            failure_attempts=_attempts(loaded["failures"]),
+            receipts=_concat("receipts", loaded["receipts"]),
+        )
+        _check_unique_receipts(self.tables.receipts.column("rollout_id").to_pylist(), where=f"shard {shard}")
+
+    @cached_property
+    def receipts(self) -> tuple[Receipt, ...]:
+        return tuple(Receipt.from_checked_table(self.tables.receipts))
+
+    @cached_property
+    def calls(self) -> tuple[CallRecord, ...]:
+        return tuple(CallRecord.from_checked_table(self.tables.calls))
+
+    @cached_property
+    def failures(self) -> tuple[FailureRow, ...]:
+        return tuple(FailureRow.from_checked_table(self.tables.failures))
 
     def rollouts(self) -> Iterator[RolloutBundle]:
         """Every receipted rollout in receipt order; its calls and failures come only from its attempt.
 
         Rows of rollouts without a receipt in that attempt (a dead attempt's leftovers) are ignored.
         """
+        calls = _group_by_attempt(self.calls, self.tables.call_attempts.tolist())
+        failures = _group_by_attempt(self.failures, self.tables.failure_attempts.tolist())
         for receipt in self.receipts:
-            yield _bundle(
-                receipt,
-                self._calls_by_attempt.get(receipt.attempt, {}),
-                self._failures_by_attempt.get(receipt.attempt, {}),
-            )
+            yield _bundle(receipt, calls.get(receipt.attempt, {}), failures.get(receipt.attempt, {}))
 
 
-def _read_verified(store: ObjectStore, marked: MarkedFile) -> list[Any]:
+def _read_verified(store: ObjectStore, marked: MarkedFile) -> pa.Table:
+    """The file's table (rows not yet proved valid), after its size, sha256 and row count checks."""
     try:
         data = store.read_bytes(marked.path)
     except FileNotFoundError:
@@ -385,38 +560,56 @@ def _read_verified(store: ObjectStore, marked: MarkedFile) -> list[Any]:
         raise SegmentChecksumMismatchError(
             f"{marked.path} has sha256 {actual}, the commit marker recorded {marked.sha256}"
         )
-    records = decode_ledger_file(marked.kind, data, path=marked.path)
-    if len(records) != marked.rows:
-        raise MalformedMarkerError(f"{marked.path} holds {len(records)} rows, the commit marker says {marked.rows}")
-    return records
+    table = parse_ledger_table(marked.kind, data, path=marked.path)
+    if table.num_rows != marked.rows:
+        raise MalformedMarkerError(f"{marked.path} holds {table.num_rows} rows, the commit marker says {marked.rows}")
+    return table
 
 
-def _check_receipt_attempts(files: Iterable[tuple[MarkedFile, list[Receipt]]]) -> None:
+def _first_differing(table: pa.Table, name: str, expected: object) -> dict[str, Any] | None:
+    """The first row whose ``name`` differs from ``expected``, or None when every row has it."""
+    same = pc.fill_null(pc.equal(table.column(name), expected), False)
+    if pc.all(same, min_count=0).as_py():
+        return None
+    index = int(np.flatnonzero(~same.to_numpy(zero_copy_only=False))[0])
+    return table.slice(index, 1).to_pylist()[0]
+
+
+def _concat(kind: str, files: Sequence[tuple[MarkedFile, pa.Table]]) -> pa.Table:
+    tables = [table for _, table in files]
+    return pa.concat_tables(tables) if tables else RECORD_OF_KIND[kind].arrow_schema().empty_table()
+
+
+def _attempts(files: Sequence[tuple[MarkedFile, pa.Table]]) -> np.ndarray:
+    """The attempt of each row's file, row by row."""
+    attempts = [layout.attempt_of(marked.path) for marked, _ in files]
+    return np.repeat(np.asarray(attempts, np.int64), [table.num_rows for _, table in files])
+
+
+def _check_receipt_attempts(files: Iterable[tuple[MarkedFile, pa.Table]]) -> None:
     for marked, receipts in files:
         attempt = layout.attempt_of(marked.path)
-        for receipt in receipts:
-            if receipt.attempt != attempt:
-                raise CorruptLedgerFileError(
-                    f"{marked.path}: receipt of {receipt.rollout_id} says attempt {receipt.attempt}, "
-                    f"the file belongs to attempt {attempt}"
-                )
+        row = _first_differing(receipts, "attempt", attempt)
+        if row is not None:
+            raise CorruptLedgerFileError(
+                f"{marked.path}: receipt of {row['rollout_id']} says attempt {row['attempt']}, "
+                f"the file belongs to attempt {attempt}"
+            )
 
 
-def _check_unique_receipts(receipts: Iterable[Receipt], *, where: str) -> None:
+def _check_unique_receipts(rollout_ids: Iterable[str], *, where: str) -> None:
     seen: set[str] = set()
-    for receipt in receipts:
-        if receipt.rollout_id in seen:
-            raise DuplicateReceiptError(f"{where}: rollout {receipt.rollout_id} has more than one receipt")
-        seen.add(receipt.rollout_id)
+    for rollout_id in rollout_ids:
+        if rollout_id in seen:
+            raise DuplicateReceiptError(f"{where}: rollout {rollout_id} has more than one receipt")
+        seen.add(rollout_id)
 
 
-def _group_by_attempt(files: Iterable[tuple[MarkedFile, list[Any]]]) -> dict[int, dict[str, list[Any]]]:
+def _group_by_attempt(records: Iterable[Any], attempts: Iterable[int]) -> dict[int, dict[str, list[Any]]]:
     """attempt -> rollout_id -> rows in ledger order."""
     grouped: dict[int, dict[str, list[Any]]] = {}
-    for marked, records in files:
-        by_rollout = grouped.setdefault(layout.attempt_of(marked.path), {})
-        for record in records:
-            by_rollout.setdefault(record.rollout_id, []).append(record)
+    for record, attempt in zip(records, attempts, strict=True):
+        grouped.setdefault(attempt, {}).setdefault(record.rollout_id, []).append(record)
     return grouped
 
 
@@ -444,24 +637,29 @@ def read_uncommitted_attempt(store: ObjectStore, shard: int, attempt: int) -> Re
         except ValueError:
             continue
         found[parsed.kind].append((parsed.index, path))
-    loaded: dict[str, list[tuple[MarkedFile, list[Any]]]] = {}
+    loaded: dict[str, list[tuple[MarkedFile, pa.Table]]] = {}
     for kind, indexed in found.items():
         loaded[kind] = []
         for _, path in sorted(indexed):
             data = store.read_bytes(path)
-            records = decode_ledger_file(kind, data, path=path)
-            marked = MarkedFile(path=path, kind=kind, size=len(data), sha256=sha256_hex(data), rows=len(records))
-            loaded[kind].append((marked, records))
+            table = decode_ledger_table(kind, data, path=path)
+            marked = MarkedFile(path=path, kind=kind, size=len(data), sha256=sha256_hex(data), rows=table.num_rows)
+            loaded[kind].append((marked, table))
     _check_receipt_attempts(loaded["receipts"])
-    receipts = [r for _, records in loaded["receipts"] for r in records]
-    _check_unique_receipts(receipts, where=f"shard {shard} attempt {attempt}")
-    calls = _group_by_attempt(loaded["calls"]).get(attempt, {})
-    failures = _group_by_attempt(loaded["failures"]).get(attempt, {})
-    bundles = tuple(_bundle(r, calls, failures) for r in receipts)
+    records = {
+        kind: [(marked, RECORD_OF_KIND[kind].from_checked_table(table)) for marked, table in files]
+        for kind, files in loaded.items()
+    }
+    receipts = [r for _, rows in records["receipts"] for r in rows]
+    _check_unique_receipts((r.rollout_id for r in receipts), where=f"shard {shard} attempt {attempt}")
+    calls, failures = ([r for _, rows in records[kind] for r in rows] for kind in ("calls", "failures"))
+    by_rollout = (_group_by_attempt(rows, [attempt] * len(rows)).get(attempt, {}) for rows in (calls, failures))
+    calls_of, failures_of = by_rollout
+    bundles = tuple(_bundle(r, calls_of, failures_of) for r in receipts)
     receipted = {b.rollout_id for b in bundles}
     files = [marked for marked, _ in loaded["receipts"]]
     for kind in ("calls", "failures"):
-        files.extend(marked for marked, records in loaded[kind] if any(r.rollout_id in receipted for r in records))
+        files.extend(marked for marked, rows in records[kind] if any(r.rollout_id in receipted for r in rows))
     segments = sorted({call.staging_segment: call for b in bundles for call in b.manifest}.items())
     for path, call in segments:
         try:
@@ -489,5 +687,5 @@ def recover_earlier_attempts(store: ObjectStore, shard: int, *, attempt: int) ->
         raise ShardAlreadyCommittedError(f"shard {shard} is already committed; nothing to recover")
     parts = [read_uncommitted_attempt(store, shard, earlier) for earlier in range(attempt)]
     rollouts = tuple(b for part in parts for b in part.rollouts)
-    _check_unique_receipts((b.receipt for b in rollouts), where=f"shard {shard} attempts before {attempt}")
+    _check_unique_receipts((b.rollout_id for b in rollouts), where=f"shard {shard} attempts before {attempt}")
     return Recovery(rollouts=rollouts, files=tuple(f for part in parts for f in part.files))

@@ -75,7 +75,7 @@ class StagedReader:
         parts: list[pa.Table] = []
         order: list[int] = []
         for segment, positions in by_segment.items():
-            table = self._segment(segment)
+            table = self.segment(segment)
             rows = [requests[p][1].row for p in positions]
             for position, row in zip(positions, rows, strict=True):
                 if not 0 <= row < table.num_rows:
@@ -104,7 +104,13 @@ class StagedReader:
         flat.flags.writeable = False
         return np.split(flat, offsets[1:-1] - offsets[0])
 
-    def _segment(self, segment: str) -> pa.Table:
+    def segment(self, segment: str) -> pa.Table:
+        """Every row of ``segment`` with the :class:`StagedDelta` schema, after its checksum and schema checks.
+
+        Raises :class:`SegmentChecksumMismatchError`, :class:`MissingStagingRowError` (a segment
+        absent or not committed), ``StorageIntegrityError`` with reason ``invalid_staged_row`` for
+        another schema, or ``pyarrow.ArrowInvalid`` for bytes that are not Parquet.
+        """
         with self._lock:
             table = self._cache.get(segment)
             if table is not None:
@@ -134,12 +140,13 @@ class StagedReader:
                 raise SegmentChecksumMismatchError(
                     f"segment {segment} has sha256 {actual}, the commit marker recorded {expected}"
                 )
-        table = pq.read_table(pa.BufferReader(data))
+        table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)  # one in-memory file, one thread
         try:
             StagedDelta.check_table(table, source=f"segment {segment}")
         except SchemaMismatchError as exc:
             raise StorageIntegrityError(str(exc), reason="invalid_staged_row") from exc
-        return table.select(StagedDelta.column_names()).cast(StagedDelta.arrow_schema())
+        schema = StagedDelta.arrow_schema()
+        return table if table.schema.equals(schema) else table.select(schema.names).cast(schema)
 
 
 def _check_keys(part: pa.Table, keys: list[str], segment: str, rows: list[int]) -> None:

@@ -76,11 +76,11 @@ def batch_config(num_tasks: int = 3, group_size: int = 4, **options) -> BatchCon
     )
 
 
-def mixed_groups(config: BatchConfig) -> list[GroupResult]:
-    """Groups with varied outcomes: task 0 all valid, task 1 poisoned + missing, later tasks alternating rewards."""
-    groups = []
+def mixed_rollouts(config: BatchConfig) -> dict[str, list[VerifiedRollout]]:
+    """group id -> verified rollouts: task 0 all valid, task 1 poisoned + missing, later tasks alternating rewards."""
+    groups: dict[str, list[VerifiedRollout]] = {}
     for task in range(config.num_tasks):
-        verified = []
+        verified = groups.setdefault(ids.group_id(task), [])
         for sample in range(config.group_size):
             if task == 1 and sample == 0:
                 verified.append(make_rollout(task, sample, reason="capture_poisoned", terminal_selection="heuristic"))
@@ -89,14 +89,19 @@ def mixed_groups(config: BatchConfig) -> list[GroupResult]:
             else:
                 calls = ((4 + task, 2), (3, 1 + sample))
                 verified.append(make_rollout(task, sample, reward=float((task + sample) % 2), calls=calls))
-        groups.append(
-            assemble_group(
-                verified,
-                batch_id=BATCH_ID,
-                group_id=ids.group_id(task),
-                planned_rollout_ids=planned_ids(task, config.group_size),
-                on_invalid=config.on_invalid,
-                advantage=config.advantage,
-            )
-        )
     return groups
+
+
+def mixed_groups(config: BatchConfig) -> list[GroupResult]:
+    """The groups of :func:`mixed_rollouts`, assembled one by one."""
+    return [
+        assemble_group(
+            verified,
+            batch_id=BATCH_ID,
+            group_id=group_id,
+            planned_rollout_ids=planned_ids(task, config.group_size),
+            on_invalid=config.on_invalid,
+            advantage=config.advantage,
+        )
+        for task, (group_id, verified) in enumerate(mixed_rollouts(config).items())
+    ]

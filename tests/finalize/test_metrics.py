@@ -16,7 +16,7 @@ from .rollouts import BATCH_ID, batch_config, make_rollout, mixed_groups, planne
 def metrics() -> DatasetMetrics:
     accumulator = DatasetMetrics()
     for group in mixed_groups(batch_config()):
-        accumulator.add_group(group)
+        accumulator.add_groups(group)
     return accumulator
 
 
@@ -82,7 +82,7 @@ def test_epoch_spans_are_summed_over_rollouts():
         group_id="g000000",
         planned_rollout_ids=planned_ids(0, 2),
     )
-    accumulator.add_group(group)
+    accumulator.add_groups(group)
     assert accumulator.result()["epoch_span_count"] == 3
 
 

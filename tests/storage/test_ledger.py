@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from tasks.capture import digest as dg
+from tasks.capture.records import RECEIPT_STATUSES, TERMINAL_SELECTIONS, Receipt
 from tasks.ids import rollout_id
 from tasks.storage import layout
 from tasks.storage.errors import (
@@ -19,6 +24,7 @@ from tasks.storage.errors import (
     UncommittedShardError,
 )
 from tasks.storage.ledger import (
+    RECORD_OF_KIND,
     CorruptLedgerFileError,
     DuplicateReceiptError,
     LedgerReader,
@@ -28,6 +34,7 @@ from tasks.storage.ledger import (
     encode_ledger_file,
     read_uncommitted_attempt,
     recover_earlier_attempts,
+    rows_hold,
 )
 from tasks.storage.marker import (
     MalformedMarkerError,
@@ -494,3 +501,156 @@ def test_recovery_of_an_attempt_that_wrote_nothing_is_empty(mem_batch: ObjectSto
     recovery = recover_earlier_attempts(mem_batch, SHARD, attempt=3)
     assert recovery.rollouts == ()
     assert recovery.files == ()
+
+
+# --- column-wise proof of the record invariants ----------------------------------------------------
+
+_HEX = "ab" * 32
+_CHILD = {"parent_call_id": "r000000-00.a00.c000", "mode": "token_in", "prev_len": 3, "cum_len": 6}
+_VALID_ROWS: dict[str, list[dict[str, Any]]] = {
+    "calls": [
+        {
+            "batch_id": BATCH,
+            "rollout_id": "r000000-00",
+            "call_id": f"r000000-00.a00.c00{k}",
+            "parent_call_id": None,
+            "mode": "text",
+            "prev_len": 0,
+            "delta_len": 3,
+            "cum_len": 3,
+            "weight_version": 1,
+            "epoch_span": False,
+            "digest": _HEX,
+            "extras_digest": _HEX,
+            "chain_hash": _HEX,
+            "cumulative_hash": _HEX,
+            "staging_segment": "staging/shard-00003/attempt-00/seg-000000.parquet",
+            "staging_row": k,
+            "admitted_at": 1.0e9,
+            "finish_reason": "stop",
+            "output_fingerprint": None,
+            "response_id": None,
+        }
+        | (_CHILD if k else {})
+        for k in range(2)
+    ],
+    "failures": [
+        {
+            "batch_id": BATCH,
+            "rollout_id": "r000000-00",
+            "call_id": "r000000-00.a00.c002",
+            "parent_call_id": None,
+            "reason": "staging_failed",
+            "detail": "",
+        }
+    ],
+    "receipts": [
+        {
+            "rollout_id": "r000000-00",
+            "group_id": "g000000",
+            "attempt": 0,
+            "reward": 1.0,
+            "reward_info": "{}",
+            "terminal_call_id": "r000000-00.a00.c001",
+            "terminal_selection": "declared",
+            "terminal_attribution_reason": "selected",
+            "status": "ok",
+            "failure_reason": None,
+            "num_calls": 2,
+        },
+        {
+            "rollout_id": "r000000-01",
+            "group_id": "g000000",
+            "attempt": 0,
+            "reward": None,
+            "reward_info": '{"a":[1,2]}',
+            "terminal_call_id": None,
+            "terminal_selection": None,
+            "terminal_attribution_reason": None,
+            "status": "failed",
+            "failure_reason": "environment_error",
+            "num_calls": 0,
+        },
+    ],
+}
+_TEXT = [
+    "",
+    "a",
+    "A-b.c_9",
+    "-x",
+    "x/y",
+    "é",
+    "x" * 129,
+    "0" * 64,
+    "g" * 64,
+    "AB" * 32,
+    _HEX,
+    "staging/x",
+    *dg.MODES,
+    *RECEIPT_STATUSES,
+    *TERMINAL_SELECTIONS,
+    "selected",
+    "bad reason",
+    "{}",
+    "null",
+    "NaN",
+    '{"a":1}',
+    '{"a": 1}',
+]
+_VALUES = {
+    pa.string(): _TEXT,
+    pa.int64(): [-1, 0, 1, 2, 7, 2**62, 2**63 - 1],
+    pa.int32(): [-1, 0, 1],
+    pa.uint64(): [0, 2**64 - 1],
+    pa.float64(): [0.0, -1.5, math.nan, math.inf, -math.inf],
+    pa.bool_(): [True, False],
+}
+
+
+@st.composite
+def _edited_rows(draw: st.DrawFn, kind: str) -> list[dict[str, Any]]:
+    """The valid rows of ``kind`` with one to three fields of one row set to edge values of their type."""
+    rows = [dict(row) for row in _VALID_ROWS[kind]]
+    row = draw(st.sampled_from(rows))
+    for field in draw(st.lists(st.sampled_from(list(RECORD_OF_KIND[kind].arrow_schema())), min_size=1, max_size=3)):
+        choices = [*_VALUES[field.type], *([None] if field.nullable else [])]
+        row[field.name] = draw(st.sampled_from(choices))
+    return rows
+
+
+def _records_construct(kind: str, table: pa.Table) -> bool:
+    try:
+        RECORD_OF_KIND[kind].from_table(table)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("kind", sorted(_VALID_ROWS))
+def test_valid_ledger_rows_are_proved_column_wise(kind: str) -> None:
+    table = pa.Table.from_pylist(_VALID_ROWS[kind], schema=RECORD_OF_KIND[kind].arrow_schema())
+    assert rows_hold(kind, table) and _records_construct(kind, table)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), kind=st.sampled_from(sorted(_VALID_ROWS)))
+def test_the_column_wise_proof_never_accepts_a_row_its_record_refuses(data: st.DataObject, kind: str) -> None:
+    table = pa.Table.from_pylist(data.draw(_edited_rows(kind)), schema=RECORD_OF_KIND[kind].arrow_schema())
+    assert rows_hold(kind, table) == _records_construct(kind, table)
+
+
+def test_reader_names_a_committed_ledger_row_that_breaks_its_record(mem_batch: ObjectStore) -> None:
+    rows = [dict(row) for row in _VALID_ROWS["receipts"]]
+    rows[1]["failure_reason"] = "Not A Reason"
+    data = encode_table(pa.Table.from_pylist(rows, schema=Receipt.arrow_schema()))
+    path = layout.ledger_file(SHARD, 0, "receipts", 0)
+    mem_batch.write_once(path, data)
+    write_marker(mem_batch, _marker((MarkedFile(path, "receipts", len(data), sha256_hex(data), 2),)))
+    with pytest.raises(CorruptLedgerFileError, match=r"receipts-000000\.parquet cannot be read as receipts: "):
+        LedgerReader(mem_batch, SHARD)
+
+
+def encode_table(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
