@@ -17,7 +17,7 @@ from tasks import ids
 from tasks.capture.records import canonical_json
 from tasks.config import BatchConfig, ConfigError
 from tasks.environments.registry import load_environment
-from tasks.schema import ArrowRecord, column
+from tasks.schema import ArrowRecord, column, read_parquet_bytes
 from tasks.storage import layout
 from tasks.storage.objects import ObjectConflictError, ObjectStore
 
@@ -111,5 +111,5 @@ def read_shard_plan(store: ObjectStore, config: BatchConfig, shard: int) -> list
     path = layout.plan_shard(shard)
     if not store.exists(path):
         raise FileNotFoundError(f"{store.url}/{path} does not exist: the plan of shard {shard} is missing")
-    table = pq.read_table(pa.BufferReader(store.read_bytes(path)))
+    table = read_parquet_bytes(store.read_bytes(path))
     return PlannedRollout.from_table(table, source=f"{store.url}/{path}")

@@ -395,24 +395,25 @@ def digest_of_encoded_call(
     and ``mask`` / ``logprobs`` ``>f4`` values. Single rows and batched verifiers both end here.
     """
     floats = _u64(8 + 4 * count) + _u64(count)
-    blob = b"".join(
-        (
-            _CALL_HEAD,
-            _text(rollout_id),
-            _text(call_id),
-            _opt_text(parent_call_id),
-            _text(mode),
-            _LENGTHS.pack(*lengths),
-            _u64(8 + 8 * count),
-            _u64(count),
-            ids,
-            floats,
-            mask,
-            floats,
-            logprobs,
-            bytes.fromhex(extras_digest),
-            _opt_digest(chain_hash),
-            _opt_digest(cumulative_hash),
+    # The small fields are joined; the token buffers are hashed where they lie, never copied.
+    hasher = hashlib.sha256(
+        b"".join(
+            (
+                _CALL_HEAD,
+                _text(rollout_id),
+                _text(call_id),
+                _opt_text(parent_call_id),
+                _text(mode),
+                _LENGTHS.pack(*lengths),
+                _u64(8 + 8 * count),
+                _u64(count),
+            )
         )
     )
-    return hashlib.sha256(blob).hexdigest()
+    hasher.update(ids)
+    hasher.update(floats)
+    hasher.update(mask)
+    hasher.update(floats)
+    hasher.update(logprobs)
+    hasher.update(bytes.fromhex(extras_digest) + _opt_digest(chain_hash) + _opt_digest(cumulative_hash))
+    return hasher.hexdigest()

@@ -38,6 +38,7 @@ from tasks.finalize.card import render_card
 from tasks.finalize.dataset import DATASET_SCHEMA_VERSION, AssembledRows, DatasetRow
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.ids import check_id
+from tasks.schema import read_parquet_bytes
 from tasks.storage import layout
 from tasks.storage.errors import SegmentChecksumMismatchError
 from tasks.storage.marker import MalformedMarkerError
@@ -168,7 +169,7 @@ def read_dataset_part(store: ObjectStore, part: DatasetFile) -> pa.Table:
             f"{store.url}/{part.path}: {len(data)} bytes with sha256 {sha256_hex(data)[:12]}, "
             f"the marker names {part.size} bytes with sha256 {part.sha256[:12]}"
         )
-    table = pq.ParquetFile(pa.BufferReader(data)).read()
+    table = read_parquet_bytes(data, use_threads=True)
     DatasetRow.check_table(table, source=f"{store.url}/{part.path}")
     return table
 

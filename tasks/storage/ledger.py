@@ -39,7 +39,7 @@ from tasks.capture.records import (
     canonical_json,
 )
 from tasks.ids import ID_PATTERN, MAX_ID_LENGTH, attempt_name, check_id
-from tasks.schema import ArrowRecord, Column, all_hold, fullmatch, null_or
+from tasks.schema import ArrowRecord, Column, all_hold, fullmatch, null_or, read_parquet_bytes
 from tasks.storage import layout
 from tasks.storage.errors import (
     LedgerConflictError,
@@ -135,7 +135,7 @@ def parse_ledger_table(kind: str, data: bytes, *, path: str) -> pa.Table:
     """A ledger file as a table of its record's schema (columns in schema order); rows not yet proved valid."""
     record_cls = RECORD_OF_KIND[kind]
     try:
-        table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)  # one in-memory file, one thread
+        table = read_parquet_bytes(data)
         record_cls.check_table(table, source=path)
     except (pa.ArrowException, ValueError, TypeError) as exc:
         raise CorruptLedgerFileError(f"ledger file {path} cannot be read as {kind}: {exc}") from None

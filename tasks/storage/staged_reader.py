@@ -14,10 +14,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from tasks.capture.records import StagedDelta
-from tasks.schema import SchemaMismatchError
+from tasks.schema import SchemaMismatchError, read_parquet_bytes
 from tasks.storage.errors import (
     CallIdMismatchError,
     DuplicateStagingKeyError,
@@ -140,7 +139,7 @@ class StagedReader:
                 raise SegmentChecksumMismatchError(
                     f"segment {segment} has sha256 {actual}, the commit marker recorded {expected}"
                 )
-        table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)  # one in-memory file, one thread
+        table = read_parquet_bytes(data)
         try:
             StagedDelta.check_table(table, source=f"segment {segment}")
         except SchemaMismatchError as exc:
