@@ -28,7 +28,7 @@ PREFIX_DOMAIN = b"nemo-gym-staging-prefix-v2"
 CHAIN_DOMAIN = b"rollout-ledger-chain-v1"
 
 MODES = ("text", "token_in")
-_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _U64 = struct.Struct(">Q")
 _LENGTHS = struct.Struct(">QQQQ")
 # Values already in their wire byte order (``>u8`` ids, ``>f4`` floats), hashed as they are.
@@ -47,7 +47,7 @@ def check_hex_digest(value: object, *, field: str) -> str:
     """A lowercase 64-character hex SHA-256 digest, or raise naming ``field``."""
     if not isinstance(value, str):
         raise TypeError(f"{field} must be a hex str, got {type(value).__name__}")
-    if not _HEX_DIGEST.fullmatch(value):
+    if not HEX_DIGEST.fullmatch(value):
         raise ValueError(f"{field} must be 64 lowercase hex characters, got {value[:80]!r}")
     return value
 

@@ -15,10 +15,11 @@ from typing import Any, Self
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.capture import digest as dg
-from tasks.ids import check_id, check_optional_id
-from tasks.schema import ArrowRecord, column, frozen_array
+from tasks.ids import ID_PATTERN, MAX_ID_LENGTH, check_id, check_optional_id
+from tasks.schema import ArrowRecord, Column, column, frozen_array, fullmatch, null_or
 
 REASON_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
 RECEIPT_STATUSES = ("ok", "poisoned", "failed")
@@ -393,6 +394,28 @@ class CallRecord(ArrowRecord):
         if self.response_id is not None and (not isinstance(self.response_id, str) or not self.response_id):
             raise ValueError(f"response_id must be a non-empty str or None, got {self.response_id!r}")
 
+    @classmethod
+    def column_rules(cls, t: pa.Table) -> list[Column]:
+        """The column-wise form of ``__post_init__``: one boolean column per invariant (see ``schema.all_hold``)."""
+        root = pc.equal(t["mode"], "text")
+        return [
+            *_ids(t, "batch_id", "rollout_id", "call_id"),
+            *_ids(t, "parent_call_id", optional=True),
+            *(pc.greater_equal(t[name], 0) for name in ("prev_len", "delta_len", "cum_len", "staging_row")),
+            # dg.check_call_shape
+            pc.is_in(t["mode"], value_set=pa.array(dg.MODES)),
+            pc.equal(pc.is_null(t["parent_call_id"]), root),
+            pc.equal(pc.equal(t["prev_len"], 0), root),
+            pc.greater_equal(t["delta_len"], 1),
+            pc.equal(t["cum_len"], pc.add_checked(t["prev_len"], t["delta_len"])),
+            *_hex(t, "digest", "extras_digest", "chain_hash", "cumulative_hash"),
+            *_hex(t, "output_fingerprint", optional=True),
+            pc.starts_with(t["staging_segment"], "staging/"),
+            null_or(t["admitted_at"], pc.is_finite(t["admitted_at"])),
+            pc.greater(pc.utf8_length(t["finish_reason"]), 0),
+            null_or(t["response_id"], pc.greater(pc.utf8_length(t["response_id"]), 0)),
+        ]
+
     @property
     def staging_key(self) -> str:
         return f"{self.rollout_id}/{self.call_id}"
@@ -454,6 +477,15 @@ class FailureRow(ArrowRecord):
         if not isinstance(self.detail, str):
             raise TypeError(f"detail must be a str, got {type(self.detail).__name__}")
 
+    @classmethod
+    def column_rules(cls, t: pa.Table) -> list[Column]:
+        """The column-wise form of ``__post_init__``: one boolean column per invariant (see ``schema.all_hold``)."""
+        return [
+            *_ids(t, "batch_id", "rollout_id", "call_id"),
+            *_ids(t, "parent_call_id", optional=True),
+            _reason(t["reason"]),
+        ]
+
 
 @dataclass(frozen=True, eq=False)
 class Receipt(ArrowRecord):
@@ -511,3 +543,57 @@ class Receipt(ArrowRecord):
             if self.failure_reason is None:
                 raise ValueError(f"receipt of {self.rollout_id} is {self.status} but names no failure_reason")
             check_reason(self.failure_reason, field="failure_reason")
+
+    @classmethod
+    def column_rules(cls, t: pa.Table) -> list[Column]:
+        """The column-wise form of ``__post_init__``: one boolean column per invariant (see ``schema.all_hold``)."""
+        ok = pc.equal(t["status"], "ok")
+        ok_holds = pc.and_(
+            pc.and_(pc.is_valid(t["terminal_call_id"]), pc.is_null(t["failure_reason"])),
+            pc.and_(pc.is_valid(t["reward"]), pc.greater_equal(t["num_calls"], 1)),
+        )
+        return [
+            *_ids(t, "rollout_id", "group_id"),
+            *_ids(t, "terminal_call_id", optional=True),
+            pc.greater_equal(t["attempt"], 0),
+            pc.greater_equal(t["num_calls"], 0),
+            null_or(t["reward"], pc.is_finite(t["reward"])),
+            pa.array([_is_canonical_json(text) for text in pc.unique(t["reward_info"]).to_pylist()], pa.bool_()),
+            pc.is_in(t["status"], value_set=pa.array(RECEIPT_STATUSES)),
+            null_or(
+                t["terminal_selection"], pc.is_in(t["terminal_selection"], value_set=pa.array(TERMINAL_SELECTIONS))
+            ),
+            pc.equal(pc.is_null(t["terminal_call_id"]), pc.is_null(t["terminal_selection"])),
+            null_or(t["terminal_attribution_reason"], _reason(t["terminal_attribution_reason"])),
+            pc.if_else(ok, ok_holds, pc.fill_null(_reason(t["failure_reason"]), False)),
+        ]
+
+
+# --- column-wise invariants (the ledger reader checks whole tables with these) ---
+
+
+def _ids(table: pa.Table, *names: str, optional: bool = False) -> list[Column]:
+    """``check_id`` (``check_optional_id`` when ``optional``) of each named column."""
+    rules = []
+    for name in names:
+        column = table.column(name)
+        holds = pc.and_(fullmatch(column, ID_PATTERN), pc.less_equal(pc.utf8_length(column), MAX_ID_LENGTH))
+        rules.append(null_or(column, holds) if optional else holds)
+    return rules
+
+
+def _hex(table: pa.Table, *names: str, optional: bool = False) -> list[Column]:
+    """``check_hex_digest`` of each named column (null allowed when ``optional``)."""
+    rules = [fullmatch(table.column(name), dg.HEX_DIGEST) for name in names]
+    return [null_or(table.column(n), r) for n, r in zip(names, rules, strict=True)] if optional else rules
+
+
+def _reason(column: Column) -> Column:
+    return fullmatch(column, REASON_PATTERN)
+
+
+def _is_canonical_json(text: str) -> bool:
+    try:
+        return canonical_json(json.loads(text)) == text
+    except (ValueError, TypeError):
+        return False

@@ -15,7 +15,6 @@ absent) and hands its receipted rollouts to the next attempt to adopt.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,18 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.capture import digest as dg
 from tasks.capture.records import (
-    REASON_PATTERN,
-    RECEIPT_STATUSES,
-    TERMINAL_SELECTIONS,
     CallRecord,
     FailureRow,
     Receipt,
-    canonical_json,
 )
-from tasks.ids import ID_PATTERN, MAX_ID_LENGTH, attempt_name, check_id
-from tasks.schema import ArrowRecord, Column, all_hold, fullmatch, null_or, read_parquet_bytes
+from tasks.ids import attempt_name, check_id
+from tasks.schema import ArrowRecord, all_hold, read_parquet_bytes
 from tasks.storage import layout
 from tasks.storage.errors import (
     LedgerConflictError,
@@ -169,89 +163,9 @@ def rows_hold(kind: str, table: pa.Table) -> bool:
     """
     try:
         table.validate(full=True)  # UTF-8 of every string, as decoding each one would check
-        return all_hold(_RULES[kind](table))
+        return all_hold(RECORD_OF_KIND[kind].column_rules(table))
     except (pa.ArrowException, ValueError):  # an overflow in a checked sum, an uncheckable value
         return False
-
-
-def _ids(table: pa.Table, *names: str, optional: bool = False) -> list[Column]:
-    """``check_id`` (``check_optional_id`` when ``optional``) of each named column."""
-    rules = []
-    for name in names:
-        column = table.column(name)
-        holds = pc.and_(fullmatch(column, ID_PATTERN), pc.less_equal(pc.utf8_length(column), MAX_ID_LENGTH))
-        rules.append(null_or(column, holds) if optional else holds)
-    return rules
-
-
-def _hex(table: pa.Table, *names: str, optional: bool = False) -> list[Column]:
-    """``check_hex_digest`` of each named column (null allowed when ``optional``)."""
-    rules = [fullmatch(table.column(name), dg._HEX_DIGEST) for name in names]
-    return [null_or(table.column(n), r) for n, r in zip(names, rules, strict=True)] if optional else rules
-
-
-def _reason(column: Column) -> Column:
-    return fullmatch(column, REASON_PATTERN)
-
-
-def _call_rules(t: pa.Table) -> list[Column]:
-    root = pc.equal(t["mode"], "text")
-    return [
-        *_ids(t, "batch_id", "rollout_id", "call_id"),
-        *_ids(t, "parent_call_id", optional=True),
-        *(pc.greater_equal(t[name], 0) for name in ("prev_len", "delta_len", "cum_len", "staging_row")),
-        # dg.check_call_shape
-        pc.is_in(t["mode"], value_set=pa.array(dg.MODES)),
-        pc.equal(pc.is_null(t["parent_call_id"]), root),
-        pc.equal(pc.equal(t["prev_len"], 0), root),
-        pc.greater_equal(t["delta_len"], 1),
-        pc.equal(t["cum_len"], pc.add_checked(t["prev_len"], t["delta_len"])),
-        *_hex(t, "digest", "extras_digest", "chain_hash", "cumulative_hash"),
-        *_hex(t, "output_fingerprint", optional=True),
-        pc.starts_with(t["staging_segment"], "staging/"),
-        null_or(t["admitted_at"], pc.is_finite(t["admitted_at"])),
-        pc.greater(pc.utf8_length(t["finish_reason"]), 0),
-        null_or(t["response_id"], pc.greater(pc.utf8_length(t["response_id"]), 0)),
-    ]
-
-
-def _failure_rules(t: pa.Table) -> list[Column]:
-    return [
-        *_ids(t, "batch_id", "rollout_id", "call_id"),
-        *_ids(t, "parent_call_id", optional=True),
-        _reason(t["reason"]),
-    ]
-
-
-def _receipt_rules(t: pa.Table) -> list[Column]:
-    ok = pc.equal(t["status"], "ok")
-    ok_holds = pc.and_(
-        pc.and_(pc.is_valid(t["terminal_call_id"]), pc.is_null(t["failure_reason"])),
-        pc.and_(pc.is_valid(t["reward"]), pc.greater_equal(t["num_calls"], 1)),
-    )
-    return [
-        *_ids(t, "rollout_id", "group_id"),
-        *_ids(t, "terminal_call_id", optional=True),
-        pc.greater_equal(t["attempt"], 0),
-        pc.greater_equal(t["num_calls"], 0),
-        null_or(t["reward"], pc.is_finite(t["reward"])),
-        pa.array([_is_canonical_json(text) for text in pc.unique(t["reward_info"]).to_pylist()], pa.bool_()),
-        pc.is_in(t["status"], value_set=pa.array(RECEIPT_STATUSES)),
-        null_or(t["terminal_selection"], pc.is_in(t["terminal_selection"], value_set=pa.array(TERMINAL_SELECTIONS))),
-        pc.equal(pc.is_null(t["terminal_call_id"]), pc.is_null(t["terminal_selection"])),
-        null_or(t["terminal_attribution_reason"], _reason(t["terminal_attribution_reason"])),
-        pc.if_else(ok, ok_holds, pc.fill_null(_reason(t["failure_reason"]), False)),
-    ]
-
-
-def _is_canonical_json(text: str) -> bool:
-    try:
-        return canonical_json(json.loads(text)) == text
-    except (ValueError, TypeError):
-        return False
-
-
-_RULES = {"calls": _call_rules, "failures": _failure_rules, "receipts": _receipt_rules}
 
 
 class LedgerWriter:
