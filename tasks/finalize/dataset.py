@@ -361,7 +361,8 @@ def assemble_rows(
                 invalid_reasons=tuple(sorted(invalid.items())),
             )
         )
-    given = sorted(entry_of.values())
+    # Receipts actually read: a planned rollout without one has a verdict (missing_receipt) but no receipt.
+    given = sorted(e for e in entry_of.values() if verified.reasons[e] != reasons.MISSING_RECEIPT)
     selections = Counter(verified.terminal_selections[e] or "none" for e in given)
     return AssembledRows(
         table=rows.table(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -17,8 +18,10 @@ from tasks.capture.records import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.config import BatchConfig, ModelSpec
 from tasks.engines.base import SamplingSettings
 from tasks.finalize import reasons as r
+from tasks.finalize.run import FinalizeOptions, finalize_batch
 from tasks.finalize.verify import OFF_CHAIN_TOLERATED_FAILURE, verify_rollout, verify_shard
 from tasks.plan import batch_store
+from tasks.storage import layout
 from tasks.storage.errors import UncommittedShardError
 from tasks.storage.ledger import RolloutBundle
 from tasks.storage.objects import ObjectStore
@@ -338,6 +341,19 @@ def test_a_planned_rollout_without_receipt_is_missing(fake_batch: CommittedBatch
     results = batch.verify()
     assert results[dropped].reason == r.MISSING_RECEIPT and results[dropped].group_id
     assert all(v.valid for rid, v in results.items() if rid != dropped)
+
+
+def test_a_missing_receipt_is_counted_as_missing_not_as_a_receipt(fake_batch: CommittedBatch, tmp_path: Path) -> None:
+    batch = fresh_copy(fake_batch, tmp_path)
+    files = BatchFiles(batch.batch_dir)
+    files.edit_rows(files.files("receipts")[0], lambda rows: rows.pop(0))
+    finalize_batch(str(batch.root), batch.config.batch_id, FinalizeOptions(audit=False))
+    metrics = json.loads((batch.batch_dir / layout.DATASET_METRICS).read_text())
+    assert (metrics["planned_rollouts"], metrics["receipts"], metrics["missing_receipts"]) == (
+        batch.config.num_rollouts,
+        batch.config.num_rollouts - 1,
+        1,
+    )
 
 
 def test_an_uncommitted_shard_is_refused_not_rejected_row_by_row(fake_batch: CommittedBatch, tmp_path: Path) -> None:
