@@ -125,16 +125,6 @@ def _opt_digest(value: str | None) -> bytes:
     return b"\x00" if value is None else b"\x01" + bytes.fromhex(value)
 
 
-def encode_token_list(ids: np.ndarray) -> bytes:
-    """``>Q`` count + ``>Q`` per id, for an already checked uint64 array."""
-    return _u64(ids.size) + ids.astype(">u8", copy=False).tobytes()
-
-
-def encode_float_list(values: np.ndarray) -> bytes:
-    """``>Q`` count + ``>f`` per value, for an already checked float32 array."""
-    return _u64(values.size) + values.astype(">f4", copy=False).tobytes()
-
-
 def _encode_extras_value(value: Any, path: str, out: list[bytes]) -> None:
     # bool before int: bool is an int subclass in Python.
     if value is None:
