@@ -26,7 +26,6 @@ RECEIPT_STATUSES = ("ok", "poisoned", "failed")
 TERMINAL_SELECTIONS = ("declared", "response_id", "content", "heuristic")
 LOGPROBS_MODES = ("processed",)
 _I64_MAX = 2**63 - 1
-_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def canonical_json(value: Any) -> str:
@@ -79,25 +78,6 @@ def _check_id_range(ids: np.ndarray, *, field: str) -> None:
     """Every id of a uint64 view is a valid int64 token id (negatives wrapped past int64)."""
     if ids.size and int(ids.max()) > _I64_MAX:
         raise ValueError(f"{field} holds a token id outside [0, 2**63) (a negative id, or one past int64)")
-
-
-def _finite_float32(values: Any, *, field: str) -> np.ndarray:
-    """Values as float32 (float32 input as is), refusing non-numbers, NaN/inf and float32 overflow."""
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{field} must be a flat list of floats, got shape {arr.shape}")
-    if not arr.size or arr.dtype == np.float32:
-        if arr.size and not np.isfinite(arr).all():
-            raise ValueError(f"{field} holds NaN or infinity")
-        return arr.astype(np.float32, copy=False)
-    if arr.dtype.kind not in "fiu":
-        raise TypeError(f"{field} must hold numbers, got dtype {arr.dtype}")
-    # Checked before the cast, so the cast itself can neither warn nor overflow.
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{field} holds NaN or infinity")
-    if float(np.abs(arr).max()) > _F32_MAX:
-        raise ValueError(f"{field} holds a value that overflows float32")
-    return arr.astype(np.float32)
 
 
 def _extras_fields(extras: Any) -> tuple[str, str]:
@@ -229,7 +209,7 @@ class StagedDelta(ArrowRecord):
         prefix = _id_array(prefix_token_ids, field="prefix_token_ids")
         prompt = _id_array(prompt_token_ids, field="prompt_token_ids")
         generated = _id_array(generated_token_ids, field="generated_token_ids")
-        sampled = _finite_float32(generated_logprobs, field="generated_logprobs")
+        sampled = dg.float32_array(generated_logprobs, field="generated_logprobs")
         prev_len = prefix.size
         if sampled.size != generated.size:
             raise ValueError(f"generated_logprobs has {sampled.size} entries for {generated.size} generated tokens")
