@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from tasks.capture import terminal
 from tasks.capture.records import CallRecord, FailureRow, Receipt
 from tasks.finalize import reasons as r
-from tasks.finalize.runs import offsets, take_rows
+from tasks.finalize.runs import offsets, owners, take_rows
 from tasks.storage.ledger import LedgerTables, RolloutBundle
 
 
@@ -101,7 +101,7 @@ def _manifests(table: pa.Table, attempts: np.ndarray, receipts: Sequence[Receipt
 def _linear_manifests(calls: pa.Table, starts: np.ndarray, receipts: Sequence[Receipt]) -> np.ndarray:
     """Per receipt: whether its manifest (``calls`` rows ``starts[i]:starts[i + 1]``) is a plain linear chain."""
     sizes = np.diff(starts)
-    owner = np.repeat(np.arange(sizes.size), sizes)
+    owner = owners(starts)
     first = np.zeros(calls.num_rows, bool)
     first[starts[:-1][sizes > 0]] = True
     call_ids = calls.column("call_id").combine_chunks()

@@ -26,6 +26,7 @@ from tasks.capture.records import TERMINAL_SELECTIONS, check_reason
 from tasks.config import ADVANTAGES, ON_INVALID
 from tasks.finalize import reasons
 from tasks.finalize.advantages import group_advantages
+from tasks.finalize.runs import offsets
 from tasks.finalize.verified import CallSpan, VerifiedRollout, VerifiedRollouts, WeightSpan
 from tasks.ids import check_id
 from tasks.schema import ArrowRecord, column
@@ -478,11 +479,10 @@ def _per_row(present: np.ndarray, values: np.ndarray) -> pa.Array:
 
 def _lists(counts: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.Array:
     """A list column: row ``i`` holds the next ``counts[i]`` of ``values``."""
-    offsets = np.zeros(counts.size + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    if offsets[-1] > np.iinfo(np.int32).max:
-        raise ValueError(f"{offsets[-1]} values exceed one list column's 32-bit offsets; assemble fewer groups at once")
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, value_type))
+    starts = offsets(counts)
+    if starts[-1] > np.iinfo(np.int32).max:
+        raise ValueError(f"{starts[-1]} values exceed one list column's 32-bit offsets; assemble fewer groups at once")
+    return pa.ListArray.from_arrays(pa.array(starts.astype(np.int32)), pa.array(values, value_type))
 
 
 def _struct_lists(counts: np.ndarray, struct_type: pa.StructType, children: list[pa.Array]) -> pa.Array:

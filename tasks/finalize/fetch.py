@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from tasks.capture.records import StagedDelta
 from tasks.finalize import reasons as r
-from tasks.finalize.runs import take_rows
+from tasks.finalize.runs import owners, take_rows
 from tasks.storage.errors import StorageIntegrityError
 from tasks.storage.staged_reader import StagedReader
 
@@ -42,9 +42,8 @@ def fetch_chains(reader: StagedReader, calls: pa.Table, starts: np.ndarray) -> F
     ``calls`` needs the record's ``rollout_id``, ``call_id``, ``staging_segment`` and ``staging_row``.
     """
     chains = starts.size - 1
-    lengths = np.diff(starts)
-    owner = np.repeat(np.arange(chains), lengths)
-    position = np.arange(calls.num_rows) - np.repeat(starts[:-1], lengths)
+    owner = owners(starts)
+    position = np.arange(calls.num_rows) - starts[owner]
     encoded = calls.column("staging_segment").combine_chunks().dictionary_encode()
     segment_of = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     rows = calls.column("staging_row").to_numpy()

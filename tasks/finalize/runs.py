@@ -21,6 +21,11 @@ def offsets(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     return starts
 
 
+def owners(starts: np.ndarray) -> np.ndarray:
+    """The run (of ``starts``) of every item, items laid end to end."""
+    return np.repeat(np.arange(starts.size - 1), np.diff(starts))
+
+
 def gather(starts: np.ndarray, runs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Indices of the items of the given runs (of ``starts``) laid end to end, and the new runs' starts."""
     lo = starts[runs]
