@@ -136,12 +136,14 @@ class ArrowRecord:
         tables a column-wise check (or :meth:`from_table` itself) has accepted: a record that
         exists is well-formed, this just does not prove it a second time.
         """
-        records = []
-        for fields in cls._row_fields(table):
-            record = object.__new__(cls)
-            record.__dict__.update(fields)  # frozen dataclass: fields are set once, here
-            records.append(record)
-        return records
+        return [cls.trusted(fields) for fields in cls._row_fields(table)]
+
+    @classmethod
+    def trusted(cls, fields: dict[str, Any]) -> Self:
+        """A record of ``fields`` without running ``__post_init__``: only for values derived from checked ones."""
+        record = object.__new__(cls)
+        record.__dict__.update(fields)  # frozen dataclass: fields are set once, here
+        return record
 
     @classmethod
     def _row_fields(cls, table: pa.Table) -> Iterator[dict[str, Any]]:

@@ -259,7 +259,6 @@ class StagedDelta(ArrowRecord):
         mask[carry:] = 1.0
         logprobs = np.zeros(delta_len, np.float32)
         logprobs[carry:] = sampled
-        delta = object.__new__(cls)
         fields = {
             "schema_version": dg.SCHEMA_VERSION,
             "digest_version": dg.DIGEST_VERSION,
@@ -287,7 +286,7 @@ class StagedDelta(ArrowRecord):
             "top_k": top_k,
             "logprobs_mode": logprobs_mode,
         }
-        delta.__dict__.update(fields)  # frozen dataclass: fields are set once, here
+        delta = cls.trusted(fields)
         _check_call_settings(delta)
         return delta
 
