@@ -20,6 +20,7 @@ from tasks.environments.registry import load_environment
 from tasks.schema import ArrowRecord, column, read_parquet_bytes
 from tasks.storage import layout
 from tasks.storage.objects import ObjectConflictError, ObjectStore
+from tasks.storage.options import StorageOptions
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,9 +44,9 @@ class PlanSummary:
     created: bool
 
 
-def batch_store(root_url: str, batch_id: str) -> ObjectStore:
-    """The object store rooted at a batch's directory under ``root_url``."""
-    return ObjectStore(root_url).child(layout.batch_dir(batch_id))
+def batch_store(root_url: str, batch_id: str, storage_options: StorageOptions | None = None) -> ObjectStore:
+    """The object store rooted at a batch's directory under ``root_url`` (fsspec ``storage_options``)."""
+    return ObjectStore(root_url, **dict(storage_options or {})).child(layout.batch_dir(batch_id))
 
 
 def shard_task_range(config: BatchConfig, shard: int) -> range:

@@ -11,6 +11,7 @@ import re
 from tasks.ids import attempt_name, check_id, shard_name
 
 MARKER_NAME = "_COMMITTED.json"
+CLAIM_NAME = "_CLAIM.json"
 _ATTEMPT_IN_PATH = re.compile(r"/attempt-(\d+)/")
 
 
@@ -44,6 +45,11 @@ def ledger_file(shard: int, attempt: int, kind: str, index: int) -> str:
     if kind not in LEDGER_KINDS:
         raise ValueError(f"ledger file kind must be one of {LEDGER_KINDS}, got {kind!r}")
     return f"{ledger_shard_dir(shard)}/{attempt_name(attempt)}/{kind}-{index:06d}.parquet"
+
+
+def attempt_claim(shard: int, attempt: int) -> str:
+    """``_CLAIM.json`` of an attempt: created once, before the attempt writes anything else."""
+    return f"{ledger_shard_dir(shard)}/{attempt_name(attempt)}/{CLAIM_NAME}"
 
 
 def shard_marker(shard: int) -> str:

@@ -1,0 +1,49 @@
+"""fsspec storage options for a root URL: how credentials reach every stage (ARCHITECTURE section 12).
+
+Stage functions take a root URL plus ``storage_options`` (a plain mapping handed to fsspec);
+nothing about credentials is ever written into a batch. The CLI fills the options from the
+standard AWS environment variables (:func:`storage_options_from_env`); the Airflow DAG from a
+connection. Error messages and logs name which variables were read, never their values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+StorageOptions = Mapping[str, Any]
+# AWS variable -> s3fs option. Region goes through botocore's client arguments.
+AWS_VARIABLES = {
+    "AWS_ACCESS_KEY_ID": "key",
+    "AWS_SECRET_ACCESS_KEY": "secret",
+    "AWS_SESSION_TOKEN": "token",
+    "AWS_ENDPOINT_URL": "endpoint_url",
+    "AWS_ENDPOINT_URL_S3": "endpoint_url",
+}
+AWS_REGION_VARIABLES = ("AWS_REGION", "AWS_DEFAULT_REGION")
+
+
+def is_s3_url(url: str) -> bool:
+    return url.startswith(("s3://", "s3a://"))
+
+
+def storage_options_from_env(url: str, environ: Mapping[str, str]) -> dict[str, Any]:
+    """s3fs options for ``url`` from the AWS variables set in ``environ``; ``{}`` for other schemes.
+
+    ``AWS_ENDPOINT_URL_S3`` wins over ``AWS_ENDPOINT_URL`` (botocore's own precedence).
+    """
+    if not is_s3_url(url):
+        return {}
+    options: dict[str, Any] = {}
+    for variable, option in AWS_VARIABLES.items():
+        if environ.get(variable):
+            options[option] = environ[variable]
+    region = next((environ[v] for v in AWS_REGION_VARIABLES if environ.get(v)), None)
+    if region:
+        options["client_kwargs"] = {"region_name": region}
+    return options
+
+
+def aws_variables_read(environ: Mapping[str, str]) -> list[str]:
+    """Names (never values) of the AWS variables that are set: what an S3 error message cites."""
+    return [v for v in (*AWS_VARIABLES, *AWS_REGION_VARIABLES) if environ.get(v)]
