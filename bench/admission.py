@@ -113,7 +113,7 @@ def run(rollouts: int, turns: int, *, write_through: bool) -> bool:
     ratio = late / early
     ok = ratio <= TARGET_RATIO
     mode = (
-        "write-through prefix cache (as the capture hooks run)" if write_through else "every parent read from staging"
+        "write-through prefix cache (as call capture runs)" if write_through else "every parent read from staging"
     )
     print(f"{rollouts} rollouts x {turns} turns, {mode}; {checked} prompts checked against the full-render definition")
     print(

@@ -1,7 +1,11 @@
 """The ``rollout-ledger`` command: one sub-command per stage. Scripts depend on it; keep it stable.
 
-Exit codes: 0 done (committed), 1 failed, 2 usage error (bad arguments or config). S3 settings
-come from the standard AWS environment variables (``AWS_ENDPOINT_URL``, ...).
+Exit codes: 0 done; 1 failed (a retry may succeed: the engine died, an unexpected error); 2 a
+usage or input error (bad flags, config, environment, model, unreadable storage: fix the command);
+3 a conflict with what storage already holds (a batch planned differently, a model whose hashes
+differ from the plan, data that fails an integrity check); 128+N stopped by signal N (completed
+work is kept; run the command again). stdout carries the result, stderr the progress and errors.
+S3 settings come from the standard AWS environment variables (``AWS_ENDPOINT_URL``, ...).
 """
 
 from __future__ import annotations
@@ -11,15 +15,31 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from typing import Any
 
-from tasks.config import ADVANTAGES, ON_INVALID, BatchConfig, ConfigError, EngineSpec, ModelSpec
-from tasks.engines.base import SamplingSettings
+from tasks.config import ADVANTAGES, ON_INVALID, BatchConfig, ConfigError, SamplingSettings
+from tasks.environments.prompts_file import PromptFileError
 from tasks.environments.registry import EnvironmentLoadError
+from tasks.models.bundled import ModelFolderError
+from tasks.models.reference import ModelMismatchError, ModelReferenceError
+from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
+from tasks.storage.objects import ObjectConflictError
+from tasks.storage.options import aws_variables_read, is_s3_url, storage_options_from_env
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICT = 0, 1, 2, 3
+EXIT_SIGNAL_BASE = 128
 log = logging.getLogger("rollout_ledger")
+USAGE_ERRORS = (
+    ConfigError,
+    EnvironmentLoadError,
+    PromptFileError,
+    ModelReferenceError,
+    ModelFolderError,
+    UncommittedShardError,
+)
+CONFLICT_ERRORS = (ObjectConflictError, ModelMismatchError, StorageIntegrityError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,14 +48,33 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+def _shard_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shard is a number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a shard is a number >= 0, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="rollout-ledger", description="Token-exact rollout capture and GRPO dataset finalization.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser = _Parser(
+        prog="rollout-ledger",
+        description="Token-exact rollout capture and GRPO dataset finalization.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging; show the engine's own log lines")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    plan = sub.add_parser("plan", help="expand a batch into rollouts and shards; write plan/batch.json")
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Formatter)
+
+    plan = command("plan", "expand a batch into rollouts and shards; write plan/batch.json")
     _root_and_batch(plan)
-    plan.add_argument("--environment", required=True, help="built-in name, pkg.module:Class, or a prompt file path")
+    plan.add_argument(
+        "--environment", required=True, help="built-in name, pkg.module:Class, or a prompt file (.parquet/.jsonl/.json)"
+    )
     plan.add_argument(
         "--env-option",
         action="append",
@@ -43,37 +82,60 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=JSON",
         help="environment option (value parsed as JSON, else taken as a string); repeatable",
     )
-    plan.add_argument("--num-tasks", type=int, required=True)
-    plan.add_argument("--group-size", type=int, required=True)
-    plan.add_argument("--shards", type=int, required=True)
-    plan.add_argument("--model", default=None, help="local Hugging Face model folder (default: bundled SmolLM2-135M)")
-    plan.add_argument("--max-turns", type=int, default=BatchConfig.max_turns)
-    plan.add_argument("--max-tokens", type=int, default=SamplingSettings.max_tokens)
-    plan.add_argument("--temperature", type=float, default=SamplingSettings.temperature)
-    plan.add_argument("--top-p", type=float, default=SamplingSettings.top_p)
-    plan.add_argument("--top-k", type=int, default=SamplingSettings.top_k)
-    plan.add_argument("--seed", type=int, default=0)
-    plan.add_argument("--max-in-flight", type=int, default=BatchConfig.max_in_flight)
-    plan.add_argument("--engine", default="vllm", help="inference backend (vllm; megatron on GPU)")
+    plan.add_argument("--num-tasks", type=int, required=True, help="tasks (groups) in the batch")
+    plan.add_argument("--group-size", type=int, required=True, help="rollouts per task (the GRPO group)")
+    plan.add_argument("--shards", type=int, required=True, help="shards (one generate task each; <= num-tasks)")
+    plan.add_argument(
+        "--model", default=None, help="local Hugging Face model folder every worker can read (default: bundled SmolLM2)"
+    )
+    plan.add_argument("--max-turns", type=int, default=BatchConfig.max_turns, help="model calls per rollout at most")
+    plan.add_argument(
+        "--max-tokens", type=int, default=SamplingSettings.max_tokens, help="tokens per model call at most"
+    )
+    plan.add_argument("--temperature", type=float, default=SamplingSettings.temperature, help="sampling temperature")
+    plan.add_argument("--top-p", type=float, default=SamplingSettings.top_p, help="nucleus sampling threshold")
+    plan.add_argument("--top-k", type=int, default=SamplingSettings.top_k, help="top-k sampling (-1: off)")
+    plan.add_argument("--seed", type=int, default=BatchConfig.seed, help="batch seed (tasks and per-call seeds)")
+    plan.add_argument(
+        "--max-in-flight", type=int, default=BatchConfig.max_in_flight, help="rollouts run at once per shard"
+    )
+    plan.add_argument(
+        "--weight-version",
+        type=int,
+        default=BatchConfig.weight_version,
+        help="weight version the engine starts at (a trainer passes its policy step)",
+    )
+    plan.add_argument("--engine", default="vllm", help="inference backend")
     plan.add_argument(
         "--engine-option",
         action="append",
         default=[],
         metavar="KEY=JSON",
-        help="engine option passed through, e.g. max_model_len=2048; repeatable",
+        help="engine option, e.g. max_model_len=2048; repeatable",
     )
+    plan.add_argument("--on-invalid", choices=ON_INVALID, default=BatchConfig.on_invalid, help="invalid rollouts")
+    plan.add_argument("--advantage", choices=ADVANTAGES, default=BatchConfig.advantage, help="advantage estimator")
 
-    generate = sub.add_parser("generate", help="run one shard's rollouts and commit it")
+    generate = command("generate", "run shards' rollouts on one engine and commit each shard")
     _root_and_batch(generate)
-    generate.add_argument("--shard", type=int, required=True)
-    generate.add_argument("--attempt", type=int, default=None, help="default: the next unused attempt")
+    which = generate.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--shard", type=_shard_number, action="append", help="shard to generate; repeat to run several on one engine"
+    )
+    which.add_argument("--all-shards", action="store_true", help="every shard of the batch, on one engine")
     generate.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
+    generate.add_argument(
+        "--try-number", type=int, default=None, help="the orchestrator's try number, recorded in the attempt claim"
+    )
+    generate.add_argument("--model", default=None, help="refused: the model is fixed at plan time (see plan --model)")
 
-    finalize = sub.add_parser("finalize", help="verify, linearize and publish the batch's GRPO dataset")
+    finalize = command("finalize", "verify, linearize and publish the batch's GRPO dataset")
     _root_and_batch(finalize)
-    finalize.add_argument("--on-invalid", choices=ON_INVALID, default=None, help="default: the batch config's")
-    finalize.add_argument("--advantage", choices=ADVANTAGES, default=None, help="default: the batch config's")
-    finalize.add_argument("--allow-partial", action="store_true", help="finalize only the committed shards")
+    finalize.add_argument("--on-invalid", choices=ON_INVALID, default=None, help="override the batch config's")
+    finalize.add_argument("--advantage", choices=ADVANTAGES, default=None, help="override the batch config's")
+    finalize.add_argument(
+        "--allow-partial", action="store_true", help="finalize only the committed shards (recorded as partial)"
+    )
     audit = finalize.add_mutually_exclusive_group()
     audit.add_argument(
         "--audit",
@@ -82,22 +144,35 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="recompute a sample of logprobs with the HF model (default: on for the bundled model)",
     )
-    audit.add_argument("--no-audit", dest="audit", action="store_false")
+    audit.add_argument("--no-audit", dest="audit", action="store_false", help="skip the logprob audit")
 
-    demo = sub.add_parser("demo", help="plan, generate and finalize a small batch on the embedded defaults")
-    demo.add_argument("--root", default=".demo/runs", help="storage root (default .demo/runs)")
-    demo.add_argument("--batch-id", default=None, help="default: demo-<timestamp>")
+    status = command("status", "what a batch holds: plan, shards and attempts, counts, dataset, reports")
+    _root_and_batch(status)
+    status.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    sweep = sub.add_parser("sweep", help="delete objects of a committed shard that its marker does not name")
+    sweep = command("sweep", "delete objects of a committed shard that its marker does not name")
     _root_and_batch(sweep)
-    sweep.add_argument("--shard", type=int, required=True)
+    sweep.add_argument("--shard", type=_shard_number, required=True, help="the committed shard to sweep")
     sweep.add_argument("--dry-run", action="store_true", help="list the orphans, delete nothing")
+
+    demo = command("demo", "plan, generate and finalize a small batch on the embedded defaults")
+    demo.add_argument("--root", default=".demo/runs", help="storage root URL")
+    demo.add_argument("--batch-id", default=None, help="batch id (default: demo-<timestamp>)")
     return parser
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == [] or action.required:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _root_and_batch(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", required=True, help="storage root URL: a local path, s3://bucket/prefix, ...")
-    parser.add_argument("--batch-id", required=True)
+    parser.add_argument("--batch-id", required=True, help="the batch's id: [A-Za-z0-9][A-Za-z0-9._-]*, <= 128 chars")
 
 
 def _options(pairs: Sequence[str], flag: str) -> dict:
@@ -113,56 +188,137 @@ def _options(pairs: Sequence[str], flag: str) -> dict:
     return options
 
 
-def _plan(args: argparse.Namespace) -> int:
-    from tasks.models.bundled import resolve_model
-    from tasks.models.provenance import model_provenance
-    from tasks.plan import plan_batch
+def _storage(args: argparse.Namespace) -> dict[str, Any]:
+    return storage_options_from_env(args.root, os.environ)
 
-    model_path = resolve_model(args.model)
-    provenance = model_provenance(model_path)
-    config = BatchConfig(
-        batch_id=args.batch_id,
-        environment=args.environment,
-        environment_options=_options(args.env_option, "--env-option"),
-        num_tasks=args.num_tasks,
-        group_size=args.group_size,
-        shards=args.shards,
-        seed=args.seed,
-        model=ModelSpec(path=str(model_path), **provenance),
-        engine=EngineSpec(name=args.engine, options=_options(args.engine_option, "--engine-option")),
-        sampling=SamplingSettings(
-            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens
-        ),
-        max_turns=args.max_turns,
-        max_in_flight=args.max_in_flight,
-        code_version=_code_version(),
+
+def _plan(args: argparse.Namespace) -> int:
+    from tasks.models.provenance import model_provenance
+    from tasks.models.reference import model_reference, resolve_model_reference
+    from tasks.plan import plan_batch
+    from tasks.version import code_version
+
+    reference = model_reference(args.model)
+    provenance = model_provenance(resolve_model_reference(reference))
+    config = BatchConfig.from_dict(
+        {
+            "batch_id": args.batch_id,
+            "environment": args.environment,
+            "environment_options": _options(args.env_option, "--env-option"),
+            "num_tasks": args.num_tasks,
+            "group_size": args.group_size,
+            "shards": args.shards,
+            "seed": args.seed,
+            "model": {"reference": reference, **provenance},
+            "engine": {"name": args.engine, "options": _options(args.engine_option, "--engine-option")},
+            "sampling": {
+                "temperature": args.temperature,
+                "top_p": args.top_p,
+                "top_k": args.top_k,
+                "max_tokens": args.max_tokens,
+            },
+            "max_turns": args.max_turns,
+            "max_in_flight": args.max_in_flight,
+            "weight_version": args.weight_version,
+            "on_invalid": args.on_invalid,
+            "advantage": args.advantage,
+            "code_version": code_version(),
+        },
+        source="plan flags",
     )
-    summary = plan_batch(args.root, config)
+    summary = plan_batch(args.root, config, _storage(args))
     verb = "planned" if summary.created else "already planned (same config)"
+    planned = summary.config
     print(
         f"{verb} batch {summary.batch_id}: {summary.rollouts} rollouts in {len(summary.shards)} shards at "
-        f"{summary.batch_url}"
+        f"{summary.batch_url}\n"
+        f"  environment  {planned.environment} {json.dumps(planned.environment_options, sort_keys=True)}\n"
+        f"  model        {planned.model.reference}\n"
+        f"    weights    sha256 {planned.model.weights_sha256}\n"
+        f"    tokenizer  sha256 {planned.model.tokenizer_sha256}\n"
+        f"    template   sha256 {planned.model.chat_template_sha256 or '(none)'}\n"
+        f"  engine       {planned.engine.name} {json.dumps(planned.engine.options, sort_keys=True)}, "
+        f"weight version {planned.weight_version}"
     )
     return EXIT_OK
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from tasks.generate import generate_shard
+    from tasks.generate import generate_shards
+    from tasks.plan import batch_store, read_batch_config
 
-    summary = generate_shard(
-        args.root, args.batch_id, args.shard, attempt=args.attempt, progress=False if args.no_progress else None
+    if args.model is not None:
+        raise ConfigError(
+            "generate takes no --model: the model is fixed at plan time (plan/batch.json records it and its hashes); "
+            "plan a new batch id with --model to use another one"
+        )
+    storage = _storage(args)
+    shards = args.shard
+    if args.all_shards:
+        shards = list(range(read_batch_config(batch_store(args.root, args.batch_id, storage)).shards))
+    summaries = generate_shards(
+        args.root,
+        args.batch_id,
+        shards,
+        storage_options=storage,
+        progress=False if args.no_progress else None,
+        try_number=args.try_number,
+        on_engine_start=_engine_notice(args),
     )
-    print(json.dumps(asdict(summary), indent=2))
+    for summary in summaries:
+        signal = summary.signal
+        _say(
+            f"shard {summary.shard}: "
+            + (
+                f"already committed by attempt {summary.attempt}"
+                if summary.already_committed
+                else f"committed attempt {summary.attempt}: {summary.ok} ok, {summary.poisoned} poisoned, "
+                f"{summary.failed} failed, {summary.adopted} adopted, {summary.generated_tokens} tokens "
+                f"in {summary.seconds:.0f} s"
+            )
+        )
+        for line in signal.describe() if signal is not None else ():
+            _say(f"  {line}")
+    print(json.dumps([_summary_json(s) for s in summaries], indent=2))
     return EXIT_OK
 
 
+def _summary_json(summary: Any) -> dict[str, Any]:
+    data = asdict(summary)
+    data.pop("signal")
+    if summary.signal is not None:
+        data["training_signal"] = asdict(summary.signal)
+    return data
+
+
+def _engine_notice(args: argparse.Namespace) -> Callable[[float], Any]:
+    """What the CLI does around the engine's life: say how long it starts, send its output to a log file."""
+    import contextlib
+    import time
+
+    from tasks.engines.startup import engine_log_path, engine_output_to
+
+    @contextlib.contextmanager
+    def notice(expected_seconds: float) -> Any:
+        _say(f"starting the engine (about {expected_seconds:.0f} s)")
+        if args.verbose:
+            yield
+            return
+        path = engine_log_path(args.batch_id, time.strftime("generate-%Y%m%d-%H%M%S") + f"-{os.getpid()}")
+        _say(f"engine log: {path} (-v shows it here)")
+        with engine_output_to(path):
+            yield
+
+    return notice
+
+
 def _finalize(args: argparse.Namespace) -> int:
-    from tasks.finalize.run import FinalizeOptions, finalize_batch
+    from tasks.finalize.stage import FinalizeOptions, finalize_batch
 
     options = FinalizeOptions(
         on_invalid=args.on_invalid, advantage=args.advantage, allow_partial=args.allow_partial, audit=args.audit
     )
-    published = finalize_batch(args.root, args.batch_id, options)
+    published = finalize_batch(args.root, args.batch_id, options, storage_options=_storage(args))
     marker = published.marker
     print(
         json.dumps(
@@ -181,6 +337,14 @@ def _finalize(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _status(args: argparse.Namespace) -> int:
+    from tasks.status import batch_status, render_status
+
+    status = batch_status(args.root, args.batch_id, _storage(args))
+    print(json.dumps(status.to_dict(), indent=2, sort_keys=True) if args.json else render_status(status))
+    return EXIT_OK
+
+
 def _demo(args: argparse.Namespace) -> int:
     from tasks.demo import run_demo
 
@@ -192,7 +356,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from tasks.plan import batch_store
     from tasks.storage.sweep import sweep_orphans
 
-    report = sweep_orphans(batch_store(args.root, args.batch_id), args.shard, dry_run=args.dry_run)
+    report = sweep_orphans(batch_store(args.root, args.batch_id, _storage(args)), args.shard, dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     for path in report.orphans:
         print(f"{verb} {path}")
@@ -200,35 +364,72 @@ def _sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _code_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return f"rollout-ledger {version('rollout-ledger')}"
-    except PackageNotFoundError:
-        return "rollout-ledger (not installed)"
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
-COMMANDS = {"plan": _plan, "generate": _generate, "finalize": _finalize, "demo": _demo, "sweep": _sweep}
+COMMANDS = {
+    "plan": _plan,
+    "generate": _generate,
+    "finalize": _finalize,
+    "status": _status,
+    "sweep": _sweep,
+    "demo": _demo,
+}
+
+
+def classify_error(exc: BaseException, command: str, root: str | None) -> tuple[int, str]:
+    """The exit code and the one line a person sees for an error of ``command`` (no traceback)."""
+    from tasks.engines.base import EngineDeadError
+    from tasks.generate import GenerateInterrupted
+
+    prefix = f"rollout-ledger {command}"
+    if isinstance(exc, GenerateInterrupted):
+        return EXIT_SIGNAL_BASE + exc.signum, f"{prefix}: {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_SIGNAL_BASE + 2, f"{prefix}: interrupted; nothing was committed by this run"
+    if isinstance(exc, EngineDeadError):
+        return EXIT_FAILED, (
+            f"{prefix}: failed: the engine died ({exc}); receipts of completed rollouts were flushed and no "
+            "shard marker was written: run generate again to adopt them and re-run the rest"
+        )
+    if isinstance(exc, CONFLICT_ERRORS):
+        return EXIT_CONFLICT, f"{prefix}: conflict: {exc}"
+    if isinstance(exc, USAGE_ERRORS):
+        return EXIT_USAGE, f"{prefix}: error: {exc}"
+    if root is not None and _is_storage_access_error(exc):
+        where = f"storage {root}"
+        if is_s3_url(root):
+            read = aws_variables_read(os.environ)
+            where += f" (AWS variables read: {', '.join(read) if read else 'none set'})"
+        return EXIT_USAGE, f"{prefix}: error: cannot use {where}: {type(exc).__name__}: {exc}"
+    return EXIT_FAILED, f"{prefix}: failed: {type(exc).__name__}: {exc}"
+
+
+def _is_storage_access_error(exc: BaseException) -> bool:
+    """Errors reaching storage (missing bucket, no credentials, endpoint down): the user's setup, not a bug."""
+    module = type(exc).__module__
+    return isinstance(exc, (PermissionError, FileNotFoundError, ConnectionError, TimeoutError)) or module.startswith(
+        ("botocore", "aiobotocore", "s3fs")
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # stdout carries the command's result (scripts parse it); engine logs go to stderr.
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, EnvironmentLoadError, FileExistsError) as exc:
-        print(f"rollout-ledger {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except Exception as exc:
-        log.exception("rollout-ledger %s failed", args.command)
-        print(f"rollout-ledger {args.command}: failed: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    except (Exception, KeyboardInterrupt) as exc:
+        code, message = classify_error(exc, args.command, getattr(args, "root", None))
+        if code == EXIT_FAILED and args.verbose:
+            log.exception("rollout-ledger %s failed", args.command)
+        elif code == EXIT_FAILED:
+            message += " (-v shows the traceback)"
+        print(message, file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

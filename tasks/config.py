@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -19,11 +20,12 @@ from typing import Any, Self
 from tasks.engines.base import SamplingSettings
 from tasks.ids import check_id
 
-CONFIG_VERSION = 1
+CONFIG_VERSION = 2  # 2: portable model reference, validated engine, weight_version honoured
 DIVERGENCE_POLICIES = ("poison",)
 ON_INVALID = ("mask", "drop")
 ADVANTAGES = ("grpo", "dr_grpo", "rloo")
 SAFE_OVERRIDES = ("on_invalid", "advantage", "validation")
+_HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class ConfigError(ValueError):
@@ -32,20 +34,44 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Which weights generate the batch, and their provenance (sha256 of each part)."""
+    """Which weights generate the batch: a portable reference (``bundled:<name>`` or a folder every
+    worker can read, :mod:`tasks.models.reference`) and its provenance (sha256 of each part; generate
+    refuses a resolved model whose hashes differ)."""
 
-    path: str
+    reference: str
     weights_sha256: str = ""
     tokenizer_sha256: str = ""
     chat_template_sha256: str = ""
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.reference, str) or not self.reference:
+            raise ConfigError(f"model.reference must be a non-empty str, got {self.reference!r}")
+        for name in ("weights_sha256", "tokenizer_sha256", "chat_template_sha256"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or (value and not _HEX_SHA256.fullmatch(value)):
+                raise ConfigError(f"model.{name} must be 64 lowercase hex digits (or empty), got {value!r}")
+
+    @property
+    def provenance(self) -> dict[str, str]:
+        return {n: getattr(self, n) for n in ("weights_sha256", "tokenizer_sha256", "chat_template_sha256")}
+
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """Inference backend name (``vllm``; ``megatron`` on GPU) and its options, passed through."""
+    """Inference backend name (``vllm``) and its options; both checked when the config is built."""
 
     name: str = "vllm"
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from tasks.engines import check_engine
+
+        if not isinstance(self.options, dict):
+            raise ConfigError(f"engine.options must be a JSON object, got {self.options!r}")
+        try:
+            check_engine(self.name, self.options)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"engine: {exc}") from None
 
 
 @dataclass(frozen=True)

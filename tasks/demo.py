@@ -1,7 +1,7 @@
 """``make demo``: a whole batch on the embedded defaults — plan, generate every shard, finalize.
 
 Local storage, the bundled SmolLM2-135M-Instruct, vLLM on this machine; sized to finish in a few
-minutes on 2 CPU cores. One engine serves every shard. Prints where the dataset is and a summary.
+minutes on 2 CPU cores. One engine serves every shard (``generate_shards``). Prints where the dataset is and a summary.
 """
 
 from __future__ import annotations
@@ -12,15 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
-from tasks.engines import create_engine
-from tasks.engines.background import BackgroundLoop
 from tasks.engines.base import SamplingSettings
-from tasks.finalize.run import finalize_batch
-from tasks.generate import generate_shard
-from tasks.models.bundled import resolve_model
+from tasks.finalize.stage import finalize_batch
+from tasks.generate import generate_shards
 from tasks.models.provenance import model_provenance
+from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 from tasks.plan import batch_store, plan_batch
 from tasks.storage import layout
+from tasks.version import code_version
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,6 @@ def run_demo(root: str, *, batch_id: str | None = None, size: DemoSize | None = 
     size = size or DemoSize()
     batch_id = batch_id or time.strftime("demo-%Y%m%d-%H%M%S")
     started = time.monotonic()
-    model = resolve_model(None)
     config = BatchConfig(
         batch_id=batch_id,
         environment=size.environment,
@@ -48,26 +46,21 @@ def run_demo(root: str, *, batch_id: str | None = None, size: DemoSize | None = 
         num_tasks=size.num_tasks,
         group_size=size.group_size,
         shards=size.shards,
-        model=ModelSpec(path=str(model), **model_provenance(model)),
+        model=ModelSpec(reference=BUNDLED_REFERENCE, **model_provenance(resolve_model_reference(BUNDLED_REFERENCE))),
         engine=EngineSpec(name="vllm", options={"max_model_len": 2048}),
         sampling=SamplingSettings(temperature=size.temperature, max_tokens=size.max_tokens),
         max_turns=size.max_turns,
+        code_version=code_version(),
     )
     print(f"[1/3] plan: batch {batch_id}, {config.num_rollouts} rollouts in {config.shards} shards", flush=True)
     plan_batch(root, config)
-    print("[2/3] generate: starting vLLM on the bundled SmolLM2-135M-Instruct", flush=True)
-    with BackgroundLoop("demo-engine") as loop:
-        engine = loop.run(create_engine("vllm", model_path=model, options=config.engine.options), timeout=900)
-        try:
-            for shard in range(config.shards):
-                summary = generate_shard(root, batch_id, shard, engine=engine, run=loop.run)
-                print(
-                    f"      shard {shard}: {summary.ok} ok, {summary.poisoned} poisoned, "
-                    f"{summary.calls} calls, {summary.generated_tokens} tokens in {summary.seconds:.1f}s",
-                    flush=True,
-                )
-        finally:
-            loop.run(engine.close(), timeout=120)
+    print("[2/3] generate: every shard on one vLLM engine serving the bundled SmolLM2-135M-Instruct", flush=True)
+    for summary in generate_shards(root, batch_id, range(config.shards)):
+        print(
+            f"      shard {summary.shard}: {summary.ok} ok, {summary.poisoned} poisoned, "
+            f"{summary.calls} calls, {summary.generated_tokens} tokens in {summary.seconds:.1f}s",
+            flush=True,
+        )
     print("[3/3] finalize: verify lineage, linearize, advantages, logprob audit, publish", flush=True)
     published = finalize_batch(root, batch_id)
     store = batch_store(root, batch_id)

@@ -1,51 +1,82 @@
-"""The generate stage: run one shard's rollouts through the engine, captured (ARCHITECTURE 1, 5, 10).
+"""The generate stage: run shards' rollouts through one engine, captured (ARCHITECTURE 1, 5, 10).
 
-Reads the batch config and the shard's plan, adopts every rollout an earlier attempt of the
-shard already receipted (ok or poisoned: a receipt is final), runs the rest concurrently
-(at most ``max_in_flight`` at once, all sharing the engine's continuous batch), writes a
-receipt per rollout and then the shard's commit marker, and sweeps orphans. A shard whose
-marker exists is not generated again: the committed summary comes back.
+Before any engine starts, everything a user can get wrong is checked (fail fast): the batch
+config, the shards and their plans, the environment and its prompt file, and the model the
+worker resolves from the plan's portable reference, whose hashes must equal the planned ones.
+
+Each shard not yet committed then runs as a new attempt: it claims the attempt
+(``_CLAIM.json``, create-once), adopts every rollout an earlier attempt receipted (a receipt is
+final), runs the rest concurrently (at most ``max_in_flight`` at once in the engine's
+continuous batch), writes a receipt per rollout and then the shard's commit marker, and sweeps
+orphans. A shard committed meanwhile by another writer (a zombie and its retry) is not
+committed twice: the loser returns the winner's summary.
+
+An interruption (SIGTERM, SIGINT) or the engine dying ends the attempt: receipts of completed
+rollouts are flushed (the retry adopts them), rollouts in flight get no receipt (the retry
+re-runs them), no marker is written, the engine is shut down, and the caller gets
+:class:`GenerateInterrupted` or :class:`~tasks.engines.base.EngineDeadError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from tasks.capture.hooks import CaptureHooks, RolloutCapture
+from tasks.capture.calls import CallCapture, RolloutCapture
 from tasks.capture.prefix_cache import ChainPrefixCache
 from tasks.capture.records import Receipt, canonical_json
 from tasks.capture.terminal import attribute_terminal
-from tasks.config import BatchConfig
-from tasks.engines.base import Engine
+from tasks.config import BatchConfig, ConfigError
+from tasks.engines.base import Engine, EngineDeadError
 from tasks.environments.base import Environment, Turn, check_messages
 from tasks.environments.registry import load_environment
 from tasks.plan import PlannedRollout, batch_store, read_batch_config, read_shard_plan
-from tasks.storage import layout
-from tasks.storage.ledger import LedgerWriter, recover_earlier_attempts
+from tasks.storage.claims import AttemptClaim, claim_attempt
+from tasks.storage.ledger import LedgerWriter, ShardAlreadyCommittedError, recover_earlier_attempts
 from tasks.storage.marker import ShardMarker, read_marker
-from tasks.storage.objects import ObjectStore
+from tasks.storage.objects import ObjectConflictError, ObjectStore
+from tasks.storage.options import StorageOptions
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import StagingWriter
 from tasks.storage.sweep import sweep_orphans
+from tasks.training_signal import RolloutOutcome, TrainingSignal
+from tasks.version import code_version
 
 log = logging.getLogger(__name__)
 ENVIRONMENT_ERROR = "environment_error"
-PROGRESS_LOG_SECONDS = 15.0
+HEARTBEAT_SECONDS = 10.0
 # Receipts are made durable at least this often, so a crashed attempt loses little: its
 # successor adopts every rollout whose receipt reached storage.
 LEDGER_FLUSH_SECONDS = 10.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+Runner = Callable[[Coroutine[Any, Any, Any]], Any]
+
+
+class GenerateInterrupted(Exception):
+    """A signal stopped generation; completed rollouts were flushed, no shard marker was written."""
+
+    def __init__(self, signum: int, shards: Sequence[int]) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"stopped by {name}: receipts of completed rollouts were flushed and no shard marker was written "
+            f"(shards {list(shards)} stay uncommitted); run generate again to adopt them and re-run the rest"
+        )
+        self.signum = signum
 
 
 @dataclass(frozen=True)
 class ShardSummary:
-    """What a generate run committed (or found committed)."""
+    """What a generate run committed (or found committed), and the training signal of what it ran."""
 
     batch_id: str
     shard: int
@@ -61,6 +92,7 @@ class ShardSummary:
     seconds: float
     already_committed: bool
     swept: int
+    signal: TrainingSignal | None = None
 
     @classmethod
     def of_marker(cls, marker: ShardMarker, **extra: Any) -> ShardSummary:
@@ -80,92 +112,218 @@ class ShardSummary:
         )
 
 
-def attempts_used(store: ObjectStore, shard: int) -> set[int]:
-    """Every attempt that left an object (staging or ledger) for ``shard``."""
-    used = set()
-    for directory in (layout.staging_shard_dir(shard), layout.ledger_shard_dir(shard)):
-        for path in store.list_files(directory):
-            try:
-                used.add(layout.attempt_of(path))
-            except ValueError:  # the shard marker and stray names live outside attempt directories
-                continue
-    return used
+@dataclass
+class _Batch:
+    """What generate checked before starting an engine: one batch, the shards still to run."""
+
+    store: ObjectStore
+    config: BatchConfig
+    environment: Environment
+    plans: dict[int, list[PlannedRollout]]
+    committed: dict[int, ShardMarker]
+    model_folder: Path | None = None
+    try_number: int | None = None
+    capture: bool = True
+    progress: bool | None = None
+    summaries: dict[int, ShardSummary] = field(default_factory=dict)
 
 
-def next_attempt(store: ObjectStore, shard: int) -> int:
-    """One past the highest attempt that left any object for ``shard`` (0 when none did)."""
-    return max(attempts_used(store, shard), default=-1) + 1
+def generate_shard(root_url: str, batch_id: str, shard: int, **kwargs: Any) -> ShardSummary:
+    """Generate and commit one shard; see :func:`generate_shards`."""
+    return generate_shards(root_url, batch_id, [shard], **kwargs)[0]
 
 
-def generate_shard(
+def generate_shards(
     root_url: str,
     batch_id: str,
-    shard: int,
+    shards: Sequence[int],
     *,
-    attempt: int | None = None,
+    storage_options: StorageOptions | None = None,
     engine: Engine | None = None,
-    run: Callable[[Any], Any] | None = None,
+    run: Runner | None = None,
     capture: bool = True,
     progress: bool | None = None,
-) -> ShardSummary:
-    """Generate and commit ``shard`` of ``batch_id``; see the module docstring.
+    try_number: int | None = None,
+    on_engine_start: Callable[[float], contextlib.AbstractContextManager[Any]] | None = None,
+) -> list[ShardSummary]:
+    """Generate and commit ``shards`` of ``batch_id`` one after another on one engine; see the module docstring.
 
     With ``engine`` given, ``run`` must execute a coroutine on the loop the engine lives on
-    (``BackgroundLoop.run``); otherwise the engine the batch config names is created here and
-    shut down before returning.
+    (``BackgroundLoop.run``) and the engine must serve at least the planned weight version;
+    otherwise the engine the batch config names is created at the planned weight version and
+    shut down before returning, on every path. ``on_engine_start(expected_seconds)`` wraps the
+    engine's whole life (the CLI prints a notice and redirects engine output there).
+    ``try_number`` (the orchestrator's) is recorded in each attempt's claim.
     """
-    store = batch_store(root_url, batch_id)
-    config = read_batch_config(store)
-    marker = read_marker(store, shard)
-    if marker is not None:
-        log.info("shard %d of %s is already committed by attempt %d: nothing to do", shard, batch_id, marker.attempt)
-        return ShardSummary.of_marker(marker)
-    used = attempts_used(store, shard)
-    if attempt is None:
-        attempt = max(used, default=-1) + 1
-    elif attempt in used:
-        raise FileExistsError(
-            f"attempt {attempt} of shard {shard} already wrote objects; retry with a higher --attempt "
-            f"(next unused: {max(used) + 1})"
-        )
-    plan = read_shard_plan(store, config, shard)
+    batch = _check_before_engine(root_url, batch_id, shards, storage_options, own_engine=engine is None)
+    batch.try_number, batch.capture, batch.progress = try_number, capture, progress
+    if all(shard in batch.committed for shard in shards):
+        return [ShardSummary.of_marker(batch.committed[shard]) for shard in shards]
     if engine is not None:
         if run is None:
             raise ValueError("an engine passed in needs `run`, which runs a coroutine on the engine's event loop")
-        return run(_run_shard(store, config, shard, attempt, plan, engine, capture=capture, progress=progress))
-    return asyncio.run(_with_own_engine(store, config, shard, attempt, plan, capture=capture, progress=progress))
+        _check_engine_version(engine, batch.config)
+        return run(_run_shards(batch, shards, engine))
+    return _with_own_engine(batch, shards, on_engine_start)
 
 
-async def _with_own_engine(
-    store: ObjectStore, config: BatchConfig, shard: int, attempt: int, plan: list[PlannedRollout], **kwargs: Any
-) -> ShardSummary:
+def _check_before_engine(
+    root_url: str, batch_id: str, shards: Sequence[int], storage_options: StorageOptions | None, *, own_engine: bool
+) -> _Batch:
+    """Everything that can be checked without an engine; a clear error before minutes of engine start."""
+    from tasks.models.reference import check_provenance, resolve_model_reference
+
+    if not shards:
+        raise ConfigError("no shard to generate: name at least one")
+    if len(set(shards)) != len(shards):
+        raise ConfigError(f"shards {list(shards)} name a shard twice")
+    store = batch_store(root_url, batch_id, storage_options)
+    config = read_batch_config(store)
+    committed = {}
+    plans = {}
+    for shard in shards:
+        marker = read_marker(store, shard) if 0 <= shard < config.shards else None
+        if marker is not None:
+            committed[shard] = marker
+        else:
+            plans[shard] = read_shard_plan(store, config, shard)
+    environment = load_environment(config.environment, config.environment_options)
+    batch = _Batch(store=store, config=config, environment=environment, plans=plans, committed=committed)
+    if own_engine and plans:
+        folder = resolve_model_reference(config.model.reference)
+        check_provenance(folder, config.model.provenance, reference=config.model.reference)
+        batch.model_folder = folder
+    return batch
+
+
+def _check_engine_version(engine: Engine, config: BatchConfig) -> None:
+    if engine.weight_version < config.weight_version:
+        raise ConfigError(
+            f"the engine serves weight version {engine.weight_version}, older than the planned "
+            f"{config.weight_version}: refit it to the planned weights first"
+        )
+
+
+def _with_own_engine(
+    batch: _Batch, shards: Sequence[int], on_engine_start: Callable[[float], Any] | None
+) -> list[ShardSummary]:
+    from tasks.engines.startup import expected_start_seconds
+
+    expected = expected_start_seconds(batch.config.engine.name)
+    wrap = on_engine_start(expected) if on_engine_start is not None else contextlib.nullcontext()
+    stop = _StopSignals()
+    with wrap:
+        try:
+            return asyncio.run(_serve_with_own_engine(batch, shards, stop))
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            if stop.signum is None:
+                raise
+    raise GenerateInterrupted(stop.signum, [s for s in shards if s not in batch.summaries])
+
+
+async def _serve_with_own_engine(batch: _Batch, shards: Sequence[int], stop: _StopSignals) -> list[ShardSummary]:
     from tasks.engines import create_engine
+    from tasks.engines.startup import record_start_seconds
 
-    engine = await create_engine(config.engine.name, model_path=config.model.path, options=config.engine.options)
-    try:
-        return await _run_shard(store, config, shard, attempt, plan, engine, **kwargs)
-    finally:
-        await engine.close()
+    config = batch.config
+    with stop.cancelling(asyncio.current_task()):
+        started = time.monotonic()
+        log.info("starting the %s engine on %s", config.engine.name, config.model.reference)
+        engine = await create_engine(
+            config.engine.name,
+            model_path=batch.model_folder,  # type: ignore[arg-type]
+            options=config.engine.options,
+            weight_version=config.weight_version,
+        )
+        record_start_seconds(config.engine.name, time.monotonic() - started)
+        log.info("engine started in %.0f s", time.monotonic() - started)
+        try:
+            return await _run_shards(batch, shards, engine)
+        finally:
+            await engine.close()
 
 
-async def _run_shard(
-    store: ObjectStore,
-    config: BatchConfig,
-    shard: int,
-    attempt: int,
-    plan: list[PlannedRollout],
-    engine: Engine,
-    *,
-    capture: bool,
-    progress: bool | None,
-) -> ShardSummary:
+class _StopSignals:
+    """SIGTERM and SIGINT cancel the stage's main task once (later signals only log); previous handlers come back.
+
+    Installed only on the main thread (where Python delivers signals); the signal number is kept
+    so the caller can say which one stopped it.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @contextlib.contextmanager
+    def cancelling(self, task: asyncio.Task[Any] | None) -> Iterator[None]:
+        if task is None or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+
+        def stop(signum: int) -> None:
+            if self.signum is not None:
+                log.warning("%s received while stopping: still flushing and shutting down", signal.Signals(signum).name)
+                return
+            self.signum = signum
+            log.warning("%s received: flushing completed rollouts and shutting down", signal.Signals(signum).name)
+            task.cancel()
+
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, stop, signum)
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                loop.remove_signal_handler(signum)
+                signal.signal(signum, handler)
+
+
+async def _run_shards(batch: _Batch, shards: Sequence[int], engine: Engine) -> list[ShardSummary]:
+    for shard in shards:
+        marker = batch.committed.get(shard) or await asyncio.to_thread(read_marker, batch.store, shard)
+        if marker is not None:
+            log.info(
+                "shard %d of %s is already committed by attempt %d: nothing to do",
+                shard,
+                batch.config.batch_id,
+                marker.attempt,
+            )
+            batch.summaries[shard] = ShardSummary.of_marker(marker)
+            continue
+        claim = await asyncio.to_thread(
+            claim_attempt,
+            batch.store,
+            batch_id=batch.config.batch_id,
+            shard=shard,
+            try_number=batch.try_number,
+            code_version=code_version(),
+        )
+        batch.summaries[shard] = await _run_attempt(batch, claim, engine)
+    return [batch.summaries[shard] for shard in shards]
+
+
+@dataclass(frozen=True)
+class _Finished:
+    """What the shard keeps of a finished rollout (its tokens are released)."""
+
+    outcome: RolloutOutcome
+    generated_tokens: int
+    calls: int
+
+
+async def _run_attempt(batch: _Batch, claim: AttemptClaim, engine: Engine) -> ShardSummary:
+    store, config, shard, attempt = batch.store, batch.config, claim.shard, claim.attempt
     started = time.monotonic()
-    recovery = await asyncio.to_thread(recover_earlier_attempts, store, shard, attempt=attempt)
-    todo = [p for p in plan if p.rollout_id not in recovery.rollout_ids]
-    planned_ids = {p.rollout_id for p in plan}
-    stray = sorted(recovery.rollout_ids - planned_ids)
+    try:
+        recovery = await asyncio.to_thread(recover_earlier_attempts, store, shard, attempt=attempt)
+    except ShardAlreadyCommittedError:
+        return await _committed_by_another(store, shard, attempt)
+    plan = batch.plans[shard]
+    stray = sorted(recovery.rollout_ids - {p.rollout_id for p in plan})
     if stray:
         raise ValueError(f"earlier attempts of shard {shard} receipted rollouts that are not in its plan: {stray[:5]}")
+    todo = [p for p in plan if p.rollout_id not in recovery.rollout_ids]
     log.info(
         "shard %d attempt %d: %d rollouts planned, %d adopted from earlier attempts, %d to run",
         shard,
@@ -174,7 +332,6 @@ async def _run_shard(
         len(recovery.rollouts),
         len(todo),
     )
-    environment = load_environment(config.environment, config.environment_options)
     staging = StagingWriter(
         store,
         shard=shard,
@@ -186,54 +343,103 @@ async def _run_shard(
     ledger = LedgerWriter(store, batch_id=config.batch_id, shard=shard, attempt=attempt, adopted=recovery)
     reader = StagedReader(store)
     cache = ChainPrefixCache()
-    hooks = CaptureHooks(
-        engine=engine, sampling=config.sampling, staging=staging, ledger=ledger, prefix_cache=cache, capture=capture
+    capture = CallCapture(
+        engine=engine,
+        sampling=config.sampling,
+        staging=staging,
+        ledger=ledger,
+        prefix_cache=cache,
+        capture=batch.capture,
     )
     cache.set_source(
         f"{config.batch_id}/shard-{shard}/attempt-{attempt}",
-        lambda keys: reader.fetch_token_ids(hooks.coordinates_of(keys)),
+        lambda keys: reader.fetch_token_ids(capture.coordinates_of(keys)),
     )
-    tracker = _Progress(total=len(todo), enabled=progress, label=f"shard {shard}")
+    progress = _Progress(total=len(todo), enabled=batch.progress, label=f"shard {shard}")
     limit = asyncio.Semaphore(config.max_in_flight)
+    finished: list[_Finished] = []
     last_flush = [time.monotonic()]
 
-    async def run_one(planned: PlannedRollout) -> RolloutCapture:
+    async def run_one(planned: PlannedRollout) -> None:
         async with limit:
-            state = await _run_rollout(planned, config, attempt, environment, hooks, ledger if capture else None)
-        tracker.update(state)
-        if capture and time.monotonic() - last_flush[0] >= LEDGER_FLUSH_SECONDS:
+            done = await _run_rollout(planned, config, attempt, batch.environment, capture, ledger, progress)
+        finished.append(done)
+        progress.rollout_done()
+        if batch.capture and time.monotonic() - last_flush[0] >= LEDGER_FLUSH_SECONDS:
             last_flush[0] = time.monotonic()
             await asyncio.to_thread(ledger.flush)
-        return state
 
+    heartbeat = asyncio.create_task(progress.heartbeat())
     try:
-        states = await asyncio.gather(*(run_one(p) for p in todo))
+        async with asyncio.TaskGroup() as group:
+            for planned in todo:
+                group.create_task(run_one(planned))
+    except BaseExceptionGroup as failed:
+        raise _first_error(failed) from None
     finally:
-        await asyncio.to_thread(staging.close)
-        tracker.close()
-    summary_extra = {
-        "generated_tokens": sum(s.generated_tokens for s in states),
+        heartbeat.cancel()
+        progress.close()
+        await _stop_writers(staging, ledger if batch.capture else None)
+    extra = {
+        "generated_tokens": sum(f.generated_tokens for f in finished),
         "seconds": time.monotonic() - started,
         "already_committed": False,
     }
-    if not capture:
+    if not batch.capture:
         return ShardSummary(
             batch_id=config.batch_id,
             shard=shard,
             attempt=attempt,
-            rollouts=len(states),
+            rollouts=len(finished),
             ok=0,
             poisoned=0,
             failed=0,
             adopted=0,
-            calls=sum(s.next_ordinal for s in states),
+            calls=sum(f.calls for f in finished),
             failures=0,
             swept=0,
-            **summary_extra,
+            **extra,
         )
-    marker = await asyncio.to_thread(ledger.commit, staging_segments=staging.segments)
+    outcomes = [*(f.outcome for f in finished), *(_adopted_outcome(b) for b in recovery.rollouts)]
+    try:
+        marker = await asyncio.to_thread(ledger.commit, staging_segments=staging.segments)
+    except ObjectConflictError:
+        return await _committed_by_another(store, shard, attempt)
     report = await asyncio.to_thread(sweep_orphans, store, shard)
-    return ShardSummary.of_marker(marker, swept=len(report.deleted), **summary_extra)
+    return ShardSummary.of_marker(marker, swept=len(report.deleted), signal=TrainingSignal.of(outcomes), **extra)
+
+
+async def _stop_writers(staging: StagingWriter, ledger: LedgerWriter | None) -> None:
+    """Close staging, then make every buffered ledger row durable (receipts of completed rollouts above all)."""
+    await asyncio.to_thread(staging.close)
+    if ledger is not None:
+        await asyncio.to_thread(ledger.flush)
+
+
+async def _committed_by_another(store: ObjectStore, shard: int, attempt: int) -> ShardSummary:
+    marker = await asyncio.to_thread(read_marker, store, shard)
+    if marker is None:
+        raise RuntimeError(f"shard {shard}: the marker conflicted but cannot be read; run `rollout-ledger status`")
+    log.warning(
+        "shard %d was committed by attempt %d while attempt %d ran; this attempt's objects are orphans for the sweep",
+        shard,
+        marker.attempt,
+        attempt,
+    )
+    return ShardSummary.of_marker(marker)
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    """The exception to report from a task group: the engine dying wins, else the first one."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        error = pending.pop(0)
+        if isinstance(error, BaseExceptionGroup):
+            pending.extend(error.exceptions)
+        else:
+            leaves.append(error)
+    return next((e for e in leaves if isinstance(e, EngineDeadError)), leaves[0])
 
 
 async def _run_rollout(
@@ -241,9 +447,10 @@ async def _run_rollout(
     config: BatchConfig,
     attempt: int,
     environment: Environment,
-    hooks: CaptureHooks,
+    capture: CallCapture,
     ledger: LedgerWriter | None,
-) -> RolloutCapture:
+    progress: _Progress,
+) -> _Finished:
     """One episode: model calls and environment turns until done, the turn limit, or a dead end."""
     state = RolloutCapture(batch_id=config.batch_id, rollout_id=planned.rollout_id, attempt=attempt, seed=planned.seed)
     task = json.loads(planned.task_json)
@@ -252,7 +459,10 @@ async def _run_rollout(
     try:
         messages = check_messages(environment.initial_messages(task), where=f"{planned.rollout_id} initial messages")
         for _ in range(config.max_turns):
-            call = await hooks.call(state, messages)
+            call = await capture.call(state, messages)
+            progress.call_done(
+                0 if call.completion is None else len(call.completion.token_ids), call.failure is not None
+            )
             if call.completion is None:
                 break  # no completion to continue from: the rollout is poisoned by the call's failure row
             messages = [*messages, {"role": "assistant", "content": call.completion.text}]
@@ -264,13 +474,35 @@ async def _run_rollout(
             messages = check_messages(nxt, where=f"{planned.rollout_id} turn {state.next_ordinal}")
         else:
             outcome = environment.finish_unfinished(task, messages)
+    except EngineDeadError:
+        raise  # the engine's failure, not this rollout's: no receipt, the retry re-runs it
     except Exception as exc:  # an environment bug fails this rollout, never the shard
         log.warning("rollout %s failed in its environment: %r", planned.rollout_id, exc)
         error = f"{type(exc).__name__}: {exc}"
+    receipt = _receipt(planned, state, attempt, outcome, error)
     if ledger is not None:
-        receipt = _receipt(planned, state, attempt, outcome, error)
         await asyncio.to_thread(ledger.add_receipt, receipt)
-    return state
+    capture.release(state)
+    return _Finished(
+        outcome=_outcome(receipt, state.records),
+        generated_tokens=state.generated_tokens,
+        calls=state.next_ordinal,
+    )
+
+
+def _outcome(receipt: Receipt, manifest: Sequence[Any]) -> RolloutOutcome:
+    terminal = next((c for c in manifest if c.call_id == receipt.terminal_call_id), None)
+    return RolloutOutcome(
+        group_id=receipt.group_id,
+        status=receipt.status,
+        reward=receipt.reward,
+        failure_reason=receipt.failure_reason,
+        truncated=terminal is not None and terminal.finish_reason == "length",
+    )
+
+
+def _adopted_outcome(bundle: Any) -> RolloutOutcome:
+    return _outcome(bundle.receipt, bundle.manifest)
 
 
 def _receipt(
@@ -309,42 +541,66 @@ def _receipt(
 
 
 class _Progress:
-    """A progress bar on a terminal (rollouts, tok/s, failures); periodic log lines otherwise."""
+    """Progress per model call: a bar on a terminal (rollouts, calls, tok/s, failures), log lines otherwise.
+
+    :meth:`heartbeat` keeps both alive while nothing finishes: the bar's clock ticks every second
+    and a log line is written at least every :data:`HEARTBEAT_SECONDS`.
+    """
 
     def __init__(self, *, total: int, enabled: bool | None, label: str) -> None:
         self.total = total
         self.done = 0
+        self.calls = 0
         self.failures = 0
         self.tokens = 0
         self.label = label
         self.started = time.monotonic()
-        self.last_log = self.started
         interactive = sys.stderr.isatty() if enabled is None else enabled
         self.bar = None
         if interactive:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc=label, unit="rollout", dynamic_ncols=True)
+            self.bar = tqdm(total=total, desc=label, unit="rollout", dynamic_ncols=True, file=sys.stderr)
 
-    def update(self, state: RolloutCapture) -> None:
-        self.done += 1
-        self.tokens += state.generated_tokens
-        self.failures += len(state.failures)
-        rate = self.tokens / max(time.monotonic() - self.started, 1e-9)
+    def call_done(self, tokens: int, failed: bool) -> None:
+        self.calls += 1
+        self.tokens += tokens
+        self.failures += int(failed)
         if self.bar is not None:
-            self.bar.set_postfix(tok_s=f"{rate:.0f}", failures=self.failures, refresh=False)
+            self.bar.set_postfix(calls=self.calls, tok_s=f"{self._rate():.0f}", failures=self.failures, refresh=False)
+            self.bar.refresh()
+
+    def rollout_done(self) -> None:
+        self.done += 1
+        if self.bar is not None:
             self.bar.update(1)
-        elif time.monotonic() - self.last_log >= PROGRESS_LOG_SECONDS or self.done == self.total:
-            self.last_log = time.monotonic()
-            log.info(
-                "%s: %d/%d rollouts, %.0f generated tok/s, %d failure rows",
-                self.label,
-                self.done,
-                self.total,
-                rate,
-                self.failures,
-            )
+
+    async def heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(1.0 if self.bar is not None else HEARTBEAT_SECONDS)
+            if self.bar is not None:
+                self.bar.refresh()
+            else:
+                self.log()
+
+    def log(self) -> None:
+        log.info(
+            "%s: %d/%d rollouts done, %d calls, %d tokens (%.0f tok/s), %d failure rows, %.0f s",
+            self.label,
+            self.done,
+            self.total,
+            self.calls,
+            self.tokens,
+            self._rate(),
+            self.failures,
+            time.monotonic() - self.started,
+        )
+
+    def _rate(self) -> float:
+        return self.tokens / max(time.monotonic() - self.started, 1e-9)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        else:
+            self.log()

@@ -8,7 +8,9 @@ batch again with the same config is a no-op, with a different one an error.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,6 +18,8 @@ import pyarrow.parquet as pq
 from tasks import ids
 from tasks.capture.records import canonical_json
 from tasks.config import BatchConfig, ConfigError
+from tasks.environments.base import Environment
+from tasks.environments.prompts_file import PromptsFile
 from tasks.environments.registry import load_environment
 from tasks.schema import ArrowRecord, column, read_parquet_bytes
 from tasks.storage import layout
@@ -42,6 +46,7 @@ class PlanSummary:
     rollouts: int
     shards: tuple[int, ...]
     created: bool
+    config: BatchConfig
 
 
 def batch_store(root_url: str, batch_id: str, storage_options: StorageOptions | None = None) -> ObjectStore:
@@ -71,18 +76,29 @@ def plan_rollouts(config: BatchConfig, tasks: list[dict], shard: int) -> list[Pl
     ]
 
 
-def plan_batch(root_url: str, config: BatchConfig) -> PlanSummary:
-    """Write ``plan/batch.json`` and every ``plan/shard-K.parquet`` for ``config``."""
-    store = batch_store(root_url, config.batch_id)
+def plan_batch(root_url: str, config: BatchConfig, storage_options: StorageOptions | None = None) -> PlanSummary:
+    """Write ``plan/batch.json`` and every ``plan/shard-K.parquet`` for ``config``.
+
+    The environment is loaded first and the config records what it resolved to (a prompt file as
+    a URI with its sha256, every option with its default filled in), so a typo or an unreadable
+    file is refused before anything is written and every worker runs the same environment.
+    """
+    store = batch_store(root_url, config.batch_id, storage_options)
     environment = load_environment(config.environment, config.environment_options)
-    tasks = environment.make_tasks(config.num_tasks, config.seed)
+    config = pin_environment(config, environment)
+    try:
+        tasks = environment.make_tasks(config.num_tasks, config.seed)
+    except ValueError as exc:
+        raise ConfigError(f"environment {config.environment!r} cannot make {config.num_tasks} tasks: {exc}") from None
     if len(tasks) != config.num_tasks:
         raise ConfigError(f"environment {config.environment!r} made {len(tasks)} tasks, {config.num_tasks} were asked")
     try:
         written = store.write_once(layout.plan_config(), config.to_json().encode("utf-8"))
     except ObjectConflictError:
+        differ = changed_fields(read_batch_config(store), config)
         raise ConfigError(
-            f"batch {config.batch_id} was already planned at {store.url} with a different config; choose a new batch id"
+            f"batch {config.batch_id} was already planned at {store.url} with a different config "
+            f"(differing: {', '.join(differ)}); plan under a new batch id"
         ) from None
     for shard in range(config.shards):
         table = PlannedRollout.to_table(plan_rollouts(config, tasks, shard))
@@ -95,7 +111,29 @@ def plan_batch(root_url: str, config: BatchConfig) -> PlanSummary:
         rollouts=config.num_rollouts,
         shards=tuple(range(config.shards)),
         created=written.created,
+        config=config,
     )
+
+
+def pin_environment(config: BatchConfig, environment: Environment) -> BatchConfig:
+    """``config`` with the environment as resolved: a prompt file by URI, options as the instance reports them."""
+    spec = environment.options()["path"] if isinstance(environment, PromptsFile) else config.environment
+    return dataclasses.replace(config, environment=spec, environment_options=environment.options())
+
+
+def changed_fields(planned: BatchConfig, asked: BatchConfig) -> list[str]:
+    """Dotted names of the config fields that differ (``sampling.temperature``, ``seed``, ...)."""
+    return _differences(dataclasses.asdict(planned), dataclasses.asdict(asked), "")
+
+
+def _differences(old: Any, new: Any, prefix: str) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            d
+            for key in sorted(old.keys() | new.keys())
+            for d in _differences(old.get(key), new.get(key), f"{prefix}{key}.")
+        ]
+    return [] if old == new else [prefix.rstrip(".")]
 
 
 def read_batch_config(store: ObjectStore) -> BatchConfig:
@@ -111,6 +149,6 @@ def read_shard_plan(store: ObjectStore, config: BatchConfig, shard: int) -> list
     shard_task_range(config, shard)
     path = layout.plan_shard(shard)
     if not store.exists(path):
-        raise FileNotFoundError(f"{store.url}/{path} does not exist: the plan of shard {shard} is missing")
+        raise ConfigError(f"{store.url}/{path} does not exist: the plan of shard {shard} is missing; re-plan the batch")
     table = read_parquet_bytes(store.read_bytes(path))
     return PlannedRollout.from_table(table, source=f"{store.url}/{path}")

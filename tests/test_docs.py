@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.capture.hooks import FAILURE_REASONS
+from tasks.capture.calls import FAILURE_REASONS
 from tasks.finalize import reasons
 from tasks.finalize.dataset import DatasetRow
 

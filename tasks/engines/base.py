@@ -1,9 +1,9 @@
-"""The engine contract: one interface every inference backend implements (vLLM, Megatron-core).
+"""The engine contract: one interface every inference backend implements (vLLM today).
 
 An engine generates from token-id prompts and returns exactly what it sampled: the token ids,
 each sampled token's logprob under the distribution it was sampled from (``processed``:
 after temperature / top-p / top-k), float32, the finish reason, and the prompt ids it really
-used. It carries a ``weight_version`` that a refit (:meth:`Engine.update_weights`) bumps.
+used. It starts at the batch's ``weight_version`` and a refit (:meth:`Engine.update_weights`) raises it.
 Engines are async so one event loop can keep every in-flight rollout of a shard in the
 engine's continuous batch.
 """
@@ -77,7 +77,15 @@ class GenerationResult:
 
 
 class EngineError(RuntimeError):
-    """The engine failed a request; the capture hooks record it as ``engine_error``."""
+    """The engine failed one request; the call is recorded as the failure row ``engine_error``."""
+
+
+class EngineDeadError(EngineError):
+    """The engine itself is gone (its process died, it was closed, a refit left it unusable).
+
+    Not a failure of the request in hand: the shard attempt ends without a commit marker and
+    the rollouts in flight are re-run by the retry (ARCHITECTURE section 10).
+    """
 
 
 class Engine(abc.ABC):
@@ -110,9 +118,21 @@ class Engine(abc.ABC):
         """Sample a completion for ``request``; raise :class:`EngineError` on failure."""
 
     @abc.abstractmethod
-    async def update_weights(self, model_path: str) -> int:
-        """Load new weights (a refit) and return the new, larger weight version."""
+    async def update_weights(self, model_path: str, *, version: int | None = None) -> int:
+        """Load new weights (a refit) and return the new weight version.
+
+        ``version`` (a trainer's policy step) must exceed the current one; ``None`` means current + 1.
+        """
 
     @abc.abstractmethod
     async def close(self) -> None:
         """Shut the engine down; an engine left running hangs the process at exit."""
+
+
+def next_weight_version(current: int, requested: int | None) -> int:
+    """The version a refit moves to: ``requested`` when it exceeds ``current``, else an error."""
+    if requested is None:
+        return current + 1
+    if not isinstance(requested, int) or isinstance(requested, bool) or requested <= current:
+        raise EngineError(f"a refit must raise the weight version above {current}, got {requested!r}")
+    return requested

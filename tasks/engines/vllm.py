@@ -14,16 +14,25 @@ it through :class:`tasks.engines.background.BackgroundLoop`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tasks.engines.base import FINISH_REASONS, Engine, EngineError, GenerationRequest, GenerationResult
+from tasks.engines.base import (
+    FINISH_REASONS,
+    Engine,
+    EngineDeadError,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    next_weight_version,
+)
 from tasks.models.bundled import ModelFolderError, check_model_folder, load_tokenizer
 from tasks.models.provenance import model_provenance
 
@@ -136,22 +145,28 @@ class VllmEngine(Engine):
 
     name = "vllm"
 
-    def __init__(self, llm: Any, model_path: Path, tokenizer: Any, tokenizer_sha256: str) -> None:
+    def __init__(
+        self, llm: Any, model_path: Path, tokenizer: Any, tokenizer_sha256: str, *, weight_version: int = 0
+    ) -> None:
         self._llm = llm
         self._model_path = model_path
         self._tokenizer = tokenizer
         self._tokenizer_sha256 = tokenizer_sha256
         self._max_model_len = int(llm.model_config.max_model_len)
-        self._weight_version = 0
+        self._weight_version = weight_version
         self._refit_lock = asyncio.Lock()
         self._failed: str | None = None
         self._closed = False
 
     @classmethod
-    async def create(cls, model_path: str | Path, options: VllmOptions | Mapping[str, Any] | None = None) -> VllmEngine:
-        """Start an engine on a checked local model folder; blocks this event loop while it starts.
+    async def create(
+        cls, model_path: str | Path, options: VllmOptions | Mapping[str, Any] | None = None, *, weight_version: int = 0
+    ) -> VllmEngine:
+        """Start an engine on a checked local model folder at ``weight_version``; blocks this loop while it starts.
 
-        The engine is bound to the running event loop: call it from that loop only.
+        The engine is bound to the running event loop: call it from that loop only. vLLM-CPU's
+        environment settings (:func:`cpu_env_defaults`) are set only while the engine processes
+        start, then the process environment is restored (workers are long-lived).
         """
         if not isinstance(options, VllmOptions):
             options = VllmOptions.from_mapping(options)
@@ -159,19 +174,20 @@ class VllmEngine(Engine):
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
-        if on_cpu:
-            os.environ.update(cpu_env_defaults(options, os.environ))
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        # No local holds the AsyncLLM: a module vLLM imports lazily keeps this frame alive, and a
-        # local here would keep the engine alive past close() (its __del__ then fails at exit).
-        return cls(
-            AsyncLLM.from_engine_args(AsyncEngineArgs(**options.engine_args(path, on_cpu=on_cpu))),
-            path,
-            load_tokenizer(path),
-            model_provenance(path)["tokenizer_sha256"],
-        )
+        args = AsyncEngineArgs(**options.engine_args(path, on_cpu=on_cpu))
+        with scoped_environ(cpu_env_defaults(options, os.environ) if on_cpu else {}):
+            # No local holds the AsyncLLM: a module vLLM imports lazily keeps this frame alive, and a
+            # local here would keep the engine alive past close() (its __del__ then fails at exit).
+            return cls(
+                AsyncLLM.from_engine_args(args),
+                path,
+                load_tokenizer(path),
+                model_provenance(path)["tokenizer_sha256"],
+                weight_version=weight_version,
+            )
 
     @property
     def weight_version(self) -> int:
@@ -229,18 +245,23 @@ class VllmEngine(Engine):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise EngineError(f"request {request.request_id}: vLLM failed: {type(exc).__name__}: {exc}") from exc
+            message = f"request {request.request_id}: vLLM failed: {type(exc).__name__}: {exc}"
+            if _is_dead(exc) or self._llm is None or self._llm.errored:
+                raise EngineDeadError(message) from exc
+            raise EngineError(message) from exc
         if final is None or not final.outputs:
             raise EngineError(f"request {request.request_id}: vLLM returned no output")
         return to_generation_result(request.request_id, final)
 
-    async def update_weights(self, model_path: str) -> int:
+    async def update_weights(self, model_path: str, *, version: int | None = None) -> int:
         """Reload the weights of ``model_path`` into the running engine; return the new version.
 
+        ``version``: see :meth:`Engine.update_weights`.
         ``model_path`` must carry the tokenizer now served (a refit changes weights only). On a
         failed reload the engine refuses further requests: its weights are in an unknown state.
         """
         self._check_usable("refit")
+        new_version = next_weight_version(self._weight_version, version)
         try:
             path = check_model_folder(Path(model_path).expanduser().resolve())
         except ModelFolderError as exc:
@@ -250,7 +271,7 @@ class VllmEngine(Engine):
         async with self._refit_lock:
             await self._llm.pause_generation(mode="keep", clear_cache=True)
             try:
-                self._weight_version += 1
+                self._weight_version = new_version
                 await self._llm.collective_rpc(
                     "reload_weights", kwargs={"weights_path": str(path), "is_checkpoint_format": True}
                 )
@@ -274,9 +295,33 @@ class VllmEngine(Engine):
 
     def _check_usable(self, what: str) -> None:
         if self._closed:
-            raise EngineError(f"request {what}: the engine is closed")
+            raise EngineDeadError(f"request {what}: the engine is closed")
         if self._failed is not None:
-            raise EngineError(f"request {what}: {self._failed}")
+            raise EngineDeadError(f"request {what}: {self._failed}")
+        if self._llm.errored:
+            raise EngineDeadError(f"request {what}: the vLLM engine core is dead")
+
+
+def _is_dead(exc: BaseException) -> bool:
+    """Whether vLLM raised because its engine core is gone (not because of this request)."""
+    from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
+
+    return isinstance(exc, VllmEngineDeadError)
+
+
+@contextlib.contextmanager
+def scoped_environ(settings: Mapping[str, str]) -> Iterator[None]:
+    """Set ``settings`` in ``os.environ`` for the block, then restore every key as it was."""
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def to_generation_result(request_id: str, output: Any) -> GenerationResult:

@@ -47,8 +47,9 @@ def is_prompt_file(spec: str) -> bool:
 
 
 def recorded_path(path: str) -> str:
-    """A local path made absolute (so the batch config reproduces it from anywhere); URLs as given."""
-    return path if "://" in path else os.path.abspath(path)
+    """A portable URI: a local path becomes an absolute ``file://`` URI (the batch config reproduces it from
+    any directory); URLs stay as given."""
+    return path if "://" in path else "file://" + os.path.abspath(path)
 
 
 def _read_rows(path: str, data: bytes) -> list[Any]:
@@ -60,8 +61,20 @@ def _read_rows(path: str, data: bytes) -> list[Any]:
         return pq.read_table(pa.BufferReader(data)).to_pylist()
     text = data.decode("utf-8")
     if lower.endswith(".jsonl"):
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    rows = json.loads(text)
+        rows = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise PromptFileError(
+                        f"{path} line {number}: invalid JSON: {error.msg} (column {error.colno})"
+                    ) from None
+        return rows
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise PromptFileError(f"{path} line {error.lineno}: invalid JSON: {error.msg} (column {error.colno})") from None
     if not isinstance(rows, list):
         raise PromptFileError(f"{path}: a .json prompt file must hold a JSON array of rows")
     return rows
@@ -121,11 +134,15 @@ class PromptsFile(Environment):
                 data = handle.read()
         except FileNotFoundError:
             raise PromptFileError(f"prompt file {self.path} does not exist") from None
+        except OSError as error:  # a directory, no permission, an unreachable bucket
+            raise PromptFileError(f"prompt file {self.path} cannot be read: {error}") from None
         self.sha256 = hashlib.sha256(data).hexdigest()
         if sha256 is not None and sha256 != self.sha256:
             raise PromptFileError(f"prompt file {self.path} changed: sha256 is {self.sha256}, expected {sha256}")
         try:
             rows = _read_rows(self.path, data)
+        except PromptFileError:
+            raise
         except (ValueError, OSError) as error:  # JSON / UTF-8 / Arrow errors are ValueErrors or OSErrors
             raise PromptFileError(f"prompt file {self.path} cannot be read: {error}") from error
         self._tasks = [_task_of_row(row, index, self.path) for index, row in enumerate(rows)]

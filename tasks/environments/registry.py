@@ -17,7 +17,7 @@ from tasks.environments.arithmetic import Arithmetic
 from tasks.environments.base import Environment
 from tasks.environments.calculator import Calculator
 from tasks.environments.guess_number import GuessNumber
-from tasks.environments.prompts_file import PromptFileError, PromptsFile, is_prompt_file, recorded_path
+from tasks.environments.prompts_file import SUFFIXES, PromptFileError, PromptsFile, is_prompt_file, recorded_path
 
 BUILTIN_ENVIRONMENTS: Mapping[str, type[Environment]] = {
     Arithmetic.name: Arithmetic,
@@ -78,7 +78,10 @@ def environment_class(spec: str) -> type[Environment]:
     if ":" in spec:
         return _import_class(spec)
     if spec not in BUILTIN_ENVIRONMENTS:
-        detail = f"not a built-in ({sorted(BUILTIN_ENVIRONMENTS)}), an import path 'pkg.module:Class', or a prompt file"
+        detail = (
+            f"not a built-in ({', '.join(sorted(BUILTIN_ENVIRONMENTS))}), an import path 'pkg.module:Class', "
+            f"or a prompt file (supported suffixes: {', '.join(SUFFIXES)})"
+        )
         raise EnvironmentLoadError(spec, "unknown_environment", detail)
     return BUILTIN_ENVIRONMENTS[spec]
 

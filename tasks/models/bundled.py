@@ -9,8 +9,7 @@ atomically: built in a temporary sibling directory and renamed into place, so a 
 that exists is complete and is reused as is; a model directory is still checked for the
 files an engine needs before it is returned. Conversion never touches the Hugging Face Hub.
 
-:func:`resolve_model` turns a config's ``model`` path (or ``None`` for the bundled model)
-into a checked local model folder.
+:mod:`tasks.models.reference` turns a batch config's model reference into a checked local folder.
 """
 
 from __future__ import annotations
@@ -101,13 +100,6 @@ def ensure_bundled_tokenizer() -> Path:
 def ensure_bundled_model() -> Path:
     """The bundled model as a full Hugging Face folder (fp32 safetensors), converted once (~20 s)."""
     return check_model_folder(materialize(model_dir(), _convert_model))
-
-
-def resolve_model(path: str | os.PathLike[str] | None) -> Path:
-    """The local model folder to serve: the bundled model for ``None``, else ``path`` once checked."""
-    if path is None:
-        return ensure_bundled_model()
-    return check_model_folder(Path(path).expanduser().resolve())
 
 
 def check_model_folder(path: Path) -> Path:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tasks.engines.base import Engine, EngineError, GenerationRequest, GenerationResult
+from tasks.engines.base import Engine, EngineError, GenerationRequest, GenerationResult, next_weight_version
 from tasks.environments.base import Environment, Message, Turn
 
 
@@ -31,12 +31,13 @@ class FakeScriptedEngine(Engine):
         reply: Callable[[GenerationRequest], str] = lambda request: str(request.seed % 100 + 1),
         fail: Callable[[GenerationRequest], BaseException | None] = lambda request: None,
         max_model_len: int = 2048,
+        weight_version: int = 0,
     ) -> None:
         self._tokenizer = tokenizer
         self._reply = reply
         self._fail = fail
         self._max_model_len = max_model_len
-        self._version = 0
+        self._version = weight_version
         self.requests: list[GenerationRequest] = []
         self.results: dict[str, GenerationResult] = {}
 
@@ -76,8 +77,8 @@ class FakeScriptedEngine(Engine):
         self.results[request.request_id] = result
         return result
 
-    async def update_weights(self, model_path: str) -> int:
-        self._version += 1
+    async def update_weights(self, model_path: str, *, version: int | None = None) -> int:
+        self._version = next_weight_version(self._version, version)
         return self._version
 
     async def close(self) -> None:
@@ -137,8 +138,8 @@ class DelegatingEngine(Engine):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         return await self.inner.generate(request)
 
-    async def update_weights(self, model_path: str) -> int:
-        return await self.inner.update_weights(model_path)
+    async def update_weights(self, model_path: str, *, version: int | None = None) -> int:
+        return await self.inner.update_weights(model_path, version=version)
 
     async def close(self) -> None:
         return None  # the wrapped engine belongs to whoever created it

@@ -33,7 +33,7 @@ def real_config(engine, **overrides) -> BatchConfig:
         "num_tasks": 3,
         "group_size": 2,
         "shards": 1,
-        "model": ModelSpec(path=str(engine.model_path), **model_provenance(engine.model_path)),
+        "model": ModelSpec(reference=str(engine.model_path), **model_provenance(engine.model_path)),
         "engine": EngineSpec(name="vllm", options={"max_model_len": 2048}),
         "sampling": SamplingSettings(temperature=0.8, max_tokens=24),
         "max_turns": 4,

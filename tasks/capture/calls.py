@@ -1,6 +1,6 @@
-"""Engine-agnostic capture hooks: one model call, captured (ARCHITECTURE section 5).
+"""Engine-agnostic call capture: one model call, captured (ARCHITECTURE section 5).
 
-:class:`CaptureHooks.call` runs the steps of one call in order: admission (parent chain,
+:class:`CallCapture.call` runs the steps of one call in order: admission (parent chain,
 weight version, ``admitted_at``), prompt preparation (parent tokens through the
 :class:`ChainPrefixCache`, chat render, splice, the prompt must start with the parent's exact
 tokens), generation on token ids, staging of the delta (group commit, awaited), and only then
@@ -9,8 +9,9 @@ ledger, which writes a rollout's receipt only after all of its records are durab
 
 Every failure writes a failure row with a named reason (``FAILURE_REASONS``) and poisons the
 rollout; the environment still gets the completion when one exists (a capture failure is not a
-generation failure), and later calls of a poisoned rollout run uncaptured. With
-``capture=False`` the same path runs minus staging and ledger (the overhead benchmark).
+generation failure), and later calls of a poisoned rollout run uncaptured. The engine dying
+(:class:`EngineDeadError`) is no failure of the call: it propagates and ends the shard attempt.
+With ``capture=False`` the same path runs minus staging and ledger (the overhead benchmark).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tasks.capture.prefix_cache import Admission, ChainPrefixCache, PrefixMismat
 from tasks.capture.records import CallRecord, FailureRow, StagedDelta
 from tasks.capture.splice import ChatPromptBuilder
 from tasks.capture.terminal import fingerprint_content
-from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.engines.base import Engine, EngineDeadError, GenerationRequest, GenerationResult, SamplingSettings
 from tasks.environments.base import Message
 from tasks.storage.ledger import LedgerWriter
 from tasks.storage.staging import CommitCoordinates, StagingWriter
@@ -114,7 +115,7 @@ class _CallFailed(Exception):
         self.completion = completion
 
 
-class CaptureHooks:
+class CallCapture:
     """Prompt preparer and payload stager of one shard attempt, shared by all of its rollouts."""
 
     def __init__(
@@ -141,6 +142,12 @@ class CaptureHooks:
     def coordinates_of(self, keys: Sequence[str]) -> list[tuple[str, CommitCoordinates]]:
         """(staging key, coordinates) of calls this attempt staged: the prefix cache's fetch input."""
         return [(key, self._coordinates[key]) for key in keys]
+
+    def release(self, rollout: RolloutCapture) -> None:
+        """Forget a finished rollout's coordinates and tokens: memory stays bounded by the rollouts in flight."""
+        for record in rollout.records:
+            self._coordinates.pop(ids.staging_key(record.rollout_id, record.call_id), None)
+        rollout.parent = None
 
     async def call(self, rollout: RolloutCapture, messages: Sequence[Message]) -> CallOutcome:
         """Run one model call of ``rollout`` on ``messages`` (the whole conversation so far)."""
@@ -235,6 +242,8 @@ class CaptureHooks:
         )
         try:
             completion = await self.engine.generate(request)
+        except EngineDeadError:
+            raise
         except Exception as exc:
             raise _CallFailed(ENGINE_ERROR, f"engine failed {call_id}: {exc!r}") from None
         if tuple(completion.prompt_token_ids) != prompt_ids:

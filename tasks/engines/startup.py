@@ -1,0 +1,97 @@
+"""Engine start-up as a person sees it: how long it will take, and where the engine's own output goes.
+
+Starting an engine takes 30-55 s on CPU and minutes on a GPU, and vLLM writes hundreds of log
+lines while it does. :func:`expected_start_seconds` answers "about how long" from the last start
+measured on this machine (:func:`record_start_seconds`); :func:`engine_output_to` sends everything
+the engine processes write (Python logs, C++ warnings, progress bars of weight loading) to a log
+file, while this process keeps writing its own messages and progress to the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from tasks.models.bundled import cache_dir
+
+START_TIMES_FILE = "engine-start-seconds.json"
+FIRST_START_GUESS_SECONDS = 60.0
+
+
+def _times_path() -> Path:
+    return cache_dir() / START_TIMES_FILE
+
+
+def expected_start_seconds(engine: str) -> float:
+    """Seconds the last start of ``engine`` took here, or a first-start guess."""
+    try:
+        return float(json.loads(_times_path().read_text())[engine])
+    except (OSError, ValueError, KeyError, TypeError):
+        return FIRST_START_GUESS_SECONDS
+
+
+def record_start_seconds(engine: str, seconds: float) -> None:
+    """Remember how long ``engine`` took to start (best effort: a read-only cache is fine)."""
+    path = _times_path()
+    try:
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        known[engine] = round(seconds, 1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_suffix(f".{os.getpid()}.tmp")
+        temp.write_text(json.dumps(known, sort_keys=True))
+        temp.replace(path)
+    except (OSError, ValueError, TypeError):
+        return
+
+
+def engine_log_path(batch_id: str, label: str) -> Path:
+    """Where a run's engine output goes: ``<cache>/logs/<batch_id>/<label>.log``."""
+    return cache_dir() / "logs" / batch_id / f"{label}.log"
+
+
+@contextlib.contextmanager
+def engine_output_to(path: Path) -> Iterator[None]:
+    """Within the block, file descriptors 1 and 2 (inherited by engine processes) write to ``path``.
+
+    ``sys.stdout``, ``sys.stderr`` and the logging handlers that wrote to them are pointed at
+    copies of the original descriptors, so this process's own output still reaches the terminal.
+    Everything is restored on exit.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    console_out = os.fdopen(os.dup(saved_out), "w", buffering=1)
+    console_err = os.fdopen(os.dup(saved_err), "w", buffering=1)
+    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    old_out, old_err = sys.stdout, sys.stderr
+    handlers = [
+        h
+        for h in logging.getLogger().handlers
+        if isinstance(h, logging.StreamHandler) and h.stream in (old_out, old_err)
+    ]
+    old_streams = [h.stream for h in handlers]
+    try:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        sys.stdout, sys.stderr = console_out, console_err
+        for handler, stream in zip(handlers, old_streams, strict=True):
+            handler.setStream(console_out if stream is old_out else console_err)
+        yield
+    finally:
+        for handler, stream in zip(handlers, old_streams, strict=True):
+            handler.setStream(stream)
+        sys.stdout, sys.stderr = old_out, old_err
+        console_out.flush()
+        console_err.flush()
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        for fd in (saved_out, saved_err, log_fd):
+            os.close(fd)
+        console_out.close()
+        console_err.close()

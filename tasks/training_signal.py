@@ -1,0 +1,79 @@
+"""What a trainer cares about in a shard or batch: rewards, groups without signal, masked rollouts, truncation.
+
+Computed from receipts (and each rollout's terminal call), printed at the end of ``generate``.
+A group carries no GRPO training signal when fewer than two of its rollouts are usable or all of
+their rewards are equal: every advantage of the group is then 0.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """One receipted rollout as the summary sees it."""
+
+    group_id: str
+    status: str
+    reward: float | None
+    failure_reason: str | None
+    truncated: bool
+
+    @property
+    def usable(self) -> bool:
+        return self.status == "ok" and self.reward is not None
+
+
+@dataclass(frozen=True)
+class TrainingSignal:
+    rollouts: int
+    ok: int
+    mean_reward: float | None
+    groups: int
+    groups_without_signal: int
+    unusable_by_reason: dict[str, int] = field(default_factory=dict)
+    truncated: int = 0
+
+    @classmethod
+    def of(cls, outcomes: Iterable[RolloutOutcome]) -> TrainingSignal:
+        outcomes = list(outcomes)
+        usable = [o for o in outcomes if o.usable]
+        unusable = [o for o in outcomes if not o.usable]
+        rewards_of: dict[str, list[float]] = defaultdict(list)
+        for outcome in outcomes:
+            rewards_of[outcome.group_id]  # every receipted group counts, usable or not
+        for outcome in usable:
+            rewards_of[outcome.group_id].append(float(outcome.reward))  # type: ignore[arg-type]
+        flat = sum(1 for rewards in rewards_of.values() if len(rewards) < 2 or len(set(rewards)) == 1)
+        return cls(
+            rollouts=len(outcomes),
+            ok=len(usable),
+            mean_reward=statistics.fmean(o.reward for o in usable) if usable else None,  # type: ignore[misc]
+            groups=len(rewards_of),
+            groups_without_signal=flat,
+            unusable_by_reason=dict(sorted(Counter(o.failure_reason or o.status for o in unusable).items())),
+            truncated=sum(o.truncated for o in outcomes),
+        )
+
+    def describe(self) -> list[str]:
+        """Plain-language lines for a person reading the end of a run."""
+        if not self.rollouts:
+            return ["no rollouts were receipted"]
+        mean = "n/a" if self.mean_reward is None else f"{self.mean_reward:.3f}"
+        lines = [f"mean reward {mean} over {self.ok} usable of {self.rollouts} rollouts"]
+        if self.groups and self.groups_without_signal == self.groups:
+            lines.append(
+                f"NO TRAINING SIGNAL: all {self.groups} groups have zero reward variance (every advantage is 0); "
+                "make the task easier or harder, or raise the group size or temperature"
+            )
+        else:
+            lines.append(f"{self.groups_without_signal} of {self.groups} groups have zero reward variance (no signal)")
+        if self.unusable_by_reason:
+            reasons = ", ".join(f"{reason} {count}" for reason, count in self.unusable_by_reason.items())
+            lines.append(f"unusable rollouts (masked in the dataset): {reasons}")
+        lines.append(f"truncation rate {self.truncated / self.rollouts:.1%} (terminal call hit max_tokens)")
+        return lines
