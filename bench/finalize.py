@@ -60,7 +60,7 @@ def build(root: str, tokens: float, shards: int) -> dict:
         num_tasks=rollouts // group_size,
         group_size=group_size,
         shards=shards,
-        model=ModelSpec(path="synthetic"),
+        model=ModelSpec(reference="synthetic"),
         sampling=SamplingSettings(temperature=1.0, max_tokens=SAMPLED),
         max_turns=TURNS,
     )
@@ -166,7 +166,7 @@ def measure_raw_scan(root: str, batch_id: str) -> dict:
 def measure_finalize(root: str, batch_id: str) -> dict:
     from tasks.capture import digest as dg
     from tasks.capture import digest_batch
-    from tasks.finalize.run import FinalizeOptions, finalize_batch
+    from tasks.finalize.stage import FinalizeOptions, finalize_batch
 
     spent = [0.0]
     hashing = [(digest_batch, name) for name in ("call_digests", "chain_hashes", "cumulative_hash")]

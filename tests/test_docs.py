@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tasks.capture.calls import FAILURE_REASONS
 from tasks.finalize import reasons
-from tasks.finalize.dataset import DatasetRow
+from tasks.finalize.dataset_schema import DatasetRow
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

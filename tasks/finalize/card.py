@@ -2,7 +2,8 @@
 
 Rendered from the batch config, the metrics and the parts the marker will name, so the card
 is a pure function of what was published (no timestamps: re-rendering gives the same bytes).
-Its YAML header declares the parts as the ``train`` split for Hugging Face ``datasets``.
+Its YAML header declares the parts as the ``train`` split for Hugging Face ``datasets``. A
+partial dataset says so in the first sentence under the title, naming the missing shards.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tasks.finalize.dataset import COLUMN_DESCRIPTIONS, DatasetRow
+from tasks.finalize.dataset_schema import COLUMN_DESCRIPTIONS, DatasetRow
 from tasks.finalize.reasons import DESCRIPTIONS as REASON_DESCRIPTIONS
 
 PARTS_GLOB = "part-*.parquet"
@@ -24,14 +25,18 @@ def render_card(
     parts: Sequence[Mapping[str, Any]],
     audit: Mapping[str, Any] | None = None,
 ) -> str:
-    """Markdown of the card. ``parts``: dicts with ``path``, ``rows``, ``size``, ``sha256``."""
+    """Markdown of the card. ``parts``: dicts with ``path``, ``rows``, ``size``, ``sha256``.
+
+    ``metrics`` is what ``metrics.json`` holds, including ``missing_shards``.
+    """
     sampling = config.get("sampling", {})
     sections = [
         _front_matter(batch_id),
         f"# GRPO dataset `{batch_id}`\n",
+        *_partial(metrics.get("missing_shards", []), config.get("shards")),
         (
             f"Rollouts of environment {_code(config.get('environment'))}: {config.get('num_tasks')} tasks × "
-            f"group size {config.get('group_size')} on model {_code(config.get('model', {}).get('path'))}, "
+            f"group size {config.get('group_size')} on model {_code(config.get('model', {}).get('reference'))}, "
             f"sampled at temperature {sampling.get('temperature')}, top_p {sampling.get('top_p')}, "
             f"top_k {sampling.get('top_k')}. Advantages: {_code(config.get('advantage'))}; invalid rollouts: "
             f"{_code(config.get('on_invalid'))}. Every trainable row is the exact token sequence the model "
@@ -48,6 +53,16 @@ def render_card(
         sections.append(_audit(audit))
     sections += [_loading(batch_id), _columns(), _files(parts)]
     return "\n".join(sections)
+
+
+def _partial(missing: Sequence[int], shards: object) -> list[str]:
+    """The partial-dataset warning (no section when every planned shard is in the dataset)."""
+    if not missing:
+        return []
+    return [
+        f"PARTIAL: shards {list(missing)} are missing (of {shards} planned). This dataset was finalized with "
+        "`--allow-partial`: the rollouts of those shards are not in it, and their groups are not counted.\n"
+    ]
 
 
 def _front_matter(batch_id: str) -> str:
@@ -168,8 +183,8 @@ def _loading(batch_id: str) -> str:
         "With the project's torch collator (reads only the parts `_COMMITTED.json` names, checking each sha256):\n\n"
         "```python\n"
         "from torch.utils.data import DataLoader\n"
-        "from tasks.finalize.collate import GrpoCollator, PublishedDataset\n\n"
-        "data = PublishedDataset.from_url(batch)\n"
+        "from tasks.trainer.collate import GrpoCollator, PublishedDataset\n\n"
+        "data = PublishedDataset.from_url(batch)  # storage_options={...} for object stores\n"
         "loader = DataLoader(data, batch_size=8, collate_fn=GrpoCollator(pad_token_id=0))\n"
         "```\n\n"
         "Train only where `train_mask` is 1 (sampled tokens of trainable rows); masked rows carry advantage 0.\n"

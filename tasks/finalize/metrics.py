@@ -1,6 +1,6 @@
 """Batch metrics of a finalized dataset (ARCHITECTURE section 8), accumulated group by group.
 
-:class:`DatasetMetrics` is fed assembled groups (:class:`~tasks.finalize.dataset.AssembledRows`: their
+:class:`DatasetMetrics` is fed assembled groups (:class:`~tasks.finalize.assemble.AssembledRows`: their
 rows, stats and counts of the verified rollouts behind them) plus, per shard, the ledger-level counts
 that no rollout carries (:meth:`DatasetMetrics.add_ledger`). It holds only counters and running
 sums, so memory does not grow with the batch. :meth:`DatasetMetrics.result` is a JSON-ready
@@ -19,8 +19,8 @@ import numpy as np
 
 from tasks.capture.records import TERMINAL_SELECTIONS
 from tasks.finalize import reasons
-from tasks.finalize.dataset import AssembledRows
-from tasks.finalize.runs import run_sums
+from tasks.finalize.assemble import AssembledRows
+from tasks.finalize.ragged import run_sums
 
 METRICS_VERSION = 1
 

@@ -6,7 +6,8 @@ Under the batch directory::
     dataset/metrics.json             batch metrics (+ the logprob audit when given)
     dataset/README.md                the dataset card
     dataset/_COMMITTED.json          the marker: every file above with size and sha256, counts,
-                                     schema version and the batch config; written last
+                                     schema version, the batch config and the missing shards
+                                     of a partial dataset; written last
 
 Assembled groups are streamed (a shard's at a time when finalizing): besides the rows being added,
 at most one part is buffered and one is being written, in a background thread. Every object
@@ -23,7 +24,7 @@ import json
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self
@@ -34,8 +35,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.config import BatchConfig
+from tasks.finalize.assemble import AssembledRows
 from tasks.finalize.card import render_card
-from tasks.finalize.dataset import DATASET_SCHEMA_VERSION, AssembledRows, DatasetRow
+from tasks.finalize.dataset_schema import DATASET_SCHEMA_VERSION, DatasetRow
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.ids import check_id
 from tasks.schema import read_parquet_bytes
@@ -44,7 +46,7 @@ from tasks.storage.errors import SegmentChecksumMismatchError
 from tasks.storage.marker import MalformedMarkerError
 from tasks.storage.objects import ObjectConflictError, ObjectStore, WrittenObject, sha256_hex
 
-MARKER_VERSION = 1
+MARKER_VERSION = 2  # 2: records missing_shards and partial
 DEFAULT_ROWS_PER_PART = 8192
 _HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 # Dictionary-encode the repetitive text columns only: on token lists it costs half the write time.
@@ -79,7 +81,11 @@ class DatasetFile:
 
 @dataclass(frozen=True)
 class DatasetMarker:
-    """``dataset/_COMMITTED.json``; constructing one checks names, order and counts."""
+    """``dataset/_COMMITTED.json``; constructing one checks names, order and counts.
+
+    ``missing_shards`` lists (ascending) the planned shards a partial dataset was finalized
+    without; ``partial`` is true exactly when there is one.
+    """
 
     batch_id: str
     schema_version: int
@@ -91,6 +97,8 @@ class DatasetMarker:
     groups: int
     config: dict[str, Any]
     committed_at: float
+    missing_shards: tuple[int, ...]
+    partial: bool
     marker_version: int = MARKER_VERSION
 
     def __post_init__(self) -> None:
@@ -115,6 +123,12 @@ class DatasetMarker:
             raise MalformedDatasetMarkerError(f"trainable_rows {self.trainable_rows!r} must be in [0, {self.rows}]")
         if self.config.get("batch_id") != self.batch_id:
             raise MalformedDatasetMarkerError(f"config is of batch {self.config.get('batch_id')!r}")
+        try:
+            _check_missing_shards(self.missing_shards, self.config.get("shards"))
+        except ValueError as exc:
+            raise MalformedDatasetMarkerError(str(exc)) from None
+        if self.partial is not bool(self.missing_shards):
+            raise MalformedDatasetMarkerError(f"partial is {self.partial!r} with missing shards {self.missing_shards}")
 
     @property
     def files(self) -> tuple[DatasetFile, ...]:
@@ -138,13 +152,14 @@ class DatasetMarker:
             raw["parts"] = tuple(DatasetFile(**p) for p in raw["parts"])
             raw["metrics"] = DatasetFile(**raw["metrics"])
             raw["card"] = DatasetFile(**raw["card"])
+            raw["missing_shards"] = tuple(raw["missing_shards"])
             return cls(**raw)
         except (UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError, ValueError) as exc:
             raise MalformedDatasetMarkerError(f"{source} cannot be trusted: {exc}") from None
 
 
 @dataclass(frozen=True)
-class PublishedDataset:
+class PublishResult:
     """Where a batch's dataset is and what its marker commits; ``created`` is False for a no-op."""
 
     url: str
@@ -181,26 +196,31 @@ def publish_dataset(
     config: BatchConfig,
     metrics: DatasetMetrics | None = None,
     audit: Mapping[str, Any] | Callable[[], Mapping[str, Any] | None] | None = None,
+    missing_shards: Sequence[int] = (),
     rows_per_part: int = DEFAULT_ROWS_PER_PART,
     now: float | None = None,
-) -> PublishedDataset:
+) -> PublishResult:
     """Write the dataset of ``config``'s batch from ``groups`` (ascending ``group_id``), marker last.
 
     ``store`` is rooted at the batch directory. ``metrics`` may already hold ledger counts
     (:meth:`DatasetMetrics.add_ledger`); every group is added to it here. ``audit`` (a JSON-ready
     dict, or a function returning one, called once every part is written) goes into
-    ``metrics.json`` and the card. If the marker exists, nothing is read or
+    ``metrics.json`` and the card. ``missing_shards`` (ascending) are the planned shards the
+    groups leave out: the marker, ``metrics.json`` and the card say the dataset is partial and
+    name them. If the marker exists, nothing is read or
     written and the committed summary is returned. Raises ValueError when groups arrive out of
     order or belong to another batch, ObjectConflictError when an object differs from one an
     earlier, unfinished run left (remove the dataset objects no marker names, then retry).
     """
     if not isinstance(rows_per_part, int) or rows_per_part < 1:
         raise ValueError(f"rows_per_part must be an int >= 1, got {rows_per_part!r}")
+    missing = tuple(missing_shards)
+    _check_missing_shards(missing, config.shards)
     existing = read_dataset_marker(store)
     if existing is not None:
         if existing.batch_id != config.batch_id:
             raise ValueError(f"{store.url} holds the dataset of batch {existing.batch_id}, not {config.batch_id}")
-        return PublishedDataset(url=store.url, marker=existing, created=False)
+        return PublishResult(url=store.url, marker=existing, created=False)
 
     metrics = metrics if metrics is not None else DatasetMetrics()
     last_group: str | None = None
@@ -220,7 +240,12 @@ def publish_dataset(
         audit = audit()
 
     config_dict = json.loads(config.to_json())
-    summary = {**metrics.result(), "audit": dict(audit) if audit is not None else None}
+    summary = {
+        **metrics.result(),
+        "partial": bool(missing),
+        "missing_shards": list(missing),
+        "audit": dict(audit) if audit is not None else None,
+    }
     metrics_file = DatasetFile.of(
         store.write_once(
             layout.DATASET_METRICS, (json.dumps(summary, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
@@ -245,6 +270,8 @@ def publish_dataset(
         groups=summary["groups"],
         config=config_dict,
         committed_at=time.time() if now is None else now,
+        missing_shards=missing,
+        partial=bool(missing),
     )
     try:
         store.write_once(layout.DATASET_MARKER, marker.to_json().encode("utf-8"))
@@ -252,8 +279,15 @@ def publish_dataset(
         winner = read_dataset_marker(store)
         if winner is None or not winner.same_content(marker):
             raise
-        return PublishedDataset(url=store.url, marker=winner, created=False)
-    return PublishedDataset(url=store.url, marker=marker, created=True)
+        return PublishResult(url=store.url, marker=winner, created=False)
+    return PublishResult(url=store.url, marker=marker, created=True)
+
+
+def _check_missing_shards(missing: Sequence[int], shards: int) -> None:
+    """ValueError unless ``missing`` holds distinct shard numbers of a batch of ``shards`` shards, ascending."""
+    numbers = isinstance(shards, int) and all(isinstance(s, int) and not isinstance(s, bool) for s in missing)
+    if not numbers or list(missing) != sorted(set(missing)) or not all(0 <= s < shards for s in missing):
+        raise ValueError(f"missing shards {list(missing)!r} must be distinct shard numbers in [0, {shards}), ascending")
 
 
 def _check_rows_belong(assembled: AssembledRows, batch_id: str) -> None:

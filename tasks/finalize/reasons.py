@@ -1,6 +1,6 @@
 """Stable reason strings of finalization (ARCHITECTURE section 8): why a rollout is not trainable.
 
-Every reason a :class:`~tasks.finalize.verified.VerifiedRollout` can carry is a constant here,
+Every reason a verdict (:class:`~tasks.finalize.verify.verdicts.VerifiedRollouts`) can carry is a constant here,
 listed in :data:`ALL_REASONS` and described in :data:`DESCRIPTIONS` (one line each, for the docs
 and reports). Storage reasons reuse the ``reason`` of :mod:`tasks.storage.errors`; terminal
 selection reasons reuse :mod:`tasks.capture.terminal`. The strings are a contract: tests assert

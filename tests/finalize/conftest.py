@@ -17,11 +17,12 @@ import pytest
 
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines.base import SamplingSettings
-from tasks.finalize.verified import VerifiedRollout
-from tasks.finalize.verify import verify_shard
+from tasks.finalize.verify.shard import prepare_shard
 from tasks.generate import generate_shard
 from tasks.plan import batch_store, plan_batch
 from tasks.storage.ledger import LedgerReader, RolloutBundle
+
+from .verdicts import VerifiedRollout, rollouts_of
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class CommittedBatch:
 
     def verify(self) -> dict[str, VerifiedRollout]:
         store = batch_store(str(self.root), self.config.batch_id)
-        return {v.rollout_id: v for v in verify_shard(store, 0, self.config)}
+        return {v.rollout_id: v for v in rollouts_of(prepare_shard(store, 0, self.config).verify())}
 
     def bundles(self) -> dict[str, RolloutBundle]:
         ledger = LedgerReader(batch_store(str(self.root), self.config.batch_id), 0)
@@ -72,7 +73,7 @@ def fake_batch(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Comm
     from tests.generation.fakes import FakeScriptedEngine
 
     root = tmp_path_factory.mktemp("fake-batch")
-    config = guess_number_config("b-verify-fake", ModelSpec(path="fake-model"), num_tasks=4)
+    config = guess_number_config("b-verify-fake", ModelSpec(reference="fake-model"), num_tasks=4)
     plan_batch(str(root), config)
     engine = FakeScriptedEngine(tokenizer, reply=lambda request: str(request.seed % 8 + 1))
     generate_shard(str(root), config.batch_id, 0, engine=engine, run=asyncio.run, progress=False)
@@ -86,7 +87,7 @@ def real_batch(vllm_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Co
 
     engine, loop = vllm_engine
     root = tmp_path_factory.mktemp("real-batch")
-    model = ModelSpec(path=str(engine.model_path), **model_provenance(engine.model_path))
+    model = ModelSpec(reference=str(engine.model_path), **model_provenance(engine.model_path))
     config = guess_number_config(
         "b-verify-real", model, engine=EngineSpec(name="vllm", options={"max_model_len": 2048})
     )

@@ -1,4 +1,4 @@
-"""Synthetic verified rollouts for dataset, advantage, publish and collate tests (no engine needed)."""
+"""Synthetic verified rollouts and their assembled rows for assembly, metrics, publish and collate tests."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import numpy as np
 
 from tasks import ids
 from tasks.config import BatchConfig, ModelSpec
-from tasks.finalize.dataset import GroupResult, assemble_group
-from tasks.finalize.verified import CallSpan, VerifiedRollout, WeightSpan
+from tasks.finalize.assemble import AssembledRows, assemble_rows
+from tasks.finalize.dataset_schema import CallSpan, DatasetRow, WeightSpan
+
+from .verdicts import VerifiedRollout, columns_of
 
 BATCH_ID = "batch-test"
 
@@ -71,7 +73,7 @@ def batch_config(num_tasks: int = 3, group_size: int = 4, **options) -> BatchCon
         num_tasks=num_tasks,
         group_size=group_size,
         shards=1,
-        model=ModelSpec(path="models/tiny"),
+        model=ModelSpec(reference="models/tiny"),
         **options,
     )
 
@@ -92,16 +94,28 @@ def mixed_rollouts(config: BatchConfig) -> dict[str, list[VerifiedRollout]]:
     return groups
 
 
-def mixed_groups(config: BatchConfig) -> list[GroupResult]:
+def assemble(
+    verified: Sequence[VerifiedRollout], *, task: int = 0, group_size: int = 4, **options: str
+) -> AssembledRows:
+    """The rows of task ``task``'s planned group (``group_size`` rollouts) from ``verified``."""
+    return assemble_rows(
+        columns_of(BATCH_ID, verified),
+        batch_id=BATCH_ID,
+        planned={ids.group_id(task): planned_ids(task, group_size)},
+        **options,
+    )
+
+
+def rows_of(assembled: AssembledRows) -> list[DatasetRow]:
+    """The assembled rows as records, each checked against every invariant of :class:`DatasetRow`."""
+    return DatasetRow.from_table(assembled.table)
+
+
+def mixed_groups(config: BatchConfig) -> list[AssembledRows]:
     """The groups of :func:`mixed_rollouts`, assembled one by one."""
     return [
-        assemble_group(
-            verified,
-            batch_id=BATCH_ID,
-            group_id=group_id,
-            planned_rollout_ids=planned_ids(task, config.group_size),
-            on_invalid=config.on_invalid,
-            advantage=config.advantage,
+        assemble(
+            verified, task=task, group_size=config.group_size, on_invalid=config.on_invalid, advantage=config.advantage
         )
-        for task, (group_id, verified) in enumerate(mixed_rollouts(config).items())
+        for task, verified in enumerate(mixed_rollouts(config).values())
     ]

@@ -1,4 +1,10 @@
-"""Chains read off the ledger's columns are exactly the chains the record-level walk finds."""
+"""Each receipt's chain in its manifest, found column-wise for a whole shard: the chain or the reason it is refused.
+
+The expected chain of every manifest shape is written out by hand from ARCHITECTURE sections 7
+and 8 (follow parents up from the receipt's terminal; duplicates, re-attribution, cycles and
+missing parents are refused with their reason), and the manifests reach :func:`shard_chains`
+interleaved as concurrent rollouts write them, next to rows no receipt commits.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +12,14 @@ import dataclasses
 import random
 
 import numpy as np
-import pytest
 
+from tasks.capture import terminal
 from tasks.capture.records import CallRecord, FailureRow, Receipt
 from tasks.finalize import reasons as r
-from tasks.finalize.chains import plan_chain, shard_chains
-from tasks.storage.ledger import LedgerTables, RolloutBundle
+from tasks.finalize.verify.chains import shard_chains
+from tasks.storage.ledger import LedgerTables
 
-from .test_verify import build_chain, failure, receipt_for
+from .hand_built import build_chain, failure, receipt_for
 
 Manifest = list[CallRecord]
 
@@ -46,7 +52,7 @@ def cases() -> dict[str, tuple[Manifest, dict[str, object]]]:
     return {
         "linear": (c[1], {}),
         "single_call": (rollout(2, turns=1), {}),
-        "out_of_ledger_order": ([*c[3][1:], c[3][0]], {}),
+        "out_of_ledger_order": ([*c[3][1:], c[3][0]], {"terminal_call_id": c[3][2].call_id}),
         "duplicate_call_id": ([*c[4], c[4][-1]], {"num_calls": 4}),
         "shared_coordinates": ([*c[5][:2], dataclasses.replace(c[5][2], staging_row=c[5][1].staging_row)], {}),
         "repeated_id_on_a_linear_chain": (
@@ -81,46 +87,46 @@ def interleaved(manifests: list[Manifest], rng: random.Random) -> Manifest:
     return [pending[i].pop(0) for i in turns]
 
 
-def test_every_manifest_gets_the_chain_or_reason_of_the_record_walk() -> None:
-    manifests = [manifest for manifest, _ in cases().values()]
-    receipts = [receipt(m, i, **overrides) for i, (m, overrides) in enumerate(cases().values())]
+# case -> (reason, the chain as positions in the manifest, root→terminal): what the contract says.
+EXPECTED: dict[str, tuple[str | None, list[int]]] = {
+    "linear": (None, [0, 1, 2]),
+    "single_call": (None, [0]),
+    "out_of_ledger_order": (None, [2, 0, 1]),  # the root was written last
+    "duplicate_call_id": (r.DUPLICATE_MANIFEST_CALL_ID, []),
+    "shared_coordinates": (r.DUPLICATE_STAGING_KEY, []),
+    "repeated_id_on_a_linear_chain": (r.DUPLICATE_MANIFEST_CALL_ID, []),
+    "sibling_retry_declared": (None, [0, 2]),  # the abandoned child is off the chain
+    "sibling_retry_heuristic": (terminal.AMBIGUOUS_TERMINAL, []),  # two childless children of the root
+    "cycle": (r.LINEAGE_CYCLE, []),
+    "orphan": (r.MISSING_PARENT, []),
+    "heuristic_linear": (None, [0, 1, 2]),
+    "terminal_not_last": (None, [0, 1]),
+    "terminal_not_in_manifest": (r.MISSING_TERMINAL, []),
+    "no_calls": (r.MISSING_TERMINAL, []),
+}
+
+
+def test_every_manifest_gets_the_chain_or_reason_the_contract_gives() -> None:
+    shapes = cases()
+    assert set(shapes) == set(EXPECTED)
+    manifests = [manifest for manifest, _ in shapes.values()]
+    receipts = [receipt(m, i, **overrides) for i, (m, overrides) in enumerate(shapes.values())]
     stray = rollout(50)  # a rollout without a receipt
     dead = rollout(1, attempt=1)  # the same rollout's rows from an attempt whose receipt is not committed
     ledger_order = interleaved([*manifests, stray, dead], random.Random(0))
     poisoned = failure(build_chain([(1, 1)], rollout_id="r000007-00"), "r000007-00.a00.c001", "staging_failed")
     tables = LedgerTables(
         calls=CallRecord.to_table(ledger_order),
-        call_attempts=np.array([1 if call.call_id.count(".a01.") else 0 for call in ledger_order], np.int64),
+        call_attempts=np.array([1 if ".a01." in call.call_id else 0 for call in ledger_order], np.int64),
         failures=FailureRow.to_table([poisoned]),
         failure_attempts=np.zeros(1, np.int64),
         receipts=Receipt.to_table(receipts),
     )
     found = shard_chains(tables, receipts)
     call_ids = tables.calls.column("call_id").to_pylist()
-    for i, (name, manifest_calls) in enumerate(zip(cases(), manifests, strict=True)):
-        manifest = tuple(call for call in ledger_order if any(call is c for c in manifest_calls))
-        expected = plan_chain(RolloutBundle(receipt=receipts[i], manifest=manifest, failures=()))
+    for i, (name, manifest) in enumerate(zip(shapes, manifests, strict=True)):
+        reason, positions = EXPECTED[name]
         chain = [call_ids[row] for row in found.rows[found.starts[i] : found.starts[i + 1]]]
-        assert (found.reasons[i], chain) == (expected.reason, [c.call_id for c in expected.calls]), name
+        assert (found.reasons[i], chain) == (reason, [manifest[k].call_id for k in positions]), name
         assert found.manifest_sizes[i] == len(manifest), name
         assert found.failures[i] == ((poisoned,) if name == "sibling_retry_declared" else ()), name
-
-
-@pytest.mark.parametrize(
-    ("name", "reason"),
-    [
-        ("linear", None),
-        ("out_of_ledger_order", None),
-        ("duplicate_call_id", r.DUPLICATE_MANIFEST_CALL_ID),
-        ("shared_coordinates", r.DUPLICATE_STAGING_KEY),
-        ("repeated_id_on_a_linear_chain", r.DUPLICATE_MANIFEST_CALL_ID),
-        ("sibling_retry_declared", None),
-        ("cycle", r.LINEAGE_CYCLE),
-        ("orphan", r.MISSING_PARENT),
-        ("terminal_not_in_manifest", r.MISSING_TERMINAL),
-        ("no_calls", r.MISSING_TERMINAL),
-    ],
-)
-def test_the_manifests_cover_each_reason_of_the_walk(name: str, reason: str | None) -> None:
-    manifest, overrides = cases()[name]
-    assert plan_chain(RolloutBundle(receipt(manifest, 0, **overrides), tuple(manifest), ())).reason == reason

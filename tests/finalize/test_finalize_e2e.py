@@ -9,11 +9,11 @@ import torch
 
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
-from tasks.finalize.collate import GrpoCollator, PublishedDataset
-from tasks.finalize.run import FinalizeOptions, UncommittedShardsError, finalize_batch
+from tasks.finalize.stage import FinalizeOptions, UncommittedShardsError, finalize_batch
 from tasks.generate import generate_shard
 from tasks.models.provenance import model_provenance
 from tasks.plan import plan_batch
+from tasks.trainer.collate import GrpoCollator, PublishedDataset
 from tests.generation.fakes import DelegatingEngine
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +42,7 @@ def test_finalized_real_shards_load_and_are_token_exact(vllm_engine, tmp_path):
         num_tasks=3,
         group_size=2,
         shards=2,
-        model=ModelSpec(path=str(engine.model_path), **model_provenance(engine.model_path)),
+        model=ModelSpec(reference=str(engine.model_path), **model_provenance(engine.model_path)),
         engine=EngineSpec(name="vllm", options={"max_model_len": 2048}),
         sampling=SamplingSettings(temperature=0.9, max_tokens=24),
         max_turns=3,

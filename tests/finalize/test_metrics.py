@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from tasks.finalize.dataset import assemble_group
 from tasks.finalize.metrics import DatasetMetrics, reason_prefix
 
-from .rollouts import BATCH_ID, batch_config, make_rollout, mixed_groups, planned_ids
+from .rollouts import assemble, batch_config, make_rollout, mixed_groups, rows_of
 
 
 @pytest.fixture
@@ -59,7 +58,7 @@ def test_group_outcomes_and_weight_versions_are_counted(metrics):
 
 def test_token_and_length_statistics_cover_the_rows(metrics):
     groups = mixed_groups(batch_config())
-    rows = [r for g in groups for r in g.rows]
+    rows = [r for g in groups for r in rows_of(g)]
     result = metrics.result()
     assert result["tokens"] == sum(r.input_ids.size for r in rows)
     assert result["sampled_tokens"] == sum(int(r.loss_mask.sum()) for r in rows if r.sample_mask)
@@ -76,12 +75,7 @@ def test_empty_batch_has_no_nan_and_serializes(metrics):
 
 def test_epoch_spans_are_summed_over_rollouts():
     accumulator = DatasetMetrics()
-    group = assemble_group(
-        [make_rollout(0, 0, epoch_span_count=2), make_rollout(0, 1, epoch_span_count=1)],
-        batch_id=BATCH_ID,
-        group_id="g000000",
-        planned_rollout_ids=planned_ids(0, 2),
-    )
+    group = assemble([make_rollout(0, 0, epoch_span_count=2), make_rollout(0, 1, epoch_span_count=1)], group_size=2)
     accumulator.add_groups(group)
     assert accumulator.result()["epoch_span_count"] == 3
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.finalize import publish as publish_module
-from tasks.finalize.dataset import DatasetRow
+from tasks.finalize.dataset_schema import DatasetRow
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.finalize.publish import (
     MalformedDatasetMarkerError,
@@ -21,7 +21,7 @@ from tasks.storage import layout
 from tasks.storage.errors import SegmentChecksumMismatchError
 from tasks.storage.objects import ObjectConflictError, ObjectStore
 
-from .rollouts import batch_config, mixed_groups
+from .rollouts import batch_config, mixed_groups, rows_of
 
 
 def published_rows(store: ObjectStore) -> list[DatasetRow]:
@@ -43,7 +43,7 @@ def test_publish_writes_bounded_parts_metrics_card_and_marker(store):
         assert store.size(named.path) == named.size
     rows = published_rows(store)
     assert [(r.group_id, r.rollout_id) for r in rows] == sorted((r.group_id, r.rollout_id) for r in rows)
-    assert rows == [row for g in groups for row in g.rows]
+    assert rows == [row for g in groups for row in rows_of(g)]
     assert json.loads(store.read_bytes(layout.DATASET_METRICS))["rows"] == 12
 
 

@@ -23,10 +23,10 @@ import pytest
 
 from tasks.capture import digest as dg
 from tasks.finalize import reasons as r
-from tasks.finalize.verified import VerifiedRollout
 
 from .conftest import CommittedBatch, fresh_copy
 from .tamper import BatchFiles, Row, flip_hex, redigest
+from .verdicts import VerifiedRollout
 
 pytestmark = pytest.mark.e2e
 

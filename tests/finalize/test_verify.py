@@ -1,4 +1,4 @@
-"""Verification and linearization: fake-engine shards and hand-built chains (fast unit tests)."""
+"""Verification and linearization through finalization's path: hand-built chains and fake-engine shards (fast)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks.capture import terminal
-from tasks.capture.records import CallRecord, FailureRow, Receipt, StagedDelta
-from tasks.config import BatchConfig, ModelSpec
 from tasks.engines.base import SamplingSettings
 from tasks.finalize import reasons as r
-from tasks.finalize.run import FinalizeOptions, finalize_batch
-from tasks.finalize.verify import OFF_CHAIN_TOLERATED_FAILURE, verify_rollout, verify_shard
+from tasks.finalize.stage import FinalizeOptions, finalize_batch
+from tasks.finalize.verify.guards import OFF_CHAIN_TOLERATED_FAILURE
+from tasks.finalize.verify.shard import prepare_shard
 from tasks.plan import batch_store
 from tasks.storage import layout
 from tasks.storage.errors import UncommittedShardError
@@ -28,116 +27,14 @@ from tasks.storage.objects import ObjectStore
 from tests.generation.chains import linearized, verified_sequences
 
 from .conftest import CommittedBatch, fresh_copy
+from .hand_built import CONFIG, SEGMENT, Chain, build_chain, bundle_of, failure, receipt_for, verify_one
 from .tamper import BatchFiles
-
-SEGMENT = "staging/shard-00000/attempt-00/seg-000000.parquet"
-CONFIG = BatchConfig(
-    batch_id="b-unit",
-    environment="arithmetic",
-    num_tasks=1,
-    group_size=1,
-    shards=1,
-    model=ModelSpec(path="fake-model"),
-    sampling=SamplingSettings(temperature=1.0),
-)
-
-
-# --- hand-built chains ----------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Chain:
-    deltas: list[StagedDelta]
-    records: list[CallRecord]
-
-    def table(self, order: list[int] | None = None) -> pa.Table:
-        picked = self.deltas if order is None else [self.deltas[i] for i in order]
-        return StagedDelta.to_table(picked)
-
-
-def build_chain(
-    turns: list[tuple[int, int]],
-    *,
-    rollout_id: str = "r000000-00",
-    finish_reason: str = "stop",
-    weight_versions: list[int] | None = None,
-    epoch_spans: list[bool] | None = None,
-    first_id: int = 100,
-) -> Chain:
-    """A linear chain: turn k carries ``carry`` new prompt tokens and samples ``gen`` tokens."""
-    deltas, records = [], []
-    sequence = np.zeros(0, np.int64)
-    parent: StagedDelta | None = None
-    next_id = first_id
-    for k, (carry, gen) in enumerate(turns):
-        prompt = np.concatenate([sequence, np.arange(next_id, next_id + carry)])
-        generated = np.arange(next_id + carry, next_id + carry + gen)
-        next_id += carry + gen
-        delta = StagedDelta.build(
-            batch_id=CONFIG.batch_id,
-            rollout_id=rollout_id,
-            call_id=f"{rollout_id}.a00.c{k:03d}",
-            parent_call_id=parent.call_id if parent else None,
-            parent_chain_hash=parent.chain_hash if parent else None,
-            prefix_token_ids=sequence,
-            prompt_token_ids=prompt,
-            generated_token_ids=generated,
-            generated_logprobs=-np.linspace(0.1, 1.0, gen, dtype=np.float32),
-            weight_version=(weight_versions or [0] * len(turns))[k],
-            finish_reason=finish_reason if k == len(turns) - 1 else "stop",
-            temperature=CONFIG.sampling.temperature,
-            top_p=CONFIG.sampling.top_p,
-            top_k=CONFIG.sampling.top_k,
-        )
-        record = CallRecord.for_staged(
-            delta,
-            staging_segment=SEGMENT,
-            staging_row=k,
-            admitted_at=1000.0 + k,
-            epoch_span=(epoch_spans or [False] * len(turns))[k],
-        )
-        deltas.append(delta)
-        records.append(record)
-        sequence = np.concatenate([prompt, generated])
-        parent = delta
-    return Chain(deltas, records)
-
-
-def receipt_for(chain: Chain, **overrides: object) -> Receipt:
-    fields = {
-        "rollout_id": chain.records[0].rollout_id,
-        "group_id": "g000000",
-        "attempt": 0,
-        "reward": 1.0,
-        "reward_info": "{}",
-        "terminal_call_id": chain.records[-1].call_id,
-        "terminal_selection": "declared",
-        "terminal_attribution_reason": "selected",
-        "status": "ok",
-        "failure_reason": None,
-        "num_calls": len(chain.records),
-    } | overrides
-    return Receipt(**fields)
-
-
-def bundle_of(chain: Chain, receipt: Receipt | None = None, failures: tuple[FailureRow, ...] = ()) -> RolloutBundle:
-    return RolloutBundle(receipt=receipt or receipt_for(chain), manifest=tuple(chain.records), failures=failures)
-
-
-def failure(chain: Chain, call_id: str, reason: str) -> FailureRow:
-    return FailureRow(
-        batch_id=CONFIG.batch_id,
-        rollout_id=chain.records[0].rollout_id,
-        call_id=call_id,
-        parent_call_id=None,
-        reason=reason,
-        detail="",
-    )
+from .verdicts import rollouts_of
 
 
 def test_a_clean_chain_linearizes_root_to_terminal_with_spans() -> None:
     chain = build_chain([(5, 3), (2, 4), (1, 2)], weight_versions=[3, 3, 4], epoch_spans=[False, True, False])
-    verified = verify_rollout(bundle_of(chain), chain.table(), CONFIG)
+    verified = verify_one(bundle_of(chain), chain.table())
     assert verified.reason is None and verified.valid
     assert np.array_equal(verified.input_ids, np.arange(100, 117))
     assert verified.input_ids.dtype == np.int32
@@ -151,12 +48,11 @@ def test_a_clean_chain_linearizes_root_to_terminal_with_spans() -> None:
     assert [(w.start, w.end, w.weight_version) for w in verified.weight_spans] == [(0, 8, 3), (8, 14, 3), (14, 17, 4)]
     assert (verified.batch_id, verified.group_id, verified.reward) == ("b-unit", "g000000", 1.0)
     assert verified.terminal_selection == "declared" and not verified.truncated
-    assert not verified.input_ids.flags.writeable
 
 
 def test_a_terminal_that_stopped_on_length_is_truncated() -> None:
     chain = build_chain([(4, 2), (1, 3)], finish_reason="length")
-    assert verify_rollout(bundle_of(chain), chain.table(), CONFIG).truncated
+    assert verify_one(bundle_of(chain), chain.table()).truncated
 
 
 @pytest.mark.parametrize(
@@ -179,39 +75,39 @@ def test_a_receipt_without_terminal_keeps_its_status_reason(status: str, failure
         terminal_selection=None,
         terminal_attribution_reason=None,
     )
-    verified = verify_rollout(bundle_of(chain, receipt), chain.table(), CONFIG)
+    verified = verify_one(bundle_of(chain, receipt), chain.table())
     assert verified.reason == expected and not verified.linearized
 
 
 def test_a_poisoned_receipt_that_names_a_clean_terminal_keeps_the_verified_tokens() -> None:
     chain = build_chain([(3, 2), (1, 2)])
     receipt = receipt_for(chain, status="poisoned", failure_reason="ledger_failed")
-    verified = verify_rollout(bundle_of(chain, receipt), chain.table(), CONFIG)
+    verified = verify_one(bundle_of(chain, receipt), chain.table())
     assert verified.reason == r.CAPTURE_POISONED and verified.linearized and verified.input_ids.size == 8
 
 
 def test_any_failure_row_poisons_but_keeps_the_verified_tokens() -> None:
     chain = build_chain([(3, 2), (1, 2)])
     bundle = bundle_of(chain, failures=(failure(chain, "r000000-00.a00.c009", "engine_error"),))
-    verified = verify_rollout(bundle, chain.table(), CONFIG)
+    verified = verify_one(bundle, chain.table())
     assert verified.reason == r.CAPTURE_POISONED and verified.linearized
 
 
 def test_a_tolerated_failure_poisons_only_on_the_selected_chain() -> None:
     chain = build_chain([(3, 2), (1, 2)])
     off_chain = bundle_of(chain, failures=(failure(chain, "r000000-00.a00.c009", OFF_CHAIN_TOLERATED_FAILURE),))
-    assert verify_rollout(off_chain, chain.table(), CONFIG).valid
+    assert verify_one(off_chain, chain.table()).valid
     on_chain = bundle_of(chain, failures=(failure(chain, chain.records[1].call_id, OFF_CHAIN_TOLERATED_FAILURE),))
-    assert verify_rollout(on_chain, chain.table(), CONFIG).reason == r.CAPTURE_POISONED
+    assert verify_one(on_chain, chain.table()).reason == r.CAPTURE_POISONED
 
 
 def test_heuristic_receipts_are_reattributed_on_the_manifest() -> None:
     chain = build_chain([(3, 2), (1, 2), (1, 1)])
     agreed = receipt_for(chain, terminal_selection="heuristic")
-    assert verify_rollout(bundle_of(chain, agreed), chain.table(), CONFIG).valid
+    assert verify_one(bundle_of(chain, agreed), chain.table()).valid
     short = Chain(chain.deltas[:2], chain.records[:2])
     disagreeing = receipt_for(chain, terminal_selection="heuristic", terminal_call_id=chain.records[1].call_id)
-    assert verify_rollout(bundle_of(chain, disagreeing), short.table(), CONFIG).reason == terminal.WITNESS_DISAGREEMENT
+    assert verify_one(bundle_of(chain, disagreeing), short.table()).reason == terminal.WITNESS_DISAGREEMENT
 
 
 def test_a_heuristic_receipt_over_a_manifest_with_an_orphan_is_rejected_with_the_heuristic_reason() -> None:
@@ -219,27 +115,28 @@ def test_a_heuristic_receipt_over_a_manifest_with_an_orphan_is_rejected_with_the
     orphan = dataclasses.replace(chain.records[1], call_id="r000000-00.a00.c007", parent_call_id="r000000-00.a00.c008")
     records = [*chain.records, dataclasses.replace(orphan, staging_row=5)]
     bundle = RolloutBundle(receipt_for(chain, terminal_selection="heuristic", num_calls=3), tuple(records), ())
-    assert verify_rollout(bundle, chain.table(), CONFIG).reason == terminal.ORPHANED_ROW
+    assert verify_one(bundle, chain.table()).reason == terminal.ORPHANED_ROW
 
 
 def test_a_fetch_failure_reason_is_reported_for_the_rollout() -> None:
     chain = build_chain([(3, 2)])
-    assert verify_rollout(bundle_of(chain), r.SEGMENT_CHECKSUM_MISMATCH, CONFIG).reason == r.SEGMENT_CHECKSUM_MISMATCH
+    vouched = {SEGMENT: "0" * 64}  # the marker vouches for other bytes
+    assert verify_one(bundle_of(chain), chain.table(), segment_sha256=vouched).reason == r.SEGMENT_CHECKSUM_MISMATCH
 
 
 def test_rows_out_of_chain_order_or_missing_are_named() -> None:
     chain = build_chain([(3, 2), (1, 2)])
-    assert verify_rollout(bundle_of(chain), chain.table([1, 0]), CONFIG).reason == r.CALL_ID_MISMATCH
-    assert verify_rollout(bundle_of(chain), chain.table([0]), CONFIG).reason == r.MISSING_STAGING_ROW
+    assert verify_one(bundle_of(chain), chain.table([1, 0])).reason == r.CALL_ID_MISMATCH
+    assert verify_one(bundle_of(chain), chain.table([0])).reason == r.MISSING_STAGING_ROW
     missing_column = chain.table().drop_columns(["top_k"])
-    assert verify_rollout(bundle_of(chain), missing_column, CONFIG).reason == r.INVALID_STAGED_ROW
+    assert verify_one(bundle_of(chain), missing_column).reason == r.INVALID_STAGED_ROW
 
 
 def test_sampling_settings_are_checked_against_the_batch_config() -> None:
     chain = build_chain([(3, 2)])
     other = dataclasses.replace(CONFIG, sampling=SamplingSettings(temperature=0.5))
-    assert verify_rollout(bundle_of(chain), chain.table(), other).reason == r.wrong("temperature")
-    assert verify_rollout(bundle_of(chain), chain.table(), dataclasses.replace(CONFIG, batch_id="b-x")).reason == (
+    assert verify_one(bundle_of(chain), chain.table(), other).reason == r.wrong("temperature")
+    assert verify_one(bundle_of(chain), chain.table(), dataclasses.replace(CONFIG, batch_id="b-x")).reason == (
         r.wrong("batch_id")
     )
 
@@ -259,7 +156,7 @@ def replace_list_value(table: pa.Table, column: str, row: int, position: int, va
 )
 def test_any_single_changed_value_in_any_row_is_never_a_valid_rollout(turns: list[tuple[int, int]], data) -> None:
     chain = build_chain(turns)
-    clean = verify_rollout(bundle_of(chain), chain.table(), CONFIG)
+    clean = verify_one(bundle_of(chain), chain.table())
     assert clean.valid and np.array_equal(clean.input_ids, linearized(chain.deltas))
     row = data.draw(st.integers(0, len(turns) - 1))
     position = data.draw(st.integers(0, chain.deltas[row].delta_len - 1))
@@ -273,7 +170,7 @@ def test_any_single_changed_value_in_any_row_is_never_a_valid_rollout(turns: lis
         if value == old:
             value = old + 1
     tampered = replace_list_value(chain.table(), column, row, position, value)
-    verified = verify_rollout(bundle_of(chain), tampered, CONFIG)
+    verified = verify_one(bundle_of(chain), tampered)
     assert verified.reason in {r.INVALID_STAGED_ROW, r.CORRUPT_DIGEST}
 
 
@@ -366,7 +263,7 @@ def test_an_uncommitted_shard_is_refused_not_rejected_row_by_row(fake_batch: Com
 def test_a_config_of_another_batch_rejects_every_rollout_as_wrong_batch(fake_batch: CommittedBatch) -> None:
     store = batch_store(str(fake_batch.root), fake_batch.config.batch_id)
     other = dataclasses.replace(fake_batch.config, batch_id="b-other")
-    assert {v.reason for v in verify_shard(store, 0, other)} == {r.wrong("batch_id")}
+    assert {v.reason for v in rollouts_of(prepare_shard(store, 0, other).verify())} == {r.wrong("batch_id")}
 
 
 # --- the reason catalogue ---------------------------------------------------------------------

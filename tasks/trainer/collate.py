@@ -1,4 +1,4 @@
-"""Torch access to a published GRPO dataset: a map-style Dataset and a right-padding collator.
+"""Trainer side: torch access to a published GRPO dataset, a map-style Dataset and a right-padding collator.
 
 :class:`PublishedDataset` reads only the parts a batch's ``dataset/_COMMITTED.json`` names,
 checking each part's size, sha256 and schema, and keeps the columns as flat numpy arrays (no
@@ -19,9 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from tasks.finalize.dataset import DatasetRow
+from tasks.finalize.dataset_schema import DatasetRow
 from tasks.finalize.publish import read_dataset_marker, read_dataset_part
 from tasks.storage.objects import ObjectStore
+from tasks.storage.options import StorageOptions
 
 TOKEN_COLUMNS = ("input_ids", "loss_mask", "logprobs")
 ROW_COLUMNS = ("advantage", "sample_mask", "prompt_len")
@@ -42,9 +43,9 @@ class PublishedDataset(torch.utils.data.Dataset):
         self._len = table.num_rows
 
     @classmethod
-    def from_url(cls, batch_url: str, **storage_options: Any) -> Self:
-        """The dataset the batch at ``batch_url`` committed; FileNotFoundError if it has none."""
-        store = ObjectStore(batch_url, **storage_options)
+    def from_url(cls, batch_url: str, *, storage_options: StorageOptions | None = None) -> Self:
+        """The dataset the batch at ``batch_url`` committed (fsspec ``storage_options``); FileNotFoundError if none."""
+        store = ObjectStore(batch_url, **dict(storage_options or {}))
         marker = read_dataset_marker(store)
         if marker is None:
             raise FileNotFoundError(f"{batch_url} has no committed dataset (no dataset/_COMMITTED.json)")

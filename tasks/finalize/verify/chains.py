@@ -4,7 +4,7 @@ A rollout's manifest is its call records in its receipt's attempt, in ledger ord
 the calls root→terminal, found by following parents up from the receipt's terminal call. A
 manifest that cannot give a trustworthy chain has a named reason, in this order: duplicate call
 ids, shared staging coordinates, terminal re-attribution, then a cycle or a missing parent on
-the walk (:func:`plan_chain`).
+the walk (:func:`_walk_chain`).
 
 Nearly every manifest is a plain linear chain in ledger order: the first call is the root, each
 later call's parent is the call before it, call ids and staging coordinates are distinct, and the
@@ -26,12 +26,12 @@ import pyarrow.compute as pc
 from tasks.capture import terminal
 from tasks.capture.records import CallRecord, FailureRow, Receipt
 from tasks.finalize import reasons as r
-from tasks.finalize.runs import offsets, owners, take_rows
-from tasks.storage.ledger import LedgerTables, RolloutBundle
+from tasks.finalize.ragged import offsets, owners, take_rows
+from tasks.storage.ledger import LedgerTables
 
 
 @dataclass(frozen=True)
-class Chain:
+class _Chain:
     """The manifest's calls root→terminal, or the reason no chain can be trusted."""
 
     calls: tuple[CallRecord, ...] = ()
@@ -67,7 +67,7 @@ def shard_chains(tables: LedgerTables, receipts: Sequence[Receipt]) -> ShardChai
             reasons.append(None)
             continue
         records = CallRecord.from_checked_table(tables.calls.take(pa.array(rows, pa.int64())))
-        chain = plan_chain(RolloutBundle(receipt=receipt, manifest=tuple(records), failures=()))
+        chain = _walk_chain(receipt, records)
         row_of = {id(record): row for record, row in zip(records, rows.tolist(), strict=True)}
         chains.append(np.array([row_of[id(call)] for call in chain.calls], np.int64))
         reasons.append(chain.reason)
@@ -139,42 +139,40 @@ def _repeats_per_run(owner: np.ndarray, runs: int, columns: list[pa.Array | pa.C
     return repeats
 
 
-def plan_chain(bundle: RolloutBundle) -> Chain:
+def _walk_chain(receipt: Receipt, manifest: Sequence[CallRecord]) -> _Chain:
     """The receipt's chain root→terminal in the manifest, after duplicate and attribution checks."""
-    manifest = bundle.manifest
     call_ids = [call.call_id for call in manifest]
     if len(set(call_ids)) != len(call_ids):
-        return Chain(reason=r.DUPLICATE_MANIFEST_CALL_ID)
+        return _Chain(reason=r.DUPLICATE_MANIFEST_CALL_ID)
     coordinates = {(call.staging_segment, call.staging_row) for call in manifest}
     if len(coordinates) != len(manifest):
-        return Chain(reason=r.DUPLICATE_STAGING_KEY)
-    reason = _attribution_reason(bundle)
+        return _Chain(reason=r.DUPLICATE_STAGING_KEY)
+    reason = _attribution_reason(receipt, manifest)
     if reason is not None:
-        return Chain(reason=reason)
+        return _Chain(reason=reason)
     by_id = {call.call_id: call for call in manifest}
-    current = by_id[bundle.receipt.terminal_call_id]  # type: ignore[index]
+    current = by_id[receipt.terminal_call_id]  # type: ignore[index]
     calls = [current]
     seen = {current.call_id}
     while current.parent_call_id is not None:
         if current.parent_call_id in seen:
-            return Chain(reason=r.LINEAGE_CYCLE)
+            return _Chain(reason=r.LINEAGE_CYCLE)
         parent = by_id.get(current.parent_call_id)
         if parent is None:
-            return Chain(reason=r.MISSING_PARENT)
+            return _Chain(reason=r.MISSING_PARENT)
         seen.add(parent.call_id)
         calls.append(parent)
         current = parent
-    return Chain(calls=tuple(reversed(calls)))
+    return _Chain(calls=tuple(reversed(calls)))
 
 
-def _attribution_reason(bundle: RolloutBundle) -> str | None:
+def _attribution_reason(receipt: Receipt, manifest: Sequence[CallRecord]) -> str | None:
     """Re-run terminal attribution on the manifest and compare with the receipt's terminal."""
-    receipt = bundle.receipt
     declared = receipt.terminal_call_id
-    if declared is None or all(call.call_id != declared for call in bundle.manifest):
+    if declared is None or all(call.call_id != declared for call in manifest):
         return r.MISSING_TERMINAL
     if receipt.terminal_selection == "heuristic":
-        found = terminal.select_terminal_call(bundle.manifest)
+        found = terminal.select_terminal_call(manifest)
         if found.terminal_call_id is None:
             return found.reason
         if found.terminal_call_id != declared:

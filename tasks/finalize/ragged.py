@@ -1,4 +1,4 @@
-"""Index arithmetic over runs: items of many variable-length runs laid end to end in flat arrays.
+"""Ragged arrays: index arithmetic over variable-length runs of items laid end to end in one flat array.
 
 Run ``k`` of a flat array is ``items[starts[k]:starts[k + 1]]``; ``starts`` (int64) holds every
 run's start plus the total at the end. Chains of calls, calls of tokens and rows of a table are
@@ -24,6 +24,11 @@ def offsets(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
 def owners(starts: np.ndarray) -> np.ndarray:
     """The run (of ``starts``) of every item, items laid end to end."""
     return np.repeat(np.arange(starts.size - 1), np.diff(starts))
+
+
+def owners_of(starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The run (of ``starts``) holding each of the given item positions."""
+    return np.searchsorted(starts, positions, side="right") - 1
 
 
 def gather(starts: np.ndarray, runs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

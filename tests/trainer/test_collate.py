@@ -7,12 +7,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from tasks.finalize.collate import GrpoCollator, PublishedDataset
 from tasks.finalize.publish import publish_dataset
 from tasks.storage.errors import SegmentChecksumMismatchError
 from tasks.storage.objects import ObjectStore
-
-from .rollouts import batch_config, mixed_groups
+from tasks.trainer.collate import GrpoCollator, PublishedDataset
+from tests.finalize.rollouts import batch_config, mixed_groups, rows_of
 
 PAD = 7
 
@@ -24,7 +23,7 @@ def published(tmp_path):
     groups = mixed_groups(config)
     url = str(tmp_path / "batch")
     publish_dataset(ObjectStore(url), groups, config=config, rows_per_part=5)
-    return url, [row for g in groups for row in g.rows]
+    return url, [row for g in groups for row in rows_of(g)]
 
 
 def test_dataset_reads_every_committed_row_in_order(published):

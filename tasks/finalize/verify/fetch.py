@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from tasks.capture.records import StagedDelta
 from tasks.finalize import reasons as r
-from tasks.finalize.runs import owners, take_rows
+from tasks.finalize.ragged import owners, take_rows
 from tasks.storage.errors import StorageIntegrityError
 from tasks.storage.staged_reader import StagedReader
 

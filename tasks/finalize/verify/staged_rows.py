@@ -7,9 +7,9 @@ once, field comparisons and token checks are vectorized, digests hash slices of 
 buffer (:mod:`tasks.capture.digest_batch`), and each chain's reason is the earliest check any of
 its rows fails, exactly as if the chain were checked alone. Python loops run per row only to hash.
 
-The work is split in two: :meth:`ChainRows.of` converts (conforms the table, flattens and checks
-the token lists: Arrow and numpy work that a caller may run in a background thread), and
-:meth:`ChainRows.verify` compares, hashes and records each check in order.
+The work is split in two: :meth:`ChainRows.of` converts (flattens and checks the token lists:
+Arrow and numpy work that a caller may run in a background thread), and :meth:`ChainRows.verify`
+compares, hashes and records each check in order.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from tasks.capture import digest_batch as db
 from tasks.capture.records import StagedDelta, canonical_json
 from tasks.config import BatchConfig
 from tasks.finalize import reasons as r
-from tasks.finalize.runs import offsets, ranges, run_sums
-from tasks.finalize.verified import Linearized
-from tasks.schema import SchemaMismatchError
+from tasks.finalize.ragged import offsets, owners_of, ranges, run_sums
+from tasks.finalize.verify.verdicts import Linearized
 
 _STAGED_SCHEMA = StagedDelta.arrow_schema()
 _LIST_COLUMNS = ("token_ids_delta", "token_mask_delta", "logprobs_delta")
@@ -51,43 +50,41 @@ class ChainVerdicts:
     epoch_span_counts: np.ndarray
 
     @classmethod
-    def of_failed(cls, reasons: list[int | str]) -> ChainVerdicts:
-        return cls(reasons, Linearized.empty(), np.zeros(0, np.int64))
+    def empty(cls) -> ChainVerdicts:
+        """The verdicts of no chain."""
+        return cls([], Linearized.empty(), np.zeros(0, np.int64))
 
 
 @dataclass(frozen=True)
 class ChainRows:
     """The staged rows of many chains with their call records, converted for :meth:`verify`.
 
-    ``calls`` (call records) and the staged rows hold the rows of every chain, chain after
-    chain, each root→terminal; chain ``k`` has ``lengths[k]`` rows. ``table`` is the staged rows
-    conformed to the staged-delta schema (None when they cannot be) and ``tokens`` their token
-    lists, flattened and checked.
+    ``calls`` (call records) and ``table`` (staged rows with the staged-delta schema and no null
+    where it forbids one, as the staged reader returns them) hold the rows of every chain, chain
+    after chain, each root→terminal; chain ``k`` has ``lengths[k]`` rows. ``tokens`` are the rows' token lists,
+    flattened and checked (None without chains).
     """
 
     calls: pa.Table
     lengths: np.ndarray
-    table: pa.Table | None
+    table: pa.Table
     tokens: _Tokens | None
 
     @classmethod
     def of(cls, calls: pa.Table, table: pa.Table, lengths: np.ndarray) -> ChainRows:
-        """Convert the staged rows of chains of ``lengths`` rows; ValueError when the counts disagree."""
+        """Convert the staged rows of chains of ``lengths`` rows; ValueError when the counts or the schema disagree."""
         lengths = np.asarray(lengths, np.int64)
         if table.num_rows != int(lengths.sum()) or calls.num_rows != table.num_rows or (lengths == 0).any():
             raise ValueError(
                 f"{table.num_rows} staged rows for chains of {lengths[:10].tolist()} calls (each at least one)"
             )
-        conformed = conform(table)
-        tokens = _Tokens(conformed) if conformed is not None and lengths.size else None
-        return cls(calls=calls, lengths=lengths, table=conformed, tokens=tokens)
+        StagedDelta.check_table(table, source="staged rows")  # the staged reader refuses any other segment
+        return cls(calls=calls, lengths=lengths, table=table, tokens=_Tokens(table) if lengths.size else None)
 
     def verify(self, config: BatchConfig) -> ChainVerdicts:
         """Per chain, its linearization or the first reason (in the module's order) any of its rows fails."""
-        if not self.lengths.size:
-            return ChainVerdicts.of_failed([])
-        if self.table is None or self.tokens is None:
-            return ChainVerdicts.of_failed([r.INVALID_STAGED_ROW] * self.lengths.size)
+        if self.tokens is None:
+            return ChainVerdicts.empty()
         first_rows = offsets(self.lengths)[:-1]
         checks = _check_rows(self.table, self.calls, first_rows, self.tokens, config)
         failing = np.minimum.reduceat(checks.first, first_rows)
@@ -107,27 +104,6 @@ class ChainRows:
         epoch_span = self.calls.column("epoch_span").to_numpy(zero_copy_only=False)
         epoch_spans = np.add.reduceat(epoch_span, first_rows, dtype=np.int64)[chains]
         return ChainVerdicts(verdicts, self.tokens.linearize(chains, first_rows, self.lengths, self.calls), epoch_spans)
-
-
-def conform(table: pa.Table) -> pa.Table | None:
-    """The table with exactly the staged-delta columns and types (a reordering accepted), or None."""
-    if table.schema.equals(_STAGED_SCHEMA):
-        return table
-    try:
-        StagedDelta.check_table(table, source="staged rows")
-    except SchemaMismatchError:
-        return None
-    return table.select(_STAGED_SCHEMA.names)
-
-
-def null_rows(table: pa.Table) -> np.ndarray:
-    """Rows with a null where the staged-delta schema forbids one."""
-    nulls = np.zeros(table.num_rows, dtype=bool)
-    for f in _STAGED_SCHEMA:
-        column = table.column(f.name)
-        if not f.nullable and column.null_count:
-            nulls |= pc.is_null(column).to_numpy(zero_copy_only=False)
-    return nulls
 
 
 class _Checks:
@@ -172,7 +148,7 @@ class _Tokens:
             values = pc.list_flatten(column)
             if values.null_count:
                 null_tokens = np.flatnonzero(pc.is_null(values).to_numpy(zero_copy_only=False))
-                bad[_owners(offsets(lengths), null_tokens)] = True
+                bad[owners_of(offsets(lengths), null_tokens)] = True
         self.bad_lists = bad
         self.rows = np.flatnonzero(~bad)
         if self.rows.size != table.num_rows:
@@ -185,7 +161,7 @@ class _Tokens:
         self.flat = db.FlatTokens.of(self.ids.view(np.uint64), self.mask, self.logprobs, self.starts)
         descending = np.flatnonzero(self.mask[1:] < self.mask[:-1]) + 1
         inside = descending[np.isin(descending, self.starts, invert=True)]
-        self.bad_mask_order = self.rows[_owners(self.starts, inside)]
+        self.bad_mask_order = self.rows[owners_of(self.starts, inside)]
         self.sampled = run_sums(self.mask == 1.0, self.starts)
 
     def _check_values(self) -> None:
@@ -195,7 +171,7 @@ class _Tokens:
         bad |= (mask != 1.0) & ~carried
         bad |= ~np.isfinite(logprobs)
         bad |= carried & (logprobs != 0.0)
-        self.bad_values = self.rows[_owners(self.starts, np.flatnonzero(bad))]
+        self.bad_values = self.rows[owners_of(self.starts, np.flatnonzero(bad))]
 
     def linearize(self, chains: np.ndarray, first_rows: np.ndarray, lengths: np.ndarray, calls: pa.Table) -> Linearized:
         """The given chains (every row of which passed every check) root→terminal, as flat columns."""
@@ -229,7 +205,6 @@ def _check_rows(
 ) -> _Checks:
     """Record every check of section 8 in order over the rows (one chain starts at each of ``first_rows``)."""
     checks = _Checks(table.num_rows)
-    checks.record(r.INVALID_STAGED_ROW, null_rows(table))
     for name, reason in (("rollout_id", r.STAGING_KEY_MISMATCH), ("call_id", r.CALL_ID_MISMATCH)):
         checks.record(reason, _differs(table.column(name), calls.column(name)))
     for name, expected, reason in (
@@ -297,11 +272,6 @@ def _flat_values(lists: pa.ChunkedArray) -> np.ndarray:
     if len(chunks) == 1:
         return chunks[0]
     return np.concatenate([np.zeros(0, lists.type.value_type.to_pandas_dtype()), *chunks])
-
-
-def _owners(starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The segment (of ``starts``) holding each flat position."""
-    return np.searchsorted(starts, positions, side="right") - 1
 
 
 def _differs(column: pa.ChunkedArray, expected: pa.ChunkedArray) -> np.ndarray:

@@ -1,10 +1,15 @@
 """The finalize stage: committed shards in, a published GRPO dataset out (ARCHITECTURE section 8).
 
-Shard by shard (bounded memory): verify and linearize every receipt, assemble the planned groups
-(``on_invalid``: mask keeps ``group_size`` rows per group, drop keeps valid rows only), compute
-advantages, and stream the rows into the dataset's parts. The optional logprob audit recomputes
-the sampled tokens' logprobs of a seeded sample of trainable rows with the HF model. The dataset
-marker is written last; a batch whose marker exists is not finalized again.
+Shard by shard (bounded memory): verify and linearize every receipt (:mod:`tasks.finalize.verify`),
+assemble the planned groups with their advantages (:mod:`tasks.finalize.assemble`), and stream
+the rows into the dataset's parts (:mod:`tasks.finalize.publish`). The optional logprob audit
+(:mod:`tasks.trainer.logprob_audit`, imported only when it runs: it needs torch) recomputes the
+sampled tokens' logprobs of a seeded sample of trainable rows with the HF model.
+
+Preconditions: every planned shard is committed, or ``allow_partial`` finalizes the committed
+ones and the dataset says which are missing (its marker, metrics and card); a batch without
+any committed shard is refused either way. The dataset marker is written last; a batch whose
+marker exists is not finalized again.
 """
 
 from __future__ import annotations
@@ -23,14 +28,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.config import BatchConfig, ConfigError
-from tasks.finalize.audit import audit_logprobs
-from tasks.finalize.dataset import AssembledRows, DatasetRow, assemble_rows
+from tasks.finalize.assemble import AssembledRows, assemble_rows
+from tasks.finalize.dataset_schema import DatasetRow
 from tasks.finalize.metrics import DatasetMetrics
-from tasks.finalize.publish import PublishedDataset, publish_dataset, read_dataset_marker
-from tasks.finalize.verify import prepare_shard
+from tasks.finalize.publish import PublishResult, publish_dataset, read_dataset_marker
+from tasks.finalize.verify.shard import prepare_shard
 from tasks.plan import batch_store, read_batch_config
 from tasks.storage.marker import read_marker
 from tasks.storage.objects import ObjectStore
+from tasks.storage.options import StorageOptions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,6 +50,10 @@ class UncommittedShardsError(ConfigError):
     """Some planned shards have no commit marker; finalizing would silently drop their rollouts."""
 
 
+class NoCommittedShardsError(UncommittedShardsError):
+    """No planned shard has a commit marker: there is nothing to finalize, even a partial dataset."""
+
+
 @dataclass(frozen=True)
 class FinalizeOptions:
     """Later-stage overrides (only what is safe to change after planning) and the audit switch."""
@@ -55,26 +65,33 @@ class FinalizeOptions:
     audit_sample_size: int = AUDIT_SAMPLE_SIZE
 
 
-def finalize_batch(root_url: str, batch_id: str, options: FinalizeOptions | None = None) -> PublishedDataset:
-    """Verify, linearize and publish ``batch_id``; a no-op when its dataset is already published."""
+def finalize_batch(
+    root_url: str,
+    batch_id: str,
+    options: FinalizeOptions | None = None,
+    *,
+    storage_options: StorageOptions | None = None,
+) -> PublishResult:
+    """Verify, linearize and publish ``batch_id``; a no-op when its dataset is already published.
+
+    ``storage_options`` go to fsspec with ``root_url`` (credentials never enter the batch).
+    Raises :class:`UncommittedShardsError` naming the uncommitted shards unless
+    ``options.allow_partial``, and :class:`NoCommittedShardsError` when no shard is committed.
+    """
     options = options or FinalizeOptions()
-    store = batch_store(root_url, batch_id)
+    store = batch_store(root_url, batch_id, storage_options)
     config = read_batch_config(store)
     overrides = {k: v for k, v in (("on_invalid", options.on_invalid), ("advantage", options.advantage)) if v}
     config = config.with_overrides(**overrides) if overrides else config
     existing = read_dataset_marker(store)
     if existing is not None:
         log.info("batch %s is already finalized: nothing to do", batch_id)
-        return PublishedDataset(url=store.url, marker=existing, created=False)
+        if existing.partial:
+            log.warning("batch %s was finalized without shard(s) %s", batch_id, list(existing.missing_shards))
+        return PublishResult(url=store.url, marker=existing, created=False)
     committed = [shard for shard in range(config.shards) if read_marker(store, shard) is not None]
     missing = sorted(set(range(config.shards)) - set(committed))
-    if missing and not options.allow_partial:
-        raise UncommittedShardsError(
-            f"batch {batch_id}: shard(s) {missing} of {config.shards} have no commit marker; generate them first, "
-            "or pass --allow-partial to finalize only the committed shards"
-        )
-    if missing:
-        log.warning("finalizing batch %s without uncommitted shard(s) %s (--allow-partial)", batch_id, missing)
+    _check_committed(batch_id, config.shards, missing, allow_partial=options.allow_partial)
     metrics = DatasetMetrics()
     audit_on = options.audit if options.audit is not None else _is_bundled(config)
     sample = _Reservoir(AUDIT_CANDIDATES, seed=config.seed) if audit_on else None
@@ -83,16 +100,36 @@ def finalize_batch(root_url: str, batch_id: str, options: FinalizeOptions | None
     def audit() -> dict[str, Any] | None:
         if sample is None or not sample.items:
             return None
+        from tasks.models.reference import resolve_model_reference
+        from tasks.trainer.logprob_audit import audit_logprobs
+
         report = audit_logprobs(
             sample.items,
-            model_path=config.model.path,
+            model_path=str(resolve_model_reference(config.model.reference)),
             sampling=config.sampling,
             sample_size=min(options.audit_sample_size, len(sample.items)),
             seed=config.seed,
         )
         return report.to_dict()
 
-    return publish_dataset(store, assembled, config=config, metrics=metrics, audit=audit)
+    return publish_dataset(store, assembled, config=config, metrics=metrics, audit=audit, missing_shards=missing)
+
+
+def _check_committed(batch_id: str, shards: int, missing: list[int], *, allow_partial: bool) -> None:
+    """Refuse a batch with uncommitted shards (unless ``allow_partial``) or without any committed shard."""
+    if len(missing) == shards:
+        raise NoCommittedShardsError(
+            f"batch {batch_id}: none of its {shards} shard(s) has a commit marker, so there is nothing to "
+            f"finalize (--allow-partial needs at least one); run `rollout-ledger generate --root ROOT --batch-id "
+            f"{batch_id} --shard N` for its shards first"
+        )
+    if missing and not allow_partial:
+        raise UncommittedShardsError(
+            f"batch {batch_id}: shard(s) {missing} of {shards} have no commit marker; generate them first, "
+            "or pass --allow-partial to finalize only the committed shards (the dataset then records them as missing)"
+        )
+    if missing:
+        log.warning("finalizing batch %s without uncommitted shard(s) %s (--allow-partial)", batch_id, missing)
 
 
 def _assembled_shards(
@@ -105,10 +142,10 @@ def _assembled_shards(
     ``READ_AHEAD + 1`` shards are held.
     """
     for prepared in _read_ahead(functools.partial(prepare_shard, store, config=config), shards):
-        if prepared.ledger is None:  # verification rejects every rollout of the shard with the ledger's reason
+        tables = prepared.tables
+        if tables is None:  # verification rejects every rollout of the shard with the ledger's reason
             log.warning("shard %d: the committed ledger cannot be trusted: %s", prepared.shard, prepared.read)
         else:
-            tables = prepared.ledger.tables
             metrics.add_ledger(
                 calls=tables.calls.num_rows,
                 token_in_calls=int(pc.sum(pc.equal(tables.calls.column("mode"), "token_in"), min_count=0).as_py()),
@@ -146,9 +183,9 @@ def _read_ahead(read: Callable[[T], R], items: Sequence[T], depth: int = READ_AH
 
 
 def _is_bundled(config: BatchConfig) -> bool:
-    from tasks.models.bundled import MODEL_NAME
+    from tasks.models.reference import is_bundled
 
-    return MODEL_NAME in config.model.path
+    return is_bundled(config.model.reference)
 
 
 class _Reservoir:

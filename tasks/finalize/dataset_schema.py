@@ -1,0 +1,240 @@
+"""The GRPO dataset row (ARCHITECTURE 4.6): the contract between finalization and the trainer, written once.
+
+:class:`DatasetRow` declares every column with its Arrow type (:meth:`DatasetRow.arrow_schema` is
+the schema of every dataset part) and checks its invariants on construction, so a row read back
+is as trustworthy as a row written. :data:`COLUMN_DESCRIPTIONS` says what each column means, for
+the dataset card and the docs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.capture.records import TERMINAL_SELECTIONS, check_reason
+from tasks.ids import check_id
+from tasks.schema import ArrowRecord, column
+
+DATASET_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CallSpan:
+    """One call of the linearized chain: its carried prompt tokens, then its sampled tokens."""
+
+    call_id: str = column(pa.string())
+    carry_len: int = column(pa.int64())
+    gen_len: int = column(pa.int64())
+
+
+@dataclass(frozen=True)
+class WeightSpan:
+    """Tokens ``[start, end)`` of the row were produced by a call admitted at ``weight_version``."""
+
+    call_id: str = column(pa.string())
+    start: int = column(pa.int64())
+    end: int = column(pa.int64())
+    weight_version: int = column(pa.uint64())
+
+
+def _struct_type(item: type) -> pa.StructType:
+    """The Arrow struct of a span dataclass: its fields, with the types they declare."""
+    return pa.struct([(f.name, f.metadata["arrow"]) for f in dataclasses.fields(item)])
+
+
+CALL_SPAN_TYPE = _struct_type(CallSpan)
+WEIGHT_SPAN_TYPE = _struct_type(WeightSpan)
+
+
+# What each column means, for the dataset card and the docs (the types come from the schema).
+COLUMN_DESCRIPTIONS: dict[str, str] = {
+    "batch_id": "the batch this row belongs to",
+    "group_id": "the task: rows of one group share a prompt and are normalized together",
+    "rollout_id": "the rollout (task index and sample index in the group)",
+    "input_ids": "token ids root→terminal call: each call's carried prompt tokens, then its sampled tokens",
+    "loss_mask": "1 on tokens the model sampled, 0 on carried prompt/environment tokens",
+    "logprobs": "logprob of each sampled token as sampled (after temperature/top-p/top-k); 0 where loss_mask is 0",
+    "prompt_len": "carried tokens of the root call (the initial prompt)",
+    "reward": "the environment's reward of the rollout (null when none was recorded)",
+    "advantage": "group-relative advantage of the row (0 when masked, or when the group has no signal)",
+    "group_size": "rollouts planned per group",
+    "sample_mask": "1 trainable, 0 masked (never train on a masked row)",
+    "mask_reason": "why the row is masked (a stable reason name), null when trainable",
+    "weight_version_min": "lowest weight version of the calls on the chain (null without tokens)",
+    "weight_version_max": "highest weight version of the calls on the chain (null without tokens)",
+    "weight_version_spans": "per call: token range [start, end) and the weight version it was admitted at",
+    "call_spans": "per call, in order: carried tokens (carry_len) then sampled tokens (gen_len)",
+    "truncated": "the terminal call stopped on the length limit",
+    "num_turns": "model calls on the chain root→terminal",
+    "terminal_selection": "how the terminal call was selected: declared, response_id, content or heuristic",
+}
+
+
+class InvalidDatasetRowError(ValueError):
+    """A dataset row breaks an invariant of ARCHITECTURE 4.6; the message names the rollout and field."""
+
+
+@dataclass(frozen=True, eq=False)
+class DatasetRow(ArrowRecord):
+    """One GRPO training row: a linearized rollout root→terminal, or a masked placeholder.
+
+    Invariants: the three token lists have equal length; ``loss_mask`` is 0 on each call's
+    carried tokens and 1 on its sampled tokens, as ``call_spans`` says; ``logprobs`` are finite
+    and exactly 0 where the mask is 0; weight spans are one per call, in order, inside that
+    call's tokens, and ``weight_version_min``/``max`` summarize them (null without tokens).
+    ``sample_mask`` 1 ⇔ ``mask_reason`` null; a trainable row has tokens, a sampled token, a
+    reward and a terminal selection; a masked row has advantage exactly 0.
+    """
+
+    batch_id: str = column(pa.string())
+    group_id: str = column(pa.string())
+    rollout_id: str = column(pa.string())
+    input_ids: np.ndarray = column(pa.list_(pa.int32()))
+    loss_mask: np.ndarray = column(pa.list_(pa.uint8()))
+    logprobs: np.ndarray = column(pa.list_(pa.float32()))
+    prompt_len: int = column(pa.int64())
+    reward: float | None = column(pa.float64(), nullable=True)
+    advantage: float = column(pa.float64())
+    group_size: int = column(pa.int32())
+    sample_mask: int = column(pa.uint8())
+    mask_reason: str | None = column(pa.string(), nullable=True)
+    weight_version_min: int | None = column(pa.uint64(), nullable=True)
+    weight_version_max: int | None = column(pa.uint64(), nullable=True)
+    weight_version_spans: tuple[WeightSpan, ...] = column(pa.list_(WEIGHT_SPAN_TYPE), item=WeightSpan)
+    call_spans: tuple[CallSpan, ...] = column(pa.list_(CALL_SPAN_TYPE), item=CallSpan)
+    truncated: bool = column(pa.bool_())
+    num_turns: int = column(pa.int32())
+    terminal_selection: str | None = column(pa.string(), nullable=True)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_id", "group_id", "rollout_id"):
+            check_id(getattr(self, name), field=name)
+        for name, dtype in (("input_ids", np.int32), ("loss_mask", np.uint8), ("logprobs", np.float32)):
+            object.__setattr__(self, name, self._array(name, dtype))
+        for name in ("weight_version_spans", "call_spans"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        self._check_scalars()
+        self._check_tokens()
+        self._check_spans()
+        self._check_sample_mask()
+
+    def _fail(self, message: str) -> InvalidDatasetRowError:
+        return InvalidDatasetRowError(f"dataset row {self.rollout_id}: {message}")
+
+    def _array(self, name: str, dtype: type) -> np.ndarray:
+        value = getattr(self, name)
+        if isinstance(value, np.ndarray):
+            if value.dtype != dtype or value.ndim != 1:
+                raise self._fail(f"{name} must be a 1-d {np.dtype(dtype)} array, got {value.ndim}-d {value.dtype}")
+            if value.flags.writeable:
+                value = value.copy()
+                value.flags.writeable = False
+            return value
+        try:
+            array = np.array(value, dtype=dtype)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise self._fail(f"{name} is not a list of {np.dtype(dtype)}: {exc}") from None
+        if array.ndim != 1:
+            raise self._fail(f"{name} must be one-dimensional, got shape {array.shape}")
+        array.flags.writeable = False
+        return array
+
+    def _check_scalars(self) -> None:
+        _check_int(self, "prompt_len", 0)
+        _check_int(self, "group_size", 1)
+        _check_int(self, "num_turns", 0)
+        _check_int(self, "sample_mask", 0)
+        if self.reward is not None and not _finite_number(self.reward):
+            raise self._fail(f"reward must be a finite number or null, got {self.reward!r}")
+        if not _finite_number(self.advantage):
+            raise self._fail(f"advantage must be a finite number, got {self.advantage!r}")
+        if not isinstance(self.truncated, bool):
+            raise self._fail(f"truncated must be a bool, got {self.truncated!r}")
+        if self.terminal_selection is not None and self.terminal_selection not in TERMINAL_SELECTIONS:
+            raise self._fail(f"terminal_selection must be one of {TERMINAL_SELECTIONS} or null")
+
+    def _check_tokens(self) -> None:
+        ids, mask, logprobs = self.input_ids, self.loss_mask, self.logprobs
+        if not ids.size == mask.size == logprobs.size:
+            raise self._fail(
+                f"input_ids ({ids.size}), loss_mask ({mask.size}) and logprobs ({logprobs.size}) differ in length"
+            )
+        if (ids < 0).any():
+            raise self._fail("input_ids holds a negative token id")
+        if (mask > 1).any():
+            raise self._fail("loss_mask holds a value other than 0 or 1")
+        if not np.isfinite(logprobs).all():
+            raise self._fail("logprobs holds a non-finite value")
+        if (logprobs[mask == 0] != 0).any():
+            raise self._fail("logprobs is not 0 where loss_mask is 0")
+        if self.prompt_len > ids.size:
+            raise self._fail(f"prompt_len {self.prompt_len} exceeds the {ids.size} tokens of the row")
+
+    def _check_spans(self) -> None:
+        calls, spans = self.call_spans, self.weight_version_spans
+        if not all(isinstance(c, CallSpan) for c in calls) or not all(isinstance(s, WeightSpan) for s in spans):
+            raise self._fail("call_spans must hold CallSpan and weight_version_spans WeightSpan items")
+        if len(calls) != self.num_turns:
+            raise self._fail(f"num_turns {self.num_turns} differs from the {len(calls)} call spans")
+        if self.input_ids.size == 0:
+            if calls or spans or self.prompt_len or self.truncated:
+                raise self._fail("a row without tokens has no call spans, weight spans, prompt_len or truncation")
+            if self.weight_version_min is not None or self.weight_version_max is not None:
+                raise self._fail("a row without tokens has null weight_version_min/max")
+            return
+        carry = np.array([c.carry_len for c in calls], dtype=np.int64)
+        gen = np.array([c.gen_len for c in calls], dtype=np.int64)
+        if not calls or (carry < 0).any() or (gen < 0).any():
+            raise self._fail("a row with tokens needs call spans with carry_len and gen_len >= 0")
+        if int(carry.sum() + gen.sum()) != self.input_ids.size:
+            raise self._fail(
+                f"call spans cover {int(carry.sum() + gen.sum())} tokens, the row has {self.input_ids.size}"
+            )
+        if self.prompt_len != carry[0]:
+            raise self._fail(f"prompt_len {self.prompt_len} differs from the root call's carry_len {carry[0]}")
+        lengths = np.empty(2 * len(calls), dtype=np.int64)
+        lengths[0::2], lengths[1::2] = carry, gen
+        expected = np.repeat(np.arange(lengths.size, dtype=np.uint8) & 1, lengths)  # per call: 0s, then 1s
+        if not np.array_equal(expected, self.loss_mask):
+            raise self._fail("loss_mask does not follow call_spans (each call: carried 0s, then sampled 1s)")
+        if [s.call_id for s in spans] != [c.call_id for c in calls]:
+            raise self._fail("weight_version_spans must name the calls of call_spans, one each, in order")
+        ends = np.cumsum(carry + gen)
+        for span, lo, hi in zip(spans, (ends - carry - gen).tolist(), ends.tolist(), strict=True):
+            if not lo <= span.start < span.end <= hi:
+                raise self._fail(f"weight span of {span.call_id} [{span.start}, {span.end}) is outside [{lo}, {hi})")
+        versions = [s.weight_version for s in spans]
+        if (self.weight_version_min, self.weight_version_max) != (min(versions), max(versions)):
+            raise self._fail(
+                f"weight_version_min/max ({self.weight_version_min}, {self.weight_version_max}) differ from "
+                f"the spans' ({min(versions)}, {max(versions)})"
+            )
+
+    def _check_sample_mask(self) -> None:
+        if self.sample_mask == 1:
+            if self.mask_reason is not None:
+                raise self._fail(f"a trainable row (sample_mask 1) has mask_reason {self.mask_reason!r}")
+            if self.reward is None or self.terminal_selection is None or not self.loss_mask.any():
+                raise self._fail("a trainable row needs a reward, a terminal selection and a sampled token")
+        elif self.sample_mask == 0:
+            if self.mask_reason is None:
+                raise self._fail("a masked row (sample_mask 0) needs a mask_reason")
+            check_reason(self.mask_reason, field="mask_reason")
+            if self.advantage != 0:
+                raise self._fail(f"a masked row has advantage {self.advantage}, expected 0")
+        else:
+            raise self._fail(f"sample_mask must be 0 or 1, got {self.sample_mask!r}")
+
+
+def _finite_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_int(row: DatasetRow, name: str, minimum: int) -> None:
+    value = getattr(row, name)
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise row._fail(f"{name} must be an int >= {minimum}, got {value!r}")

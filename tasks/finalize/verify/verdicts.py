@@ -1,0 +1,141 @@
+"""What verification hands to row assembly: every planned rollout's verdict, as columns.
+
+:class:`VerifiedRollouts` holds one entry per planned rollout of a shard: its identity, reward,
+terminal selection and ``reason`` (None exactly when the rollout is trainable). The tokens of
+every chain that linearized are laid end to end in :class:`Linearized`, so nothing is built per
+rollout or per call. A rollout that is invalid for another reason than its chain (a poisoned
+receipt over a clean chain, say) still points at its verified tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.finalize.ragged import gather, offsets
+
+
+@dataclass(frozen=True)
+class Linearized:
+    """Linearized chains laid end to end as flat columns.
+
+    Chain ``k`` holds tokens ``token_starts[k]:token_starts[k + 1]`` of ``input_ids`` (int32),
+    ``loss_mask`` (uint8) and ``logprobs`` (float32), and calls ``call_starts[k]:call_starts[k + 1]``
+    root→terminal: each call's id, its ``carry_len`` carried then ``gen_len`` sampled tokens
+    (int64) and the ``weight_version`` (uint64) it was admitted at, which covers the call's
+    tokens. ``truncated`` (per chain): the terminal call stopped on length. Every chain has at
+    least one call and one token.
+    """
+
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+    logprobs: np.ndarray
+    token_starts: np.ndarray
+    call_ids: pa.Array
+    carry_len: np.ndarray
+    gen_len: np.ndarray
+    weight_version: np.ndarray
+    call_starts: np.ndarray
+    truncated: np.ndarray
+
+    def __len__(self) -> int:
+        return self.token_starts.size - 1
+
+    @classmethod
+    def empty(cls) -> Linearized:
+        """No chain at all."""
+        none = offsets([])
+        return cls(
+            input_ids=np.zeros(0, np.int32),
+            loss_mask=np.zeros(0, np.uint8),
+            logprobs=np.zeros(0, np.float32),
+            token_starts=none,
+            call_ids=pa.array([], pa.string()),
+            carry_len=np.zeros(0, np.int64),
+            gen_len=np.zeros(0, np.int64),
+            weight_version=np.zeros(0, np.uint64),
+            call_starts=none,
+            truncated=np.zeros(0, bool),
+        )
+
+    def take(self, chains: np.ndarray) -> Linearized:
+        """The given chains, in the given order (self when that is every chain in order)."""
+        chains = np.asarray(chains, np.int64)
+        if chains.size == len(self) and np.array_equal(chains, np.arange(len(self))):
+            return self
+        tokens, token_starts = gather(self.token_starts, chains)
+        calls, call_starts = gather(self.call_starts, chains)
+        return Linearized(
+            input_ids=self.input_ids[tokens],
+            loss_mask=self.loss_mask[tokens],
+            logprobs=self.logprobs[tokens],
+            token_starts=token_starts,
+            call_ids=self.call_ids.take(pa.array(calls)),
+            carry_len=self.carry_len[calls],
+            gen_len=self.gen_len[calls],
+            weight_version=self.weight_version[calls],
+            call_starts=call_starts,
+            truncated=self.truncated[chains],
+        )
+
+
+@dataclass(frozen=True)
+class VerifiedRollouts:
+    """The verdicts of many rollouts (entry ``i`` per rollout) over their linearized chains.
+
+    ``chain[i]`` is the rollout's chain in ``linearized`` (-1: not linearized, no tokens);
+    ``reasons[i]`` is None exactly when it is trainable; ``epoch_span_counts[i]`` counts the
+    calls of its chain that spanned a refit.
+    """
+
+    batch_id: str
+    group_ids: list[str]
+    rollout_ids: list[str]
+    rewards: list[float | None]
+    reasons: list[str | None]
+    terminal_selections: list[str | None]
+    epoch_span_counts: np.ndarray
+    chain: np.ndarray
+    linearized: Linearized
+
+    def __len__(self) -> int:
+        return len(self.rollout_ids)
+
+
+class VerdictsBuilder:
+    """Builds :class:`VerifiedRollouts` verdict by verdict (Python per rollout: scalars only)."""
+
+    def __init__(self, batch_id: str) -> None:
+        self.batch_id = batch_id
+        self._fields: tuple[list, ...] = ([], [], [], [], [], [], [])
+
+    def add(
+        self,
+        group_id: str,
+        rollout_id: str,
+        reward: float | None,
+        reason: str | None,
+        terminal_selection: str | None,
+        chain: int = -1,
+        epoch_spans: int = 0,
+    ) -> None:
+        """One rollout's verdict; ``chain`` indexes the linearized chains given to :meth:`build` (-1: none)."""
+        values = (group_id, rollout_id, reward, reason, terminal_selection, chain, epoch_spans)
+        for cells, value in zip(self._fields, values, strict=True):
+            cells.append(value)
+
+    def build(self, linearized: Linearized) -> VerifiedRollouts:
+        group_ids, rollout_ids, rewards, reasons, selections, chains, epoch_spans = self._fields
+        return VerifiedRollouts(
+            batch_id=self.batch_id,
+            group_ids=group_ids,
+            rollout_ids=rollout_ids,
+            rewards=rewards,
+            reasons=reasons,
+            terminal_selections=selections,
+            epoch_span_counts=np.array(epoch_spans, np.int64),
+            chain=np.array(chains, np.int64),
+            linearized=linearized,
+        )
