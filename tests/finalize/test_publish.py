@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pyarrow as pa
@@ -12,6 +13,7 @@ from tasks.finalize import publish as publish_module
 from tasks.finalize.dataset_schema import DatasetRow
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.finalize.publish import (
+    DatasetMarker,
     MalformedDatasetMarkerError,
     publish_dataset,
     read_dataset_marker,
@@ -185,3 +187,33 @@ def test_parts_are_plain_parquet_with_the_row_schema(tmp_path):
         "end",
         "weight_version",
     ]
+
+
+def test_missing_shards_are_recorded_in_the_marker_metrics_and_card(tmp_path):
+    store = ObjectStore(str(tmp_path / "batch"))
+    config = dataclasses.replace(batch_config(num_tasks=4), shards=4)
+    marker = publish_dataset(store, mixed_groups(config), config=config, missing_shards=[1, 3]).marker
+    assert (marker.partial, marker.missing_shards) == (True, (1, 3))
+    assert read_dataset_marker(store) == marker
+    metrics = json.loads(store.read_bytes(layout.DATASET_METRICS))
+    assert (metrics["partial"], metrics["missing_shards"]) == (True, [1, 3])
+    assert "PARTIAL: shards [1, 3] are missing (of 4 planned)" in store.read_bytes(layout.DATASET_CARD).decode()
+
+
+@pytest.mark.parametrize("missing", [[3], [1, 1], [2, 1], [-1], [True]])
+def test_missing_shards_that_are_not_distinct_shards_of_the_batch_ascending_are_refused(tmp_path, missing):
+    config = dataclasses.replace(batch_config(), shards=3)
+    with pytest.raises(ValueError, match="missing shards"):
+        publish_dataset(ObjectStore(str(tmp_path / "batch")), [], config=config, missing_shards=missing)
+
+
+@pytest.mark.parametrize(
+    ("partial", "missing_shards"), [(True, []), (False, [0]), (False, [5])], ids=["no-shard", "unflagged", "unplanned"]
+)
+def test_a_marker_whose_partial_flag_contradicts_its_missing_shards_is_refused(tmp_path, partial, missing_shards):
+    store = ObjectStore(str(tmp_path / "batch"))
+    publish_dataset(store, mixed_groups(batch_config()), config=batch_config())
+    raw = json.loads(store.read_bytes(layout.DATASET_MARKER))
+    raw.update(partial=partial, missing_shards=missing_shards)
+    with pytest.raises(MalformedDatasetMarkerError, match=r"partial|missing shards"):
+        DatasetMarker.from_json(json.dumps(raw))

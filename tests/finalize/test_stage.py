@@ -1,0 +1,109 @@
+"""The finalize stage's preconditions and storage: partial batches say so everywhere, credentials reach every read.
+
+Batches come from the fake scripted engine (real tokenizer, real storage): a three-shard batch
+with shards 0 and 2 committed and shard 1 never generated, and the single-shard ``fake_batch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.config import ConfigError, ModelSpec
+from tasks.finalize.stage import FinalizeOptions, NoCommittedShardsError, UncommittedShardsError, finalize_batch
+from tasks.generate import generate_shard
+from tasks.plan import batch_store, plan_batch
+from tasks.storage import layout
+from tasks.trainer.collate import PublishedDataset
+
+from .conftest import CommittedBatch, fresh_copy, guess_number_config
+
+NO_AUDIT = FinalizeOptions(audit=False)
+PARTIAL = FinalizeOptions(audit=False, allow_partial=True)
+
+
+@pytest.fixture(scope="module")
+def gapped_batch(tokenizer, tmp_path_factory: pytest.TempPathFactory) -> CommittedBatch:
+    """Three planned shards; 0 and 2 committed, 1 never generated."""
+    from tests.generation.fakes import FakeScriptedEngine
+
+    root = tmp_path_factory.mktemp("gapped-batch")
+    config = guess_number_config("b-gapped", ModelSpec(reference="fake-model"), num_tasks=3, shards=3)
+    plan_batch(str(root), config)
+    engine = FakeScriptedEngine(tokenizer, reply=lambda request: str(request.seed % 8 + 1))
+    for shard in (0, 2):
+        generate_shard(str(root), config.batch_id, shard, engine=engine, run=asyncio.run, progress=False)
+    return CommittedBatch(root=root, config=config)
+
+
+def dataset_files(batch: CommittedBatch) -> tuple[dict, dict, str]:
+    """The batch's dataset marker, metrics.json and card, as stored."""
+    marker = json.loads((batch.batch_dir / layout.DATASET_MARKER).read_text())
+    metrics = json.loads((batch.batch_dir / layout.DATASET_METRICS).read_text())
+    return marker, metrics, (batch.batch_dir / layout.DATASET_CARD).read_text()
+
+
+def test_uncommitted_shards_are_refused_by_number_unless_partial_is_allowed(gapped_batch: CommittedBatch) -> None:
+    with pytest.raises(UncommittedShardsError, match=r"shard\(s\) \[1\] of 3 have no commit marker.*--allow-partial"):
+        finalize_batch(str(gapped_batch.root), gapped_batch.config.batch_id, NO_AUDIT)
+    assert not (gapped_batch.batch_dir / layout.DATASET_DIR).exists()
+
+
+def test_a_partial_dataset_names_its_missing_shards_in_marker_metrics_and_card(
+    gapped_batch: CommittedBatch, tmp_path: Path
+) -> None:
+    batch = fresh_copy(gapped_batch, tmp_path)
+    published = finalize_batch(str(batch.root), batch.config.batch_id, PARTIAL)
+    assert (published.marker.partial, published.marker.missing_shards) == (True, (1,))
+    marker, metrics, card = dataset_files(batch)
+    assert (marker["partial"], marker["missing_shards"]) == (True, [1])
+    assert (metrics["partial"], metrics["missing_shards"]) == (True, [1])
+    title, first_paragraph = card.split("---\n", 2)[2].strip().split("\n\n")[:2]
+    assert title == f"# GRPO dataset `{batch.config.batch_id}`"
+    assert first_paragraph.startswith("PARTIAL: shards [1] are missing")
+    planned_in_committed_shards = 2 * batch.config.group_size  # one task per shard
+    assert published.marker.rows == metrics["planned_rollouts"] == planned_in_committed_shards
+
+
+def test_finalizing_a_partial_dataset_again_returns_it_still_marked_partial(
+    gapped_batch: CommittedBatch, tmp_path: Path
+) -> None:
+    batch = fresh_copy(gapped_batch, tmp_path)
+    first = finalize_batch(str(batch.root), batch.config.batch_id, PARTIAL)
+    again = finalize_batch(str(batch.root), batch.config.batch_id, NO_AUDIT)
+    assert not again.created and again.marker == first.marker and again.marker.partial
+
+
+def test_a_batch_without_any_committed_shard_is_refused_even_when_partial_is_allowed(tmp_path: Path) -> None:
+    config = guess_number_config("b-empty", ModelSpec(reference="fake-model"), shards=2)
+    plan_batch(str(tmp_path), config)
+    with pytest.raises(NoCommittedShardsError, match=r"none of its 2 shard\(s\).*rollout-ledger generate"):
+        finalize_batch(str(tmp_path), config.batch_id, PARTIAL)
+    assert not batch_store(str(tmp_path), config.batch_id).exists(layout.DATASET_MARKER)
+
+
+def test_a_complete_dataset_records_that_it_is_not_partial(fake_batch: CommittedBatch, tmp_path: Path) -> None:
+    batch = fresh_copy(fake_batch, tmp_path)
+    published = finalize_batch(str(batch.root), batch.config.batch_id, PARTIAL)
+    assert (published.marker.partial, published.marker.missing_shards) == (False, ())
+    marker, metrics, card = dataset_files(batch)
+    assert (marker["partial"], marker["missing_shards"]) == (False, [])
+    assert (metrics["partial"], metrics["missing_shards"]) == (False, [])
+    assert "PARTIAL" not in card
+
+
+def test_storage_options_reach_every_read_and_write_of_finalize_and_the_collator(
+    fake_batch: CommittedBatch, tmp_path: Path
+) -> None:
+    # dir://root means nothing without its options (the folder it is rooted at), as s3:// without credentials.
+    batch = fresh_copy(fake_batch, tmp_path)
+    url, options = "dir://root", {"path": str(tmp_path), "target_protocol": "file"}
+    with pytest.raises(ConfigError, match=r"plan/batch\.json does not exist"):  # options rooted elsewhere
+        finalize_batch(url, batch.config.batch_id, NO_AUDIT, storage_options={**options, "path": str(tmp_path / "no")})
+    published = finalize_batch(url, batch.config.batch_id, NO_AUDIT, storage_options=options)
+    assert published.created and (batch.batch_dir / layout.DATASET_MARKER).exists()
+    data = PublishedDataset.from_url(published.url, storage_options=options)
+    assert len(data) == published.marker.rows == batch.config.num_rollouts
