@@ -1,0 +1,559 @@
+"""`rollout-ledger status`: what a batch holds, read from its storage alone (ARCHITECTURE 2, 4, 10, 12).
+
+The first thing a user runs when a batch looks wrong. It only reads: nothing is written,
+renamed or deleted, so it is safe against a batch whose shards are being generated. It reports
+the plan, each shard's state, totals over the committed ledger, the dataset's state and the
+reports, and names the next step.
+
+A shard is ``committed`` when its marker validates and every file the marker names checks
+out; ``unreadable`` when its marker, a committed file or an attempt claim cannot be trusted
+(the error is reported, never raised); otherwise ``not_started`` (no attempt left an object),
+``in_progress`` (an attempt was claimed or wrote an object within ``active_within_s``) or
+``abandoned``. In progress versus abandoned is inferred from storage times: a live writer that
+writes nothing for longer than ``active_within_s`` looks abandoned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.config import BatchConfig
+from tasks.finalize.publish import read_dataset_marker
+from tasks.plan import batch_store, read_batch_config
+from tasks.storage import layout
+from tasks.storage.claims import AttemptClaim, read_claims
+from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
+from tasks.storage.ledger_reader import LedgerReader
+from tasks.storage.marker import FILE_KINDS, ShardCounts, parse_shard_object
+from tasks.storage.objects import ObjectStore
+
+ACTIVE_WITHIN_S = 600.0  # an attempt that wrote nothing for this long is taken as abandoned
+STAGED_MARKER = f"{layout.DATASET_DIR}/_STAGED.json"
+REPORTS_DIR = "reports"
+REPORTS_INDEX = f"{REPORTS_DIR}/index.html"
+SUITES = ("lineage", "dataset")
+SHARD_STATES = ("committed", "in_progress", "abandoned", "not_started", "unreadable")
+DATASET_STATES = ("none", "staged", "validation_failed", "validated", "published", "unreadable")
+
+
+@dataclass(frozen=True)
+class PlanStatus:
+    """What ``plan/batch.json`` fixed: environment, model and its provenance, sizes, versions."""
+
+    environment: str
+    model_reference: str
+    weights_sha256: str
+    tokenizer_sha256: str
+    chat_template_sha256: str
+    num_tasks: int
+    group_size: int
+    shards: int
+    rollouts: int
+    weight_version: int
+    code_version: str
+
+    @classmethod
+    def of(cls, config: BatchConfig) -> PlanStatus:
+        return cls(
+            environment=config.environment,
+            model_reference=config.model.reference,
+            **config.model.provenance,
+            num_tasks=config.num_tasks,
+            group_size=config.group_size,
+            shards=config.shards,
+            rollouts=config.num_rollouts,
+            weight_version=config.weight_version,
+            code_version=config.code_version,
+        )
+
+
+@dataclass(frozen=True)
+class AttemptStatus:
+    """An uncommitted attempt: its claim (None when it left objects without one) and what it left.
+
+    ``objects`` counts the attempt's objects by kind (staging, calls, failures, receipts);
+    ``last_activity`` is the newest of the claim's start and those objects' modification times.
+    """
+
+    attempt: int
+    claim: AttemptClaim | None
+    objects: dict[str, int]
+    last_activity: float | None
+
+
+@dataclass(frozen=True)
+class CommittedShard:
+    """A committed shard: the marker's attempt and counts, and facts read from its named ledger files.
+
+    ``failures_by_reason`` counts every named failure row; ``poisoned_by_reason`` the poisoned
+    receipts; the weight versions range over every named call record (None without calls).
+    """
+
+    attempt: int
+    committed_at: float
+    counts: ShardCounts
+    failures_by_reason: dict[str, int]
+    poisoned_by_reason: dict[str, int]
+    weight_version_min: int | None
+    weight_version_max: int | None
+
+
+@dataclass(frozen=True)
+class ShardStatus:
+    """One planned shard; ``committed`` is set exactly when ``state`` is committed, ``error`` when unreadable."""
+
+    shard: int
+    state: str
+    committed: CommittedShard | None = None
+    attempts: tuple[AttemptStatus, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Sums over the committed shards' markers and named ledger files."""
+
+    committed_shards: int
+    rollouts: int
+    ok: int
+    poisoned: int
+    failed: int
+    calls: int
+    failure_rows: int
+    failures_by_reason: dict[str, int]
+    poisoned_by_reason: dict[str, int]
+    weight_version_min: int | None
+    weight_version_max: int | None
+
+
+@dataclass(frozen=True)
+class DatasetStatus:
+    """The dataset's state; counts are the published marker's (None before publish).
+
+    ``suites`` maps each validation suite with a ``reports/{suite}/summary.json`` to
+    ``passed``, ``failed`` or ``unreadable``. ``partial``/``missing_shards`` come from the
+    published marker, else from ``_STAGED.json`` when it records them.
+    """
+
+    state: str
+    partial: bool | None = None
+    missing_shards: tuple[int, ...] = ()
+    rows: int | None = None
+    trainable_rows: int | None = None
+    groups: int | None = None
+    suites: dict[str, str] = dataclasses.field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ReportsStatus:
+    """Every object under ``reports/`` (batch-relative paths) and the overview page, if written."""
+
+    objects: tuple[str, ...]
+    index: str | None
+
+
+@dataclass(frozen=True)
+class BatchStatus:
+    """Everything ``rollout-ledger status`` reports about one batch; ``url`` is the batch directory."""
+
+    batch_id: str
+    root_url: str
+    url: str
+    observed_at: float
+    plan: PlanStatus
+    shards: tuple[ShardStatus, ...]
+    totals: Totals
+    dataset: DatasetStatus
+    reports: ReportsStatus
+    next_step: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (dicts, lists, str, numbers, bools, None)."""
+        return _plain(dataclasses.asdict(self))
+
+
+def batch_status(
+    root_url: str,
+    batch_id: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    now: float | None = None,
+    active_within_s: float = ACTIVE_WITHIN_S,
+) -> BatchStatus:
+    """The status of ``batch_id`` under ``root_url``, read without writing anything.
+
+    Raises :class:`~tasks.config.ConfigError` naming the URL when the batch was never planned;
+    any later problem (a corrupt marker, claim or ledger file) is reported in the status instead.
+    """
+    store = batch_store(root_url, batch_id, storage_options)
+    config = read_batch_config(store)
+    now = time.time() if now is None else now
+    shards = tuple(_shard_status(store, shard, now - active_within_s) for shard in range(config.shards))
+    reports = _reports_status(store)
+    dataset = _dataset_status(store, reports)
+    return BatchStatus(
+        batch_id=batch_id,
+        root_url=root_url,
+        url=store.url,
+        observed_at=now,
+        plan=PlanStatus.of(config),
+        shards=shards,
+        totals=_totals(s.committed for s in shards if s.committed is not None),
+        dataset=dataset,
+        reports=reports,
+        next_step=_next_step(root_url, batch_id, shards, dataset, reports),
+    )
+
+
+# --- shards ---------------------------------------------------------------------------------
+
+
+def _shard_status(store: ObjectStore, shard: int, active_since: float) -> ShardStatus:
+    try:
+        ledger = LedgerReader(store, shard)
+    except UncommittedShardError:
+        return _uncommitted_status(store, shard, active_since)
+    except (StorageIntegrityError, ValueError, OSError) as exc:
+        return ShardStatus(shard=shard, state="unreadable", error=f"{type(exc).__name__}: {exc}")
+    return ShardStatus(shard=shard, state="committed", committed=_committed_shard(ledger))
+
+
+def _committed_shard(ledger: LedgerReader) -> CommittedShard:
+    tables = ledger.tables
+    receipts = tables.receipts
+    poisoned = receipts.filter(pc.equal(receipts.column("status"), "poisoned"))
+    versions = pc.min_max(tables.calls.column("weight_version")).as_py()
+    return CommittedShard(
+        attempt=ledger.marker.attempt,
+        committed_at=ledger.marker.committed_at,
+        counts=ledger.marker.counts,
+        failures_by_reason=_value_counts(tables.failures.column("reason")),
+        poisoned_by_reason=_value_counts(poisoned.column("failure_reason")),
+        weight_version_min=versions["min"],
+        weight_version_max=versions["max"],
+    )
+
+
+def _value_counts(column: pa.ChunkedArray) -> dict[str, int]:
+    """Occurrences of each value, by value (nulls left out)."""
+    counted = pc.value_counts(column.drop_null()).to_pylist()
+    return {entry["values"]: entry["counts"] for entry in sorted(counted, key=lambda e: e["values"])}
+
+
+def _uncommitted_status(store: ObjectStore, shard: int, active_since: float) -> ShardStatus:
+    """An uncommitted shard's attempts; a claim that exists but does not parse makes it unreadable."""
+    objects = _attempt_objects(store, shard)
+    if not objects:
+        return ShardStatus(shard=shard, state="not_started")
+    claims = {claim.attempt: claim for claim in read_claims(store, shard)}
+    attempts = tuple(
+        AttemptStatus(
+            attempt=attempt,
+            claim=claims.get(attempt),
+            objects={kind: sum(kind == k for k, _ in found) for kind in FILE_KINDS},
+            last_activity=_last_activity(store, claims.get(attempt), found),
+        )
+        for attempt, found in sorted(objects.items())
+    )
+    corrupt = [
+        layout.attempt_claim(shard, a)
+        for a, found in objects.items()
+        if (layout.CLAIM_NAME, layout.attempt_claim(shard, a)) in found and a not in claims
+    ]
+    if corrupt:
+        error = f"attempt claim(s) {', '.join(sorted(corrupt))} cannot be parsed as an attempt claim"
+        return ShardStatus(shard=shard, state="unreadable", attempts=attempts, error=error)
+    active = any(a.last_activity is not None and a.last_activity >= active_since for a in attempts)
+    return ShardStatus(shard=shard, state="in_progress" if active else "abandoned", attempts=attempts)
+
+
+def _attempt_objects(store: ObjectStore, shard: int) -> dict[int, list[tuple[str, str]]]:
+    """attempt -> (kind, path) of each object it left under the shard's staging and ledger directories.
+
+    Kinds are the marker's file kinds and the claim's name; other names (temp files of a crashed
+    local write) count as ``other``. Objects outside attempt directories (the marker) are skipped.
+    """
+    found: dict[int, list[tuple[str, str]]] = {}
+    for directory in (layout.staging_shard_dir(shard), layout.ledger_shard_dir(shard)):
+        for path in store.list_files(directory):
+            try:
+                attempt = layout.attempt_of(path)
+            except ValueError:
+                continue
+            found.setdefault(attempt, []).append((_object_kind(path, shard), path))
+    return found
+
+
+def _object_kind(path: str, shard: int) -> str:
+    if path.endswith("/" + layout.CLAIM_NAME):
+        return layout.CLAIM_NAME
+    try:
+        return parse_shard_object(path, shard).kind
+    except ValueError:
+        return "other"
+
+
+def _last_activity(store: ObjectStore, claim: AttemptClaim | None, found: list[tuple[str, str]]) -> float | None:
+    """Newest of the claim's start and the modification times of the attempt's newest object of each kind.
+
+    Objects of one kind are written in index order, so the highest-named is the newest.
+    """
+    newest = {kind: path for kind, path in sorted(found) if kind in FILE_KINDS}
+    times = [claim.started_at] if claim is not None else []
+    for path in newest.values():
+        try:
+            times.append(store.fs.modified(store.full_path(path)).timestamp())
+        except (FileNotFoundError, NotImplementedError):  # swept meanwhile, or a filesystem without times
+            continue
+    return max(times, default=None)
+
+
+def _totals(committed: Iterable[CommittedShard]) -> Totals:
+    shards = list(committed)
+    failures: Counter[str] = Counter()
+    poisoned: Counter[str] = Counter()
+    for shard in shards:
+        failures.update(shard.failures_by_reason)
+        poisoned.update(shard.poisoned_by_reason)
+    minima = [s.weight_version_min for s in shards if s.weight_version_min is not None]
+    maxima = [s.weight_version_max for s in shards if s.weight_version_max is not None]
+    return Totals(
+        committed_shards=len(shards),
+        rollouts=sum(s.counts.rollouts for s in shards),
+        ok=sum(s.counts.ok for s in shards),
+        poisoned=sum(s.counts.poisoned for s in shards),
+        failed=sum(s.counts.failed for s in shards),
+        calls=sum(s.counts.calls for s in shards),
+        failure_rows=sum(s.counts.failures for s in shards),
+        failures_by_reason=dict(sorted(failures.items())),
+        poisoned_by_reason=dict(sorted(poisoned.items())),
+        weight_version_min=min(minima, default=None),
+        weight_version_max=max(maxima, default=None),
+    )
+
+
+# --- dataset and reports --------------------------------------------------------------------
+
+
+def _reports_status(store: ObjectStore) -> ReportsStatus:
+    objects = tuple(store.list_files(REPORTS_DIR))
+    return ReportsStatus(objects=objects, index=REPORTS_INDEX if REPORTS_INDEX in objects else None)
+
+
+def _dataset_status(store: ObjectStore, reports: ReportsStatus) -> DatasetStatus:
+    """Published (a valid dataset marker) wins over staged; a staged dataset is judged by its suites."""
+    suites = _suite_outcomes(store, reports)
+    try:
+        marker = read_dataset_marker(store)
+        staged = None if marker is not None else _read_json(store, STAGED_MARKER)
+    except (StorageIntegrityError, ValueError, OSError) as exc:
+        return DatasetStatus(state="unreadable", suites=suites, error=f"{type(exc).__name__}: {exc}")
+    if marker is not None:
+        return DatasetStatus(
+            state="published",
+            partial=marker.partial,
+            missing_shards=tuple(marker.missing_shards),
+            rows=marker.rows,
+            trainable_rows=marker.trainable_rows,
+            groups=marker.groups,
+            suites=suites,
+        )
+    if staged is None:
+        return DatasetStatus(state="none", suites=suites)
+    outcomes = [suites.get(suite) for suite in SUITES]
+    if any(o in ("failed", "unreadable") for o in outcomes):
+        state = "validation_failed"
+    else:
+        state = "validated" if all(o == "passed" for o in outcomes) else "staged"
+    missing = staged.get("missing_shards")
+    return DatasetStatus(
+        state=state,
+        partial=staged.get("partial") if isinstance(staged.get("partial"), bool) else None,
+        missing_shards=tuple(missing) if isinstance(missing, list) else (),
+        suites=suites,
+    )
+
+
+def _suite_outcomes(store: ObjectStore, reports: ReportsStatus) -> dict[str, str]:
+    """``passed``/``failed`` per suite from ``reports/{suite}/summary.json``'s ``success``; absent suites left out."""
+    outcomes = {}
+    for suite in SUITES:
+        path = f"{REPORTS_DIR}/{suite}/summary.json"
+        if path not in reports.objects:
+            continue
+        try:
+            success = (_read_json(store, path) or {}).get("success")
+        except (ValueError, OSError):
+            success = None
+        outcomes[suite] = "passed" if success is True else "failed" if success is False else "unreadable"
+    return outcomes
+
+
+def _read_json(store: ObjectStore, path: str) -> dict[str, Any] | None:
+    """The JSON object at ``path``, None when absent; ValueError when it is not a JSON object."""
+    try:
+        data = json.loads(store.read_bytes(path))
+    except FileNotFoundError:
+        return None
+    if not isinstance(data, dict):
+        raise ValueError(f"{store.url}/{path} is not a JSON object")
+    return data
+
+
+# --- next step and text ---------------------------------------------------------------------
+
+
+def _next_step(
+    root_url: str, batch_id: str, shards: tuple[ShardStatus, ...], dataset: DatasetStatus, reports: ReportsStatus
+) -> str:
+    """One sentence: the command or check that moves the batch on."""
+    target = f"--root {shlex.quote(root_url)} --batch-id {batch_id}"
+    by_state = {state: [s.shard for s in shards if s.state == state] for state in SHARD_STATES}
+    if dataset.state == "published":
+        if dataset.partial:
+            return f"nothing to run: the dataset is published without shard(s) {list(dataset.missing_shards)}"
+        return "nothing to run: the dataset is published"
+    if by_state["unreadable"]:
+        return (
+            f"inspect shard(s) {by_state['unreadable']}: their data cannot be trusted (errors above); "
+            "if it cannot be repaired, re-plan under a new batch id"
+        )
+    if dataset.state == "validation_failed":
+        where = reports.index or f"{REPORTS_DIR}/"
+        return f"read the validation reports ({where}): validation failed, so nothing was published"
+    if dataset.state in ("staged", "validated"):
+        return f"run `rollout-ledger finalize {target}` to validate and publish the staged dataset"
+    runnable = sorted(by_state["not_started"] + by_state["abandoned"])
+    if runnable:
+        flags = " ".join(f"--shard {s}" for s in runnable)
+        return f"run `rollout-ledger generate {target} {flags}`"
+    if by_state["in_progress"]:
+        return f"wait for shard(s) {by_state['in_progress']} in progress, then run status again"
+    return f"run `rollout-ledger finalize {target}`"
+
+
+def render_status(status: BatchStatus) -> str:
+    """A compact text: plan header, one line per shard, totals, dataset, reports, next step."""
+    lines = [*_plan_lines(status), "shards:"]
+    lines += [f"  {line}" for shard in status.shards for line in _shard_lines(shard)]
+    lines += _totals_lines(status.totals, status.plan.rollouts)
+    lines += _dataset_lines(status.dataset)
+    lines += _reports_lines(status.url, status.reports)
+    lines.append(f"next step: {status.next_step}")
+    return "\n".join(lines) + "\n"
+
+
+def _plan_lines(status: BatchStatus) -> list[str]:
+    plan = status.plan
+    hashes = ", ".join(
+        f"{name} {_short(value)}"
+        for name, value in (
+            ("weights", plan.weights_sha256),
+            ("tokenizer", plan.tokenizer_sha256),
+            ("chat template", plan.chat_template_sha256),
+        )
+    )
+    return [
+        f"batch {status.batch_id} at {status.url}",
+        f"  plan: {plan.environment}, {plan.num_tasks} tasks x {plan.group_size} = {plan.rollouts} rollouts "
+        f"in {plan.shards} shard(s); weight version {plan.weight_version}; code {plan.code_version or 'unrecorded'}",
+        f"  model: {plan.model_reference} ({hashes})",
+    ]
+
+
+def _shard_lines(shard: ShardStatus) -> list[str]:
+    head = f"shard {shard.shard:<3} {shard.state:<11}"
+    if shard.committed is not None:
+        c, counts = shard.committed, shard.committed.counts
+        return [
+            f"{head} attempt {c.attempt}: {counts.rollouts} rollouts ({counts.ok} ok, {counts.poisoned} poisoned, "
+            f"{counts.failed} failed, {counts.adopted_rollouts} adopted), {counts.calls} calls, "
+            f"{counts.failures} failure rows, {counts.staged_rows} staged rows"
+        ]
+    lines = [head.rstrip() + (f" {shard.error}" if shard.error else "")]
+    lines += [f"  {_attempt_line(attempt)}" for attempt in shard.attempts]
+    return lines
+
+
+def _attempt_line(attempt: AttemptStatus) -> str:
+    left = ", ".join(f"{n} {kind}" for kind, n in attempt.objects.items())
+    return (
+        f"attempt {attempt.attempt}: {_claimant(attempt.claim)}; left {left} object(s); "
+        f"last activity {_time(attempt.last_activity)}"
+    )
+
+
+def _claimant(claim: AttemptClaim | None) -> str:
+    if claim is None:
+        return "no readable claim"
+    try_number = f" (try {claim.try_number})" if claim.try_number is not None else ""
+    return f"claimed by {claim.host} pid {claim.pid} at {_time(claim.started_at)}{try_number}"
+
+
+def _totals_lines(totals: Totals, planned: int) -> list[str]:
+    versions = (
+        "none" if totals.weight_version_min is None else f"{totals.weight_version_min}..{totals.weight_version_max}"
+    )
+    return [
+        f"totals ({totals.committed_shards} committed shard(s)): {totals.rollouts}/{planned} rollouts receipted "
+        f"({totals.ok} ok, {totals.poisoned} poisoned, {totals.failed} failed), {totals.calls} calls, "
+        f"{totals.failure_rows} failure rows; weight versions {versions}",
+        f"  failures by reason: {_counts(totals.failures_by_reason)}",
+        f"  poisoned by reason: {_counts(totals.poisoned_by_reason)}",
+    ]
+
+
+def _dataset_lines(dataset: DatasetStatus) -> list[str]:
+    parts = [dataset.state]
+    if dataset.rows is not None:
+        parts.append(f"{dataset.rows} rows ({dataset.trainable_rows} trainable) in {dataset.groups} groups")
+    if dataset.partial:
+        parts.append(f"PARTIAL: missing shard(s) {list(dataset.missing_shards)}")
+    if dataset.suites:
+        parts.append("validation " + _counts(dataset.suites))
+    if dataset.error:
+        parts.append(dataset.error)
+    return ["dataset: " + "; ".join(parts)]
+
+
+def _reports_lines(url: str, reports: ReportsStatus) -> list[str]:
+    if not reports.objects:
+        return ["reports: none"]
+    head = f"reports: {len(reports.objects)} object(s) under {url}/{REPORTS_DIR}/"
+    key = [p for p in reports.objects if p == reports.index or p.endswith("/summary.json")]
+    return [head, *(f"  {url}/{path}" for path in key)]
+
+
+def _counts(counts: Mapping[str, object]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in counts.items()) or "none"
+
+
+def _short(sha256: str) -> str:
+    return sha256[:12] if sha256 else "unrecorded"
+
+
+def _time(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with tuples as lists, recursively, so it equals its own JSON round trip."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value

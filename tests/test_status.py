@@ -1,0 +1,257 @@
+"""`rollout-ledger status` over real batches on local disk and S3 (moto), made with the fake engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any, NamedTuple
+
+import pytest
+
+from tasks.config import BatchConfig, ConfigError, ModelSpec
+from tasks.engines.base import EngineError, SamplingSettings
+from tasks.finalize.stage import FinalizeOptions, finalize_batch
+from tasks.generate import generate_shard
+from tasks.plan import batch_store, plan_batch
+from tasks.status import AttemptStatus, batch_status, render_status
+from tasks.storage import layout
+from tasks.storage.claims import claim_attempt
+from tasks.storage.marker import read_marker
+from tasks.storage.objects import ObjectStore
+
+from .generation.fakes import FakeScriptedEngine
+
+BATCH = "b-status"
+HOUR = 3600.0
+
+
+class Root(NamedTuple):
+    url: str
+    options: dict[str, Any]
+
+    def store(self) -> ObjectStore:
+        return batch_store(self.url, BATCH, self.options)
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path) -> Root:
+    if request.param == "local":
+        return Root(str(tmp_path / "runs"), {})
+    bucket = request.getfixturevalue("s3_bucket")
+    endpoint = request.getfixturevalue("s3_endpoint")
+    return Root(f"{bucket}/runs", {"client_kwargs": {"endpoint_url": endpoint}, "skip_instance_cache": True})
+
+
+def make_config(**overrides: Any) -> BatchConfig:
+    fields = {
+        "batch_id": BATCH,
+        "environment": "arithmetic",
+        "num_tasks": 4,
+        "group_size": 2,
+        "shards": 2,
+        "model": ModelSpec(reference="fake-model"),
+        "sampling": SamplingSettings(temperature=1.0, max_tokens=16),
+        "max_turns": 1,
+        "max_in_flight": 4,
+        "code_version": "rollout-ledger test",
+    } | overrides
+    return BatchConfig(**fields)
+
+
+def fail_second_samples(request) -> EngineError | None:
+    """Every rollout with sample index 1 (``r......-01``) gets an engine error: one failure row, poisoned."""
+    return EngineError("device lost") if request.request_id.split(".")[0].endswith("-01") else None
+
+
+def generate(root: Root, shard: int, tokenizer, *, weight_version: int = 0, **engine_options: Any) -> None:
+    engine = FakeScriptedEngine(tokenizer, reply=lambda request: "The answer is 7.", **engine_options)
+    for _ in range(weight_version):
+        asyncio.run(engine.update_weights("refit"))
+    generate_shard(root.url, BATCH, shard, engine=engine, run=asyncio.run, progress=False, storage_options=root.options)
+
+
+def snapshot(root: Root) -> dict[str, bytes]:
+    store = root.store()
+    return {path: store.read_bytes(path) for path in store.list_files()}
+
+
+def test_a_never_planned_batch_is_refused_naming_the_url_and_the_plan_command(tmp_path):
+    url = str(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match=rf"{re.escape(url)}/batches/{BATCH}/plan/batch.json.*rollout-ledger plan"):
+        batch_status(url, BATCH)
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_planned_batch_reports_its_plan_and_every_shard_not_started(root):
+    config = make_config(weight_version=3)
+    plan_batch(root.url, config, root.options)
+    before = snapshot(root)
+    status = batch_status(root.url, BATCH, root.options)
+    assert snapshot(root) == before
+    plan = status.plan
+    assert (plan.environment, plan.model_reference, plan.num_tasks, plan.group_size, plan.shards) == (
+        "arithmetic",
+        "fake-model",
+        4,
+        2,
+        2,
+    )
+    assert (plan.rollouts, plan.weight_version, plan.code_version) == (8, 3, "rollout-ledger test")
+    assert [(s.shard, s.state, s.attempts) for s in status.shards] == [(0, "not_started", ()), (1, "not_started", ())]
+    assert (status.totals.committed_shards, status.totals.rollouts, status.totals.weight_version_min) == (0, 0, None)
+    assert (status.dataset.state, status.reports.objects, status.reports.index) == ("none", (), None)
+    assert status.next_step == f"run `rollout-ledger generate --root {root.url} --batch-id {BATCH} --shard 0 --shard 1`"
+    as_dict = status.to_dict()
+    assert json.loads(json.dumps(as_dict)) == as_dict
+    assert as_dict["plan"]["weights_sha256"] == ""
+    assert [s["state"] for s in as_dict["shards"]] == ["not_started", "not_started"]
+
+
+def test_a_committed_shard_and_an_abandoned_attempt(root, tokenizer):
+    plan_batch(root.url, make_config(weight_version=7), root.options)
+    generate(root, 0, tokenizer, weight_version=7, fail=fail_second_samples)
+    store = root.store()
+    claim = claim_attempt(store, batch_id=BATCH, shard=1, try_number=3, code_version="rollout-ledger test")
+    marker = read_marker(store, 0)
+    assert marker is not None
+
+    status = batch_status(root.url, BATCH, root.options, now=claim.started_at + HOUR)
+
+    committed, abandoned = status.shards
+    assert (committed.state, committed.error, committed.attempts) == ("committed", None, ())
+    assert committed.committed is not None
+    assert (committed.committed.attempt, committed.committed.counts) == (0, marker.counts)
+    assert (marker.counts.rollouts, marker.counts.ok, marker.counts.poisoned) == (4, 2, 2)
+    assert committed.committed.failures_by_reason == {"engine_error": 2}
+    assert committed.committed.poisoned_by_reason == {"engine_error": 2}
+    assert (committed.committed.weight_version_min, committed.committed.weight_version_max) == (7, 7)
+    empty = {"staging": 0, "calls": 0, "failures": 0, "receipts": 0}
+    assert (abandoned.state, abandoned.committed) == ("abandoned", None)
+    assert abandoned.attempts == (AttemptStatus(attempt=0, claim=claim, objects=empty, last_activity=claim.started_at),)
+    totals = status.totals
+    assert (totals.committed_shards, totals.rollouts, totals.ok, totals.poisoned, totals.failed) == (1, 4, 2, 2, 0)
+    assert (totals.calls, totals.failure_rows) == (marker.counts.calls, 2)
+    assert (totals.failures_by_reason, totals.poisoned_by_reason) == ({"engine_error": 2}, {"engine_error": 2})
+    assert (totals.weight_version_min, totals.weight_version_max) == (7, 7)
+    assert status.next_step == f"run `rollout-ledger generate --root {root.url} --batch-id {BATCH} --shard 1`"
+
+    text = render_status(status)
+    assert (
+        f"shard 0   committed   attempt 0: 4 rollouts (2 ok, 2 poisoned, 0 failed, 0 adopted), {totals.calls} calls"
+        in text
+    )
+    assert f"shard 1   abandoned\n    attempt 0: claimed by {claim.host} pid {claim.pid} at " in text
+    assert "(try 3); left 0 staging, 0 calls, 0 failures, 0 receipts object(s)" in text
+    assert "weight versions 7..7" in text
+    assert "failures by reason: engine_error 2\n  poisoned by reason: engine_error 2" in text
+    assert text.endswith(f"next step: {status.next_step}\n")
+
+    live = batch_status(root.url, BATCH, root.options, now=claim.started_at + 1)
+    assert live.shards[1].state == "in_progress"
+    assert live.next_step == "wait for shard(s) [1] in progress, then run status again"
+
+
+def test_a_finalized_batch_is_published_and_needs_nothing_more(root, tokenizer):
+    plan_batch(root.url, make_config(), root.options)
+    for shard in (0, 1):
+        generate(root, shard, tokenizer)
+    published = finalize_batch(root.url, BATCH, FinalizeOptions(audit=False), storage_options=root.options)
+
+    status = batch_status(root.url, BATCH, root.options)
+
+    assert [s.state for s in status.shards] == ["committed", "committed"]
+    assert (status.totals.rollouts, status.totals.ok, status.totals.failures_by_reason) == (8, 8, {})
+    dataset = status.dataset
+    assert (dataset.state, dataset.partial, dataset.missing_shards) == ("published", False, ())
+    assert (dataset.rows, dataset.trainable_rows, dataset.groups) == (
+        published.marker.rows,
+        published.marker.trainable_rows,
+        4,
+    )
+    assert dataset.rows == 8
+    assert status.next_step == "nothing to run: the dataset is published"
+    assert "dataset: published; 8 rows" in render_status(status)
+
+
+def test_a_partial_dataset_names_its_missing_shards(tmp_path, tokenizer):
+    root = Root(str(tmp_path / "runs"), {})
+    plan_batch(root.url, make_config(), root.options)
+    generate(root, 0, tokenizer)
+    finalize_batch(root.url, BATCH, FinalizeOptions(audit=False, allow_partial=True))
+
+    status = batch_status(root.url, BATCH)
+
+    assert [s.state for s in status.shards] == ["committed", "not_started"]
+    assert (status.dataset.state, status.dataset.partial, status.dataset.missing_shards) == ("published", True, (1,))
+    assert status.next_step == "nothing to run: the dataset is published without shard(s) [1]"
+    assert "PARTIAL: missing shard(s) [1]" in render_status(status)
+
+
+def test_corrupt_markers_and_claims_are_reported_not_raised(tmp_path, tokenizer):
+    root = Root(str(tmp_path / "runs"), {})
+    plan_batch(root.url, make_config(shards=3), root.options)
+    generate(root, 0, tokenizer)
+    store = root.store()
+    store.write_once(layout.shard_marker(1), b"{not json")
+    store.write_once(layout.attempt_claim(2, 0), b'{"host": "h"}')
+    store.write_once(layout.DATASET_MARKER, b"[]")
+
+    status = batch_status(root.url, BATCH)
+
+    committed, bad_marker, bad_claim = status.shards
+    assert committed.state == "committed"
+    assert bad_marker.state == "unreadable"
+    assert bad_marker.error is not None and bad_marker.error.startswith("MalformedMarkerError: ")
+    assert "ledger/shard-00001/_COMMITTED.json is not valid JSON" in bad_marker.error
+    assert bad_claim.state == "unreadable"
+    assert (
+        bad_claim.error
+        == "attempt claim(s) ledger/shard-00002/attempt-00/_CLAIM.json cannot be parsed as an attempt claim"
+    )
+    assert [(a.attempt, a.claim) for a in bad_claim.attempts] == [(0, None)]
+    assert (status.dataset.state, status.totals.committed_shards) == ("unreadable", 1)
+    assert status.dataset.error is not None and "MalformedDatasetMarkerError" in status.dataset.error
+    assert status.next_step.startswith("inspect shard(s) [1, 2]")
+    text = render_status(status)
+    assert "shard 1   unreadable MalformedMarkerError: " in text
+    assert "attempt 0: no readable claim; left 0 staging" in text
+
+
+def test_a_staged_dataset_is_judged_by_its_validation_summaries(tmp_path, tokenizer):
+    root = Root(str(tmp_path / "runs"), {})
+    plan_batch(root.url, make_config(shards=1), root.options)
+    generate(root, 0, tokenizer)
+    store = root.store()
+    store.write_once("dataset/_STAGED.json", json.dumps({"partial": False, "missing_shards": []}).encode())
+    store.write_once("reports/lineage/summary.json", json.dumps({"success": True}).encode())
+
+    staged = batch_status(root.url, BATCH)
+    assert (staged.dataset.state, staged.dataset.suites, staged.dataset.partial) == (
+        "staged",
+        {"lineage": "passed"},
+        False,
+    )
+    finalize = f"run `rollout-ledger finalize --root {root.url} --batch-id {BATCH}`"
+    assert staged.next_step == f"{finalize} to validate and publish the staged dataset"
+
+    store.write_once("reports/dataset/summary.json", json.dumps({"success": False}).encode())
+    store.write_once("reports/index.html", b"<html></html>")
+    failed = batch_status(root.url, BATCH)
+    assert (failed.dataset.state, failed.dataset.suites) == (
+        "validation_failed",
+        {"lineage": "passed", "dataset": "failed"},
+    )
+    assert failed.reports.index == "reports/index.html"
+    assert failed.reports.objects == (
+        "reports/dataset/summary.json",
+        "reports/index.html",
+        "reports/lineage/summary.json",
+    )
+    assert (
+        failed.next_step
+        == "read the validation reports (reports/index.html): validation failed, so nothing was published"
+    )
+    text = render_status(failed)
+    assert "dataset: validation_failed; validation lineage passed, dataset failed" in text
+    assert f"reports: 3 object(s) under {failed.url}/reports/\n  {failed.url}/reports/dataset/summary.json" in text
