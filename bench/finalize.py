@@ -48,7 +48,7 @@ def build(root: str, tokens: float, shards: int) -> dict:
     from tasks.config import BatchConfig, ModelSpec
     from tasks.engines.base import SamplingSettings
     from tasks.plan import batch_store, read_shard_plan
-    from tasks.storage.ledger import LedgerWriter
+    from tasks.storage.ledger_writer import LedgerWriter
     from tasks.storage.staging import StagingWriter
 
     per_rollout = TURNS * (CARRY + SAMPLED)

@@ -9,13 +9,13 @@ the dataset card and the docs.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from tasks.capture.records import TERMINAL_SELECTIONS, check_reason
+from tasks.capture.records import TERMINAL_SELECTIONS
+from tasks.checks import check_choice, check_finite, check_int, check_reason
 from tasks.ids import check_id
 from tasks.schema import ArrowRecord, column
 
@@ -144,18 +144,19 @@ class DatasetRow(ArrowRecord):
         return array
 
     def _check_scalars(self) -> None:
-        _check_int(self, "prompt_len", 0)
-        _check_int(self, "group_size", 1)
-        _check_int(self, "num_turns", 0)
-        _check_int(self, "sample_mask", 0)
-        if self.reward is not None and not _finite_number(self.reward):
-            raise self._fail(f"reward must be a finite number or null, got {self.reward!r}")
-        if not _finite_number(self.advantage):
-            raise self._fail(f"advantage must be a finite number, got {self.advantage!r}")
+        try:
+            for name, minimum in (("prompt_len", 0), ("group_size", 1), ("num_turns", 0), ("sample_mask", 0)):
+                check_int(getattr(self, name), field=name, minimum=minimum)
+            if self.reward is not None:
+                check_finite(self.reward, field="reward")
+            check_finite(self.advantage, field="advantage")
+            check_choice(self.terminal_selection, (*TERMINAL_SELECTIONS, None), field="terminal_selection")
+            if self.mask_reason is not None:
+                check_reason(self.mask_reason, field="mask_reason")
+        except (TypeError, ValueError) as exc:
+            raise self._fail(str(exc)) from None
         if not isinstance(self.truncated, bool):
             raise self._fail(f"truncated must be a bool, got {self.truncated!r}")
-        if self.terminal_selection is not None and self.terminal_selection not in TERMINAL_SELECTIONS:
-            raise self._fail(f"terminal_selection must be one of {TERMINAL_SELECTIONS} or null")
 
     def _check_tokens(self) -> None:
         ids, mask, logprobs = self.input_ids, self.loss_mask, self.logprobs
@@ -223,18 +224,7 @@ class DatasetRow(ArrowRecord):
         elif self.sample_mask == 0:
             if self.mask_reason is None:
                 raise self._fail("a masked row (sample_mask 0) needs a mask_reason")
-            check_reason(self.mask_reason, field="mask_reason")
             if self.advantage != 0:
                 raise self._fail(f"a masked row has advantage {self.advantage}, expected 0")
         else:
             raise self._fail(f"sample_mask must be 0 or 1, got {self.sample_mask!r}")
-
-
-def _finite_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_int(row: DatasetRow, name: str, minimum: int) -> None:
-    value = getattr(row, name)
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise row._fail(f"{name} must be an int >= {minimum}, got {value!r}")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tasks.checks import check_hex_digest, check_int, is_int
 from tasks.config import BatchConfig
 from tasks.finalize.assemble import AssembledRows
 from tasks.finalize.card import render_card
@@ -45,10 +45,10 @@ from tasks.storage import layout
 from tasks.storage.errors import SegmentChecksumMismatchError
 from tasks.storage.marker import MalformedMarkerError
 from tasks.storage.objects import ObjectConflictError, ObjectStore, WrittenObject, sha256_hex
+from tasks.strict_json import load_dataclass, parse_json
 
 MARKER_VERSION = 2  # 2: records missing_shards and partial
 DEFAULT_ROWS_PER_PART = 8192
-_HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 # Dictionary-encode the repetitive text columns only: on token lists it costs half the write time.
 _DICTIONARY_COLUMNS = ["batch_id", "group_id", "mask_reason", "terminal_selection"]
 
@@ -67,12 +67,11 @@ class DatasetFile:
     rows: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("size", "rows"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise MalformedDatasetMarkerError(f"file {self.path!r}: {name} must be an int >= 0, got {value!r}")
-        if not isinstance(self.sha256, str) or not _HEX_SHA256.fullmatch(self.sha256):
-            raise MalformedDatasetMarkerError(f"file {self.path!r}: sha256 must be 64 lowercase hex digits")
+        where = f"file {self.path!r}"
+        check_int(self.size, field=f"{where}: size", error=MalformedDatasetMarkerError)
+        if self.rows is not None:
+            check_int(self.rows, field=f"{where}: rows", error=MalformedDatasetMarkerError)
+        check_hex_digest(self.sha256, field=f"{where}: sha256", error=MalformedDatasetMarkerError)
 
     @classmethod
     def of(cls, written: WrittenObject, rows: int | None = None) -> Self:
@@ -143,19 +142,9 @@ class DatasetMarker:
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = layout.DATASET_MARKER) -> Self:
-        try:
-            raw = json.loads(text)
-            if not isinstance(raw, dict) or set(raw) != {f.name for f in dataclasses.fields(cls)}:
-                raise MalformedDatasetMarkerError(
-                    f"fields must be exactly {sorted(f.name for f in dataclasses.fields(cls))}"
-                )
-            raw["parts"] = tuple(DatasetFile(**p) for p in raw["parts"])
-            raw["metrics"] = DatasetFile(**raw["metrics"])
-            raw["card"] = DatasetFile(**raw["card"])
-            raw["missing_shards"] = tuple(raw["missing_shards"])
-            return cls(**raw)
-        except (UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError, ValueError) as exc:
-            raise MalformedDatasetMarkerError(f"{source} cannot be trusted: {exc}") from None
+        """The marker ``text`` holds; :class:`MalformedDatasetMarkerError` naming the field for anything else."""
+        raw = parse_json(text, source=source, error=MalformedDatasetMarkerError)
+        return load_dataclass(cls, raw, source=source, error=MalformedDatasetMarkerError, require_all=True)
 
 
 @dataclass(frozen=True)
@@ -285,7 +274,7 @@ def publish_dataset(
 
 def _check_missing_shards(missing: Sequence[int], shards: int) -> None:
     """ValueError unless ``missing`` holds distinct shard numbers of a batch of ``shards`` shards, ascending."""
-    numbers = isinstance(shards, int) and all(isinstance(s, int) and not isinstance(s, bool) for s in missing)
+    numbers = is_int(shards) and all(is_int(s) for s in missing)
     if not numbers or list(missing) != sorted(set(missing)) or not all(0 <= s < shards for s in missing):
         raise ValueError(f"missing shards {list(missing)!r} must be distinct shard numbers in [0, {shards}), ascending")
 

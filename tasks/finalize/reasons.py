@@ -10,7 +10,7 @@ them and dashboards count them, so a reason is never renamed, only added.
 from __future__ import annotations
 
 from tasks.capture import terminal
-from tasks.storage import errors, ledger, marker
+from tasks.storage import errors, ledger_files, marker
 
 # --- guards: the receipt and the manifest, before any token is read ----------------------
 MISSING_RECEIPT = "missing_receipt"
@@ -26,9 +26,9 @@ SEGMENT_CHECKSUM_MISMATCH = errors.SegmentChecksumMismatchError.reason
 MISSING_STAGING_ROW = errors.MissingStagingRowError.reason
 STAGING_KEY_MISMATCH = errors.StagingKeyMismatchError.reason
 CALL_ID_MISMATCH = errors.CallIdMismatchError.reason
-CORRUPT_LEDGER_FILE = ledger.CorruptLedgerFileError.reason
+CORRUPT_LEDGER_FILE = ledger_files.CorruptLedgerFileError.reason
 MALFORMED_MARKER = marker.MalformedMarkerError.reason
-DUPLICATE_RECEIPT = ledger.DuplicateReceiptError.reason
+DUPLICATE_RECEIPT = ledger_files.DuplicateReceiptError.reason
 STORAGE_INTEGRITY = errors.StorageIntegrityError.reason
 
 # --- versions ------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from tasks.engines.base import SamplingSettings
 from tasks.finalize.verify.shard import prepare_shard
 from tasks.generate import generate_shard
 from tasks.plan import batch_store, plan_batch
-from tasks.storage.ledger import LedgerReader, RolloutBundle
+from tasks.storage.ledger_files import RolloutBundle
+from tasks.storage.ledger_reader import LedgerReader
 
 from .verdicts import VerifiedRollout, rollouts_of
 

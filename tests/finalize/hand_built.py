@@ -21,7 +21,8 @@ from tasks.config import BatchConfig, ModelSpec
 from tasks.engines.base import SamplingSettings
 from tasks.finalize.verify.shard import prepare_ledger
 from tasks.plan import PlannedRollout
-from tasks.storage.ledger import LedgerTables, RolloutBundle
+from tasks.storage.ledger_files import RolloutBundle
+from tasks.storage.ledger_reader import LedgerTables
 from tasks.storage.objects import ObjectStore
 from tasks.storage.staged_reader import StagedReader
 

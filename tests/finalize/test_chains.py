@@ -17,7 +17,7 @@ from tasks.capture import terminal
 from tasks.capture.records import CallRecord, FailureRow, Receipt
 from tasks.finalize import reasons as r
 from tasks.finalize.verify.chains import shard_chains
-from tasks.storage.ledger import LedgerTables
+from tasks.storage.ledger_reader import LedgerTables
 
 from .hand_built import build_chain, failure, receipt_for
 

@@ -148,7 +148,7 @@ def test_tampered_part_fails_its_checksum(tmp_path):
 def test_malformed_marker_is_refused_with_its_reason(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
     store.write_once(layout.DATASET_MARKER, b'{"batch_id": "x"}')
-    with pytest.raises(MalformedDatasetMarkerError, match=r"_COMMITTED\.json cannot be trusted") as caught:
+    with pytest.raises(MalformedDatasetMarkerError, match=r"_COMMITTED\.json: missing field\(s\) \[.card.,") as caught:
         read_dataset_marker(store)
     assert caught.value.reason == "malformed_marker"
 

@@ -22,7 +22,7 @@ from tasks.finalize.verify.shard import prepare_shard
 from tasks.plan import batch_store
 from tasks.storage import layout
 from tasks.storage.errors import UncommittedShardError
-from tasks.storage.ledger import RolloutBundle
+from tasks.storage.ledger_files import RolloutBundle
 from tasks.storage.objects import ObjectStore
 from tests.generation.chains import linearized, verified_sequences
 

@@ -27,7 +27,7 @@ from tasks.capture import terminal
 from tasks.capture.records import CallRecord, FailureRow, Receipt
 from tasks.finalize import reasons as r
 from tasks.finalize.ragged import offsets, owners, take_rows
-from tasks.storage.ledger import LedgerTables
+from tasks.storage.ledger_reader import LedgerTables
 
 
 @dataclass(frozen=True)

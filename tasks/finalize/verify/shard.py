@@ -41,7 +41,7 @@ from tasks.finalize.verify.staged_rows import ChainRows
 from tasks.finalize.verify.verdicts import Linearized, VerdictsBuilder, VerifiedRollouts
 from tasks.plan import PlannedRollout, read_shard_plan
 from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
-from tasks.storage.ledger import LedgerReader, LedgerTables
+from tasks.storage.ledger_reader import LedgerReader, LedgerTables
 from tasks.storage.objects import ObjectStore
 from tasks.storage.staged_reader import StagedReader
 

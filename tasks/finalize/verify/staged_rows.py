@@ -61,8 +61,8 @@ class ChainRows:
 
     ``calls`` (call records) and ``table`` (staged rows with the staged-delta schema and no null
     where it forbids one, as the staged reader returns them) hold the rows of every chain, chain
-    after chain, each root→terminal; chain ``k`` has ``lengths[k]`` rows. ``tokens`` are the rows' token lists,
-    flattened and checked (None without chains).
+    after chain, each root→terminal; chain ``k`` has ``lengths[k]`` rows. ``tokens`` are the
+    rows' token lists, flattened and checked (None without chains).
     """
 
     calls: pa.Table
