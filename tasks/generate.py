@@ -42,10 +42,11 @@ from tasks.environments.base import Environment, Turn, check_messages
 from tasks.environments.registry import load_environment
 from tasks.plan import PlannedRollout, batch_store, read_batch_config, read_shard_plan
 from tasks.storage.claims import AttemptClaim, claim_attempt
-from tasks.storage.ledger import LedgerWriter, ShardAlreadyCommittedError, recover_earlier_attempts
+from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.marker import ShardMarker, read_marker
 from tasks.storage.objects import ObjectConflictError, ObjectStore
 from tasks.storage.options import StorageOptions
+from tasks.storage.recovery import ShardAlreadyCommittedError, recover_earlier_attempts
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import StagingWriter
 from tasks.storage.sweep import sweep_orphans

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from tasks.checks import check_int
+
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MAX_ID_LENGTH = 128
 # Ids already checked (batch and rollout ids recur on every call): validity is a pure function of the value.
@@ -16,20 +18,27 @@ _RECENT_VALID: set[str] = set()
 _RECENT_VALID_MAX = 65536
 
 
+def is_id(value: object) -> bool:
+    """Whether ``value`` is a valid id: a str of the id charset, at most :data:`MAX_ID_LENGTH` characters."""
+    if value.__class__ is str and value in _RECENT_VALID:
+        return True
+    if not isinstance(value, str) or len(value) > MAX_ID_LENGTH or not ID_PATTERN.fullmatch(value):
+        return False
+    if len(_RECENT_VALID) >= _RECENT_VALID_MAX:
+        _RECENT_VALID.clear()
+    _RECENT_VALID.add(value)
+    return True
+
+
 def check_id(value: object, *, field: str) -> str:
     """Return ``value`` when it is a valid id, else raise naming ``field`` and the value."""
-    if value.__class__ is str and value in _RECENT_VALID:
-        return value
+    if is_id(value):
+        return value  # type: ignore[return-value]
     if not isinstance(value, str):
         raise TypeError(f"{field} must be a str, got {type(value).__name__}: {value!r}")
     if len(value) > MAX_ID_LENGTH:
         raise ValueError(f"{field} is {len(value)} characters, at most {MAX_ID_LENGTH} allowed: {value[:40]!r}...")
-    if not ID_PATTERN.fullmatch(value):
-        raise ValueError(f"{field} {value!r} is not a valid id: use [A-Za-z0-9][A-Za-z0-9._-]*")
-    if len(_RECENT_VALID) >= _RECENT_VALID_MAX:
-        _RECENT_VALID.clear()
-    _RECENT_VALID.add(value)
-    return value
+    raise ValueError(f"{field} {value!r} is not a valid id: use [A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def check_optional_id(value: object, *, field: str) -> str | None:
@@ -77,8 +86,7 @@ def attempt_name(attempt: int) -> str:
 
 
 def _check_index(value: object, field: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{field} must be a non-negative int, got {value!r}")
+    check_int(value, field=field, error=ValueError)
 
 
 def derive_seed(batch_seed: int, *parts: int | str) -> int:

@@ -3,7 +3,7 @@
 A record class declares each column once with :func:`column`; its Arrow schema, its Parquet
 I/O (:meth:`ArrowRecord.to_table` / :meth:`ArrowRecord.from_table`) and the schema check
 readers run (:meth:`ArrowRecord.check_table`) are all derived from that declaration, so the
-column list is never typed twice. Invariants live in each record's ``__post_init__``.
+column list is never typed twice. Invariants are each record's own (see :mod:`tasks.record_rules`).
 List columns are held as read-only numpy arrays so tables build without per-token loops;
 a list<struct> column is held as a tuple of frozen dataclasses (its ``item`` class).
 """
@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar, Self
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 
@@ -133,8 +131,8 @@ class ArrowRecord:
         """Records of a table whose schema and rows were already proved valid, without re-running ``__post_init__``.
 
         Only for record classes whose ``__post_init__`` checks and never converts, and only for
-        tables a column-wise check (or :meth:`from_table` itself) has accepted: a record that
-        exists is well-formed, this just does not prove it a second time.
+        tables their rules accepted (``rules.all_hold``, or :meth:`from_table` itself): a record
+        that exists is well-formed, this just does not prove it a second time.
         """
         return [cls.trusted(fields) for fields in cls._row_fields(table)]
 
@@ -227,29 +225,3 @@ def frozen_array(values: Any, dtype: np.dtype | type) -> np.ndarray:
     arr = np.array(values, dtype=dtype, copy=True) if not isinstance(values, np.ndarray) else values.astype(dtype)
     arr.flags.writeable = False
     return arr
-
-
-# --- column-wise checks -------------------------------------------------------------------------
-# Building one record per row proves its invariants at the price of a constructor call per row.
-# These helpers let a reader prove the same invariants for a whole table with Arrow compute; a
-# table that fails (or cannot be checked) is then decoded record by record, which names the row.
-
-Column = pa.Array | pa.ChunkedArray
-
-
-def fullmatch(column: Column, pattern: re.Pattern[str]) -> Column:
-    """Per value: whether it matches ``pattern`` entirely, as ``pattern.fullmatch`` does (null stays null).
-
-    The pattern is run by RE2, so it must mean the same there (classes, repetition, alternation).
-    """
-    return pc.match_substring_regex(column, f"^(?:{pattern.pattern})$")
-
-
-def null_or(column: Column, holds: Column) -> Column:
-    """Per value: null, or ``holds`` (a condition over the same rows)."""
-    return pc.or_kleene(pc.is_null(column), holds)
-
-
-def all_hold(conditions: Iterable[Column]) -> bool:
-    """Whether every boolean column is true on every row; a null counts as false."""
-    return all(pc.all(pc.fill_null(c, False), min_count=0).as_py() for c in conditions)

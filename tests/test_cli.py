@@ -11,7 +11,7 @@ import pytest
 
 from tasks.cli import EXIT_FAILED, EXIT_USAGE, main
 from tasks.plan import batch_store
-from tasks.storage.ledger import LedgerReader
+from tasks.storage.ledger_reader import LedgerReader
 
 
 def plan_args(root: str, batch_id: str = "b-cli", *extra: str) -> list[str]:

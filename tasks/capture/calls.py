@@ -30,7 +30,7 @@ from tasks.capture.splice import ChatPromptBuilder
 from tasks.capture.terminal import fingerprint_content
 from tasks.engines.base import Engine, EngineDeadError, GenerationRequest, GenerationResult, SamplingSettings
 from tasks.environments.base import Message
-from tasks.storage.ledger import LedgerWriter
+from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.staging import CommitCoordinates, StagingWriter
 
 HISTORY_DIVERGED = "history_diverged"

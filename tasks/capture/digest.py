@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import struct
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from tasks.checks import U64_MAX, check_hex_digest, check_text, check_u64
 
 SCHEMA_VERSION = 2
 DIGEST_VERSION = 2
@@ -28,12 +29,10 @@ PREFIX_DOMAIN = b"nemo-gym-staging-prefix-v2"
 CHAIN_DOMAIN = b"rollout-ledger-chain-v1"
 
 MODES = ("text", "token_in")
-HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _U64 = struct.Struct(">Q")
 _LENGTHS = struct.Struct(">QQQQ")
 # Values already in their wire byte order (``>u8`` ids, ``>f4`` floats), hashed as they are.
 WireBuffer = bytes | memoryview | np.ndarray
-_U64_MAX = 2**64 - 1
 _F32_MAX = float(np.finfo(np.float32).max)
 _CALL_HEAD = CALL_DOMAIN + struct.pack(">BBB", SCHEMA_VERSION, DIGEST_VERSION, EXTRAS_DIGEST_VERSION)
 _ROOT_LINK = CHAIN_DOMAIN + b"\x00"
@@ -42,24 +41,6 @@ _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
 # --- checks -------------------------------------------------------------------------------
-
-
-def check_hex_digest(value: object, *, field: str) -> str:
-    """A lowercase 64-character hex SHA-256 digest, or raise naming ``field``."""
-    if not isinstance(value, str):
-        raise TypeError(f"{field} must be a hex str, got {type(value).__name__}")
-    if not HEX_DIGEST.fullmatch(value):
-        raise ValueError(f"{field} must be 64 lowercase hex characters, got {value[:80]!r}")
-    return value
-
-
-def check_u64(value: object, *, field: str) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{field} must be an int, got {type(value).__name__}")
-    value = int(value)
-    if not 0 <= value <= _U64_MAX:
-        raise ValueError(f"{field} must be in [0, 2**64), got {value}")
-    return value
 
 
 def token_array(ids: Sequence[int] | np.ndarray, *, field: str) -> np.ndarray:
@@ -72,7 +53,7 @@ def token_array(ids: Sequence[int] | np.ndarray, *, field: str) -> np.ndarray:
         try:
             arr = np.asarray(ids, dtype=np.int64)
         except OverflowError:
-            if min(ids) < 0 or max(ids) > _U64_MAX:
+            if min(ids) < 0 or max(ids) > U64_MAX:
                 raise ValueError(f"{field} holds a token id outside [0, 2**64)") from None
             return np.asarray(ids, dtype=np.uint64)
     else:
@@ -214,48 +195,6 @@ def chain_hash_of_encoded(parent_chain_hash: str | None, count: int, ids: WireBu
     return hasher.hexdigest()
 
 
-def check_call_shape(
-    *,
-    parent_call_id: str | None,
-    mode: str,
-    prev_len: int,
-    delta_len: int,
-    cum_len: int,
-    list_lengths: dict[str, int],
-) -> None:
-    """The structural rules of a staged delta (ARCHITECTURE 4.1); raise naming the field.
-
-    root <=> parent null <=> prev_len 0 <=> mode text; delta_len >= 1 and equal to every list
-    length; cum_len = prev_len + delta_len.
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    is_root = mode == "text"
-    if (parent_call_id is None) != is_root:
-        raise ValueError(
-            f"parent_call_id {parent_call_id!r} contradicts mode {mode!r}: "
-            "a root (mode text) has no parent, a token_in child has one"
-        )
-    if (prev_len == 0) != is_root:
-        raise ValueError(f"prev_len {prev_len} contradicts mode {mode!r}: roots have prev_len 0, children > 0")
-    if delta_len < 1:
-        raise ValueError(f"delta_len must be >= 1, got {delta_len}")
-    for name, length in list_lengths.items():
-        if length != delta_len:
-            raise ValueError(f"{name} has {length} entries but delta_len is {delta_len}")
-    if cum_len != prev_len + delta_len:
-        raise ValueError(f"cum_len {cum_len} != prev_len {prev_len} + delta_len {delta_len}")
-
-
-def check_mask_and_logprobs(mask: np.ndarray, logprobs: np.ndarray) -> None:
-    """Masks are exactly 0.0 / 1.0; logprobs are exactly 0.0 where the mask is 0."""
-    if mask.size and not ((mask == 0.0) | (mask == 1.0)).all():
-        raise ValueError("token_mask_delta holds a value other than 0.0 or 1.0")
-    carried = mask == 0.0
-    if carried.any() and np.any(logprobs[carried] != 0.0):
-        raise ValueError("logprobs_delta must be exactly 0.0 where token_mask_delta is 0.0 (carried prompt)")
-
-
 def compute_staging_digest(
     *,
     rollout_id: str,
@@ -276,7 +215,12 @@ def compute_staging_digest(
     digest_version: int = DIGEST_VERSION,
     extras_digest_version: int = EXTRAS_DIGEST_VERSION,
 ) -> str:
-    """The call digest over exactly the fields of ARCHITECTURE 4.2, after checking each one."""
+    """The call digest over exactly the fields of ARCHITECTURE 4.2, after checking that each one encodes.
+
+    Only what the encoding needs is checked (types, uint64 ranges, float32 values, hex digests,
+    one length for the three lists); the rules a staged delta's fields obey together (root or
+    child, ``cum_len``, masks) are its record's (``StagedDelta.rules``).
+    """
     for name, value, expected in (
         ("schema_version", schema_version, SCHEMA_VERSION),
         ("digest_version", digest_version, DIGEST_VERSION),
@@ -285,10 +229,9 @@ def compute_staging_digest(
         if type(value) is not int or value != expected:
             raise ValueError(f"{name} must be {expected}, got {value!r}")
     for name, text in (("rollout_id", rollout_id), ("call_id", call_id), ("mode", mode)):
-        if not isinstance(text, str) or not text:
-            raise TypeError(f"{name} must be a non-empty str, got {text!r}")
-    if parent_call_id is not None and (not isinstance(parent_call_id, str) or not parent_call_id):
-        raise TypeError(f"parent_call_id must be a non-empty str or None, got {parent_call_id!r}")
+        check_text(text, field=name)
+    if parent_call_id is not None:
+        check_text(parent_call_id, field="parent_call_id")
     prev_len = check_u64(prev_len, field="prev_len")
     delta_len = check_u64(delta_len, field="delta_len")
     cum_len = check_u64(cum_len, field="cum_len")
@@ -296,15 +239,11 @@ def compute_staging_digest(
     ids = token_array(token_ids_delta, field="token_ids_delta")
     mask = float32_array(token_mask_delta, field="token_mask_delta")
     logprobs = float32_array(logprobs_delta, field="logprobs_delta")
-    check_call_shape(
-        parent_call_id=parent_call_id,
-        mode=mode,
-        prev_len=prev_len,
-        delta_len=delta_len,
-        cum_len=cum_len,
-        list_lengths={"token_ids_delta": ids.size, "token_mask_delta": mask.size, "logprobs_delta": logprobs.size},
-    )
-    check_mask_and_logprobs(mask, logprobs)
+    if not ids.size == mask.size == logprobs.size:
+        raise ValueError(
+            f"token_ids_delta, token_mask_delta and logprobs_delta hold {ids.size}, {mask.size} and "
+            f"{logprobs.size} entries: the digest frames all three with one count"
+        )
     check_hex_digest(extras_digest, field="extras_digest")
     if chain_hash is not None:
         check_hex_digest(chain_hash, field="chain_hash")

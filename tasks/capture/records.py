@@ -1,27 +1,37 @@
-"""Capture records (ARCHITECTURE 4.1, 4.3-4.5), each defined once with its Arrow schema.
+"""Capture records (ARCHITECTURE 4.1, 4.3-4.5), each defined once with its Arrow schema and rules.
 
-Constructing a record enforces the invariants of its section; a record that exists is
-well-formed. Hashes that need the parent chain (chain and cumulative hashes) can only be
-checked by a verifier that walks the chain; everything else is checked here.
+Each record declares the invariants of its section once, as rules (:mod:`tasks.record_rules`):
+constructing a record checks them on its values, and the ledger reader proves them on whole
+tables with the same rules. A record that exists is well-formed. Hashes that need the parent
+chain (chain and cumulative hashes) can only be checked by a verifier that walks the chain;
+everything else is checked here.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tasks.capture import digest as dg
-from tasks.ids import ID_PATTERN, MAX_ID_LENGTH, check_id, check_optional_id
-from tasks.schema import ArrowRecord, Column, column, frozen_array, fullmatch, null_or
+from tasks.checks import REASON_NAME, check_hex_digest, check_u64
+from tasks.record_rules import (
+    RecordRules,
+    Rule,
+    at_least,
+    equal_to,
+    finite,
+    hex_digests,
+    ids,
+    non_empty,
+    one_of,
+    reasons,
+)
+from tasks.schema import ArrowRecord, column, frozen_array
 
-REASON_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
 RECEIPT_STATUSES = ("ok", "poisoned", "failed")
 TERMINAL_SELECTIONS = ("declared", "response_id", "content", "heuristic")
 LOGPROBS_MODES = ("processed",)
@@ -33,22 +43,12 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def check_reason(value: object, *, field: str) -> str:
-    if not isinstance(value, str) or not REASON_PATTERN.fullmatch(value):
-        raise ValueError(f"{field} must be a snake_case reason name, got {value!r}")
-    return value
-
-
-def _check_finite(value: object, *, field: str, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ValueError(f"{field} must be a finite number, got {value!r}")
-
-
-def _check_int(value: object, *, field: str, minimum: int = 0) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{field} must be an int >= {minimum}, got {value!r}")
+def is_canonical_json(text: str) -> bool:
+    """Whether ``text`` is JSON in its canonical form (:func:`canonical_json` of what it parses to)."""
+    try:
+        return canonical_json(json.loads(text)) == text
+    except (ValueError, TypeError):
+        return False
 
 
 _NULL_EXTRAS = ("null", dg.compute_extras_digest(None))
@@ -80,6 +80,15 @@ def _check_id_range(ids: np.ndarray, *, field: str) -> None:
         raise ValueError(f"{field} holds a token id outside [0, 2**63) (a negative id, or one past int64)")
 
 
+def _check_mask_and_logprobs(mask: np.ndarray, logprobs: np.ndarray) -> None:
+    """Masks are exactly 0.0 / 1.0; logprobs are exactly 0.0 where the mask is 0 (a carried token)."""
+    if mask.size and not ((mask == 0.0) | (mask == 1.0)).all():
+        raise ValueError("token_mask_delta holds a value other than 0.0 or 1.0")
+    carried = mask == 0.0
+    if carried.any() and np.any(logprobs[carried] != 0.0):
+        raise ValueError("logprobs_delta must be exactly 0.0 where token_mask_delta is 0.0 (carried prompt)")
+
+
 def _extras_fields(extras: Any) -> tuple[str, str]:
     """(canonical JSON, extras digest) of a call's extras; ``None`` is the common, precomputed case."""
     if extras is None:
@@ -87,21 +96,53 @@ def _extras_fields(extras: Any) -> tuple[str, str]:
     return canonical_json(extras), dg.compute_extras_digest(extras)
 
 
-def _check_call_settings(delta: StagedDelta) -> None:
-    """Identity and sampling fields of a staged delta: the checks ``build`` cannot derive."""
-    check_id(delta.batch_id, field="batch_id")
-    check_id(delta.rollout_id, field="rollout_id")
-    check_id(delta.call_id, field="call_id")
-    check_optional_id(delta.parent_call_id, field="parent_call_id")
-    dg.check_u64(delta.weight_version, field="weight_version")
-    if not isinstance(delta.finish_reason, str) or not delta.finish_reason:
-        raise ValueError(f"finish_reason must be a non-empty str, got {delta.finish_reason!r}")
-    _check_finite(delta.temperature, field="temperature")
-    _check_finite(delta.top_p, field="top_p")
-    if not isinstance(delta.top_k, int) or isinstance(delta.top_k, bool) or delta.top_k < -1:
-        raise ValueError(f"top_k must be an int >= -1 (-1 disables it), got {delta.top_k!r}")
-    if delta.logprobs_mode not in LOGPROBS_MODES:
-        raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {delta.logprobs_mode!r}")
+def _canonical_json_rule(name: str) -> Rule:
+    """The field holds JSON in canonical form (:func:`canonical_json`)."""
+    return Rule(
+        name=f"{name}_is_canonical_json",
+        fields=(name,),
+        predicate=lambda o, text: o.satisfies(text, is_canonical_json),
+        message=f"{name} must be canonical JSON (sorted keys, no spaces), got {{{name}!r}}",
+    )
+
+
+# --- rules shared by the staged delta and the call record (ARCHITECTURE 4.1, 4.3) -----------------
+
+CALL_IDENTITY = (*ids("batch_id", "rollout_id", "call_id"), *ids("parent_call_id", optional=True))
+# root <=> parent null <=> prev_len 0 <=> mode text; delta_len >= 1; cum_len = prev_len + delta_len.
+CALL_SHAPE = (
+    *at_least(0, "prev_len", "cum_len"),
+    *one_of("mode", dg.MODES),
+    Rule(
+        name="root_has_no_parent",
+        fields=("parent_call_id", "mode"),
+        predicate=lambda o, parent, mode: o.iff(o.is_null(parent), o.eq(mode, "text")),
+        message="parent_call_id {parent_call_id!r} contradicts mode {mode!r}: "
+        "a root (mode text) has no parent, a token_in child has one",
+    ),
+    Rule(
+        name="root_has_no_prefix",
+        fields=("prev_len", "mode"),
+        predicate=lambda o, prev_len, mode: o.iff(o.eq(prev_len, 0), o.eq(mode, "text")),
+        message="prev_len {prev_len} contradicts mode {mode!r}: roots have prev_len 0, children > 0",
+    ),
+    *at_least(1, "delta_len"),
+    Rule(
+        name="cum_len_is_prev_len_plus_delta_len",
+        fields=("cum_len", "prev_len", "delta_len"),
+        predicate=lambda o, cum_len, prev_len, delta_len: o.eq(cum_len, o.add(prev_len, delta_len)),
+        message="cum_len {cum_len} != prev_len {prev_len} + delta_len {delta_len}",
+    ),
+)
+CALL_HASHES = hex_digests("extras_digest", "chain_hash", "cumulative_hash", "digest")
+# What StagedDelta.build takes from its caller as given: every other field it derives, checked.
+STAGED_SETTINGS = RecordRules(
+    CALL_IDENTITY,
+    non_empty("finish_reason"),
+    finite("temperature", "top_p"),
+    at_least(-1, "top_k"),
+    one_of("logprobs_mode", LOGPROBS_MODES),
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,40 +179,28 @@ class StagedDelta(ArrowRecord):
     top_k: int = column(pa.int32())
     logprobs_mode: str = column(pa.string())
 
+    rules: ClassVar[RecordRules] = RecordRules(
+        equal_to("schema_version", dg.SCHEMA_VERSION),
+        equal_to("digest_version", dg.DIGEST_VERSION),
+        equal_to("extras_digest_version", dg.EXTRAS_DIGEST_VERSION),
+        STAGED_SETTINGS.rules,
+        CALL_SHAPE,
+        CALL_HASHES,
+        _canonical_json_rule("extras_json"),
+    )
+
     def __post_init__(self) -> None:
-        for name, expected in (
-            ("schema_version", dg.SCHEMA_VERSION),
-            ("digest_version", dg.DIGEST_VERSION),
-            ("extras_digest_version", dg.EXTRAS_DIGEST_VERSION),
-        ):
-            if getattr(self, name) != expected:
-                raise ValueError(f"{name} must be {expected}, got {getattr(self, name)!r}")
-        _check_call_settings(self)
+        """Check the rules, then the token lists (ARCHITECTURE 4.1), and freeze them as numpy arrays."""
+        self.rules.check(self)
         ids = dg.token_array(self.token_ids_delta, field="token_ids_delta")
-        if ids.size and int(ids.max()) > _I64_MAX:
-            raise ValueError("token_ids_delta holds an id past int64")
+        _check_id_range(ids, field="token_ids_delta")
         mask = dg.float32_array(self.token_mask_delta, field="token_mask_delta")
         logprobs = dg.float32_array(self.logprobs_delta, field="logprobs_delta")
-        for name in ("prev_len", "delta_len", "cum_len"):
-            _check_int(getattr(self, name), field=name)
-        dg.check_call_shape(
-            parent_call_id=self.parent_call_id,
-            mode=self.mode,
-            prev_len=self.prev_len,
-            delta_len=self.delta_len,
-            cum_len=self.cum_len,
-            list_lengths={"token_ids_delta": ids.size, "token_mask_delta": mask.size, "logprobs_delta": logprobs.size},
-        )
-        dg.check_mask_and_logprobs(mask, logprobs)
-        for name in ("extras_digest", "chain_hash", "cumulative_hash", "digest"):
-            dg.check_hex_digest(getattr(self, name), field=name)
-        try:
-            extras = json.loads(self.extras_json)
-        except (TypeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"extras_json is not valid JSON: {exc}") from None
-        if canonical_json(extras) != self.extras_json:
-            raise ValueError("extras_json is not in canonical form (sorted keys, no spaces)")
-        if dg.compute_extras_digest(extras) != self.extras_digest:
+        for name, values in (("token_ids_delta", ids), ("token_mask_delta", mask), ("logprobs_delta", logprobs)):
+            if values.size != self.delta_len:
+                raise ValueError(f"{name} has {values.size} entries but delta_len is {self.delta_len}")
+        _check_mask_and_logprobs(mask, logprobs)
+        if dg.compute_extras_digest(json.loads(self.extras_json)) != self.extras_digest:
             raise ValueError("extras_digest does not match extras_json")
         object.__setattr__(self, "token_ids_delta", frozen_array(ids, np.int64))
         object.__setattr__(self, "token_mask_delta", frozen_array(mask, np.float32))
@@ -203,8 +232,8 @@ class StagedDelta(ArrowRecord):
         ``prefix_token_ids`` are the parent's exact tokens (empty for a root); the prompt must
         start with them. The delta is the prompt past the prefix followed by the generation.
         This is the hot path of staging: every input is checked once, the arrays and hashes
-        are derived from checked values, so the result satisfies ``__post_init__``'s
-        invariants by construction and is not re-validated.
+        are derived from checked values, so the result satisfies the record's rules by
+        construction; only the fields taken as given are checked (:data:`STAGED_SETTINGS`).
         """
         prefix = _id_array(prefix_token_ids, field="prefix_token_ids")
         prompt = _id_array(prompt_token_ids, field="prompt_token_ids")
@@ -222,7 +251,7 @@ class StagedDelta(ArrowRecord):
                 f"a child has all three (parent {parent_call_id!r}, prefix of {prev_len} tokens)"
             )
         if parent_chain_hash is not None:
-            dg.check_hex_digest(parent_chain_hash, field="parent_chain_hash")
+            check_hex_digest(parent_chain_hash, field="parent_chain_hash")
         # The prompt starts with the prefix, so these two checks cover every id of the sequence.
         _check_id_range(prompt, field="prompt_token_ids")
         _check_id_range(generated, field="generated_token_ids")
@@ -231,7 +260,7 @@ class StagedDelta(ArrowRecord):
         if delta_len == 0:
             raise ValueError(f"call {call_id} has an empty delta: no new prompt tokens and no generation")
         cum_len = prev_len + delta_len
-        weight_version = dg.check_u64(weight_version, field="weight_version")
+        weight_version = check_u64(weight_version, field="weight_version")
         extras_json, extras_digest = _extras_fields(extras)
         # Each list is converted to its wire byte order once; every hash reads those buffers.
         wire_prompt = prompt.astype(">u8")
@@ -287,7 +316,7 @@ class StagedDelta(ArrowRecord):
             "logprobs_mode": logprobs_mode,
         }
         delta = cls.trusted(fields)
-        _check_call_settings(delta)
+        STAGED_SETTINGS.check(delta)
         return delta
 
     @property
@@ -343,57 +372,25 @@ class CallRecord(ArrowRecord):
     output_fingerprint: str | None = column(pa.string(), nullable=True)
     response_id: str | None = column(pa.string(), nullable=True)
 
-    def __post_init__(self) -> None:
-        check_id(self.batch_id, field="batch_id")
-        check_id(self.rollout_id, field="rollout_id")
-        check_id(self.call_id, field="call_id")
-        check_optional_id(self.parent_call_id, field="parent_call_id")
-        for name in ("prev_len", "delta_len", "cum_len", "staging_row"):
-            _check_int(getattr(self, name), field=name)
-        dg.check_u64(self.weight_version, field="weight_version")
-        dg.check_call_shape(
-            parent_call_id=self.parent_call_id,
-            mode=self.mode,
-            prev_len=self.prev_len,
-            delta_len=self.delta_len,
-            cum_len=self.cum_len,
-            list_lengths={},
-        )
-        if not isinstance(self.epoch_span, bool):
-            raise TypeError(f"epoch_span must be a bool, got {self.epoch_span!r}")
-        for name in ("digest", "extras_digest", "chain_hash", "cumulative_hash"):
-            dg.check_hex_digest(getattr(self, name), field=name)
-        if self.output_fingerprint is not None:
-            dg.check_hex_digest(self.output_fingerprint, field="output_fingerprint")
-        if not isinstance(self.staging_segment, str) or not self.staging_segment.startswith("staging/"):
-            raise ValueError(f"staging_segment must be a batch-relative staging/ path, got {self.staging_segment!r}")
-        _check_finite(self.admitted_at, field="admitted_at", allow_none=True)
-        if not isinstance(self.finish_reason, str) or not self.finish_reason:
-            raise ValueError(f"finish_reason must be a non-empty str, got {self.finish_reason!r}")
-        if self.response_id is not None and (not isinstance(self.response_id, str) or not self.response_id):
-            raise ValueError(f"response_id must be a non-empty str or None, got {self.response_id!r}")
+    rules: ClassVar[RecordRules] = RecordRules(
+        CALL_IDENTITY,
+        CALL_SHAPE,
+        CALL_HASHES,
+        hex_digests("output_fingerprint", optional=True),
+        Rule(
+            name="staging_segment_is_staged",
+            fields=("staging_segment",),
+            predicate=lambda o, path: o.starts_with(path, "staging/"),
+            message="staging_segment must be a batch-relative staging/ path, got {staging_segment!r}",
+        ),
+        at_least(0, "staging_row"),
+        finite("admitted_at", optional=True),
+        non_empty("finish_reason"),
+        non_empty("response_id", optional=True),
+    )
 
-    @classmethod
-    def column_rules(cls, t: pa.Table) -> list[Column]:
-        """The column-wise form of ``__post_init__``: one boolean column per invariant (see ``schema.all_hold``)."""
-        root = pc.equal(t["mode"], "text")
-        return [
-            *_ids(t, "batch_id", "rollout_id", "call_id"),
-            *_ids(t, "parent_call_id", optional=True),
-            *(pc.greater_equal(t[name], 0) for name in ("prev_len", "delta_len", "cum_len", "staging_row")),
-            # dg.check_call_shape
-            pc.is_in(t["mode"], value_set=pa.array(dg.MODES)),
-            pc.equal(pc.is_null(t["parent_call_id"]), root),
-            pc.equal(pc.equal(t["prev_len"], 0), root),
-            pc.greater_equal(t["delta_len"], 1),
-            pc.equal(t["cum_len"], pc.add_checked(t["prev_len"], t["delta_len"])),
-            *_hex(t, "digest", "extras_digest", "chain_hash", "cumulative_hash"),
-            *_hex(t, "output_fingerprint", optional=True),
-            pc.starts_with(t["staging_segment"], "staging/"),
-            null_or(t["admitted_at"], pc.is_finite(t["admitted_at"])),
-            pc.greater(pc.utf8_length(t["finish_reason"]), 0),
-            null_or(t["response_id"], pc.greater(pc.utf8_length(t["response_id"]), 0)),
-        ]
+    def __post_init__(self) -> None:
+        self.rules.check(self)
 
     @property
     def staging_key(self) -> str:
@@ -447,23 +444,10 @@ class FailureRow(ArrowRecord):
     reason: str = column(pa.string())
     detail: str = column(pa.string())
 
-    def __post_init__(self) -> None:
-        check_id(self.batch_id, field="batch_id")
-        check_id(self.rollout_id, field="rollout_id")
-        check_id(self.call_id, field="call_id")
-        check_optional_id(self.parent_call_id, field="parent_call_id")
-        check_reason(self.reason, field="reason")
-        if not isinstance(self.detail, str):
-            raise TypeError(f"detail must be a str, got {type(self.detail).__name__}")
+    rules: ClassVar[RecordRules] = RecordRules(CALL_IDENTITY, reasons("reason"))
 
-    @classmethod
-    def column_rules(cls, t: pa.Table) -> list[Column]:
-        """The column-wise form of ``__post_init__``: one boolean column per invariant (see ``schema.all_hold``)."""
-        return [
-            *_ids(t, "batch_id", "rollout_id", "call_id"),
-            *_ids(t, "parent_call_id", optional=True),
-            _reason(t["reason"]),
-        ]
+    def __post_init__(self) -> None:
+        self.rules.check(self)
 
 
 @dataclass(frozen=True, eq=False)
@@ -486,93 +470,53 @@ class Receipt(ArrowRecord):
     failure_reason: str | None = column(pa.string(), nullable=True)
     num_calls: int = column(pa.int64())
 
+    rules: ClassVar[RecordRules] = RecordRules(
+        ids("rollout_id", "group_id"),
+        ids("terminal_call_id", optional=True),
+        at_least(0, "attempt", "num_calls"),
+        finite("reward", optional=True),
+        _canonical_json_rule("reward_info"),
+        one_of("status", RECEIPT_STATUSES),
+        one_of("terminal_selection", TERMINAL_SELECTIONS, optional=True),
+        Rule(
+            name="terminal_call_and_selection_together",
+            fields=("terminal_call_id", "terminal_selection"),
+            predicate=lambda o, call, selection: o.iff(o.is_null(call), o.is_null(selection)),
+            message="terminal_call_id and terminal_selection must be set together",
+        ),
+        reasons("terminal_attribution_reason", optional=True),
+        Rule(
+            name="ok_names_terminal_call",
+            fields=("status", "terminal_call_id"),
+            predicate=lambda o, status, call: o.implies(o.eq(status, "ok"), o.not_null(call)),
+            message="receipt of {rollout_id} is ok but names no terminal call",
+        ),
+        Rule(
+            name="ok_has_no_failure_reason",
+            fields=("status", "failure_reason"),
+            predicate=lambda o, status, reason: o.implies(o.eq(status, "ok"), o.is_null(reason)),
+            message="receipt of {rollout_id} is ok but has failure_reason {failure_reason!r}",
+        ),
+        Rule(
+            name="ok_has_reward",
+            fields=("status", "reward"),
+            predicate=lambda o, status, reward: o.implies(o.eq(status, "ok"), o.not_null(reward)),
+            message="receipt of {rollout_id} is ok but has no reward",
+        ),
+        Rule(
+            name="ok_has_calls",
+            fields=("status", "num_calls"),
+            predicate=lambda o, status, calls: o.implies(o.eq(status, "ok"), o.ge(calls, 1)),
+            message="receipt of {rollout_id} is ok but has no calls",
+        ),
+        Rule(
+            name="not_ok_names_failure_reason",
+            fields=("status", "failure_reason"),
+            predicate=lambda o, status, reason: o.any_of(o.eq(status, "ok"), o.matches(reason, REASON_NAME)),
+            message="receipt of {rollout_id} is {status} but names no failure_reason "
+            "(a snake_case reason name), got {failure_reason!r}",
+        ),
+    )
+
     def __post_init__(self) -> None:
-        check_id(self.rollout_id, field="rollout_id")
-        check_id(self.group_id, field="group_id")
-        check_optional_id(self.terminal_call_id, field="terminal_call_id")
-        _check_int(self.attempt, field="attempt")
-        _check_int(self.num_calls, field="num_calls")
-        _check_finite(self.reward, field="reward", allow_none=True)
-        try:
-            info = json.loads(self.reward_info)
-        except (TypeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"reward_info is not valid JSON: {exc}") from None
-        if canonical_json(info) != self.reward_info:
-            raise ValueError("reward_info is not in canonical JSON form")
-        if self.status not in RECEIPT_STATUSES:
-            raise ValueError(f"status must be one of {RECEIPT_STATUSES}, got {self.status!r}")
-        if self.terminal_selection is not None and self.terminal_selection not in TERMINAL_SELECTIONS:
-            raise ValueError(
-                f"terminal_selection must be one of {TERMINAL_SELECTIONS}, got {self.terminal_selection!r}"
-            )
-        if (self.terminal_call_id is None) != (self.terminal_selection is None):
-            raise ValueError("terminal_call_id and terminal_selection must be set together")
-        if self.terminal_attribution_reason is not None:
-            check_reason(self.terminal_attribution_reason, field="terminal_attribution_reason")
-        if self.status == "ok":
-            if self.terminal_call_id is None:
-                raise ValueError(f"receipt of {self.rollout_id} is ok but names no terminal call")
-            if self.failure_reason is not None:
-                raise ValueError(f"receipt of {self.rollout_id} is ok but has failure_reason {self.failure_reason!r}")
-            if self.reward is None:
-                raise ValueError(f"receipt of {self.rollout_id} is ok but has no reward")
-            if self.num_calls < 1:
-                raise ValueError(f"receipt of {self.rollout_id} is ok but has no calls")
-        else:
-            if self.failure_reason is None:
-                raise ValueError(f"receipt of {self.rollout_id} is {self.status} but names no failure_reason")
-            check_reason(self.failure_reason, field="failure_reason")
-
-    @classmethod
-    def column_rules(cls, t: pa.Table) -> list[Column]:
-        """The column-wise form of ``__post_init__``: one boolean column per invariant (see ``schema.all_hold``)."""
-        ok = pc.equal(t["status"], "ok")
-        ok_holds = pc.and_(
-            pc.and_(pc.is_valid(t["terminal_call_id"]), pc.is_null(t["failure_reason"])),
-            pc.and_(pc.is_valid(t["reward"]), pc.greater_equal(t["num_calls"], 1)),
-        )
-        return [
-            *_ids(t, "rollout_id", "group_id"),
-            *_ids(t, "terminal_call_id", optional=True),
-            pc.greater_equal(t["attempt"], 0),
-            pc.greater_equal(t["num_calls"], 0),
-            null_or(t["reward"], pc.is_finite(t["reward"])),
-            pa.array([_is_canonical_json(text) for text in pc.unique(t["reward_info"]).to_pylist()], pa.bool_()),
-            pc.is_in(t["status"], value_set=pa.array(RECEIPT_STATUSES)),
-            null_or(
-                t["terminal_selection"], pc.is_in(t["terminal_selection"], value_set=pa.array(TERMINAL_SELECTIONS))
-            ),
-            pc.equal(pc.is_null(t["terminal_call_id"]), pc.is_null(t["terminal_selection"])),
-            null_or(t["terminal_attribution_reason"], _reason(t["terminal_attribution_reason"])),
-            pc.if_else(ok, ok_holds, pc.fill_null(_reason(t["failure_reason"]), False)),
-        ]
-
-
-# --- column-wise invariants (the ledger reader checks whole tables with these) ---
-
-
-def _ids(table: pa.Table, *names: str, optional: bool = False) -> list[Column]:
-    """``check_id`` (``check_optional_id`` when ``optional``) of each named column."""
-    rules = []
-    for name in names:
-        column = table.column(name)
-        holds = pc.and_(fullmatch(column, ID_PATTERN), pc.less_equal(pc.utf8_length(column), MAX_ID_LENGTH))
-        rules.append(null_or(column, holds) if optional else holds)
-    return rules
-
-
-def _hex(table: pa.Table, *names: str, optional: bool = False) -> list[Column]:
-    """``check_hex_digest`` of each named column (null allowed when ``optional``)."""
-    rules = [fullmatch(table.column(name), dg.HEX_DIGEST) for name in names]
-    return [null_or(table.column(n), r) for n, r in zip(names, rules, strict=True)] if optional else rules
-
-
-def _reason(column: Column) -> Column:
-    return fullmatch(column, REASON_PATTERN)
-
-
-def _is_canonical_json(text: str) -> bool:
-    try:
-        return canonical_json(json.loads(text)) == text
-    except (ValueError, TypeError):
-        return False
+        self.rules.check(self)

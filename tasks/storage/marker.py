@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Self
 
+from tasks.checks import check_choice, check_finite, check_hex_digest, check_int
 from tasks.ids import check_id
 from tasks.storage import layout
 from tasks.storage.errors import StorageIntegrityError
 from tasks.storage.objects import ObjectStore, WrittenObject
+from tasks.strict_json import load_dataclass, parse_json
 
 MARKER_VERSION = 1
 FILE_KINDS = ("staging", *layout.LEDGER_KINDS)
-_HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 _OBJECT_INDEX = re.compile(r"-(\d+)\.parquet$")
 
 
@@ -69,12 +69,6 @@ def parse_shard_object(path: str, shard: int) -> ShardObject:
     return ShardObject(kind=kind, attempt=attempt, index=index)
 
 
-def _check_count(value: object, field: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise MalformedMarkerError(f"{field} must be an int >= 0, got {value!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class MarkedFile:
     """One object a marker names: batch-relative path, kind, size in bytes, sha256, rows."""
@@ -86,12 +80,10 @@ class MarkedFile:
     rows: int
 
     def __post_init__(self) -> None:
-        if self.kind not in FILE_KINDS:
-            raise MalformedMarkerError(f"file {self.path!r}: kind must be one of {FILE_KINDS}, got {self.kind!r}")
-        _check_count(self.size, f"file {self.path!r}: size")
-        _check_count(self.rows, f"file {self.path!r}: rows")
-        if not isinstance(self.sha256, str) or not _HEX_SHA256.fullmatch(self.sha256):
-            raise MalformedMarkerError(f"file {self.path!r}: sha256 must be 64 lowercase hex digits")
+        check_choice(self.kind, FILE_KINDS, field=f"file {self.path!r}: kind", error=MalformedMarkerError)
+        check_int(self.size, field=f"file {self.path!r}: size", error=MalformedMarkerError)
+        check_int(self.rows, field=f"file {self.path!r}: rows", error=MalformedMarkerError)
+        check_hex_digest(self.sha256, field=f"file {self.path!r}: sha256", error=MalformedMarkerError)
 
     @classmethod
     def of(cls, written: WrittenObject, *, kind: str, rows: int) -> Self:
@@ -119,7 +111,7 @@ class ShardCounts:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            _check_count(getattr(self, f.name), f"counts.{f.name}")
+            check_int(getattr(self, f.name), field=f"counts.{f.name}", error=MalformedMarkerError)
         if self.ok + self.poisoned + self.failed != self.rollouts:
             raise MalformedMarkerError(
                 f"counts: ok {self.ok} + poisoned {self.poisoned} + failed {self.failed} != rollouts {self.rollouts}"
@@ -146,20 +138,16 @@ class ShardMarker:
     marker_version: int = MARKER_VERSION
 
     def __post_init__(self) -> None:
-        if type(self.marker_version) is not int or self.marker_version != MARKER_VERSION:
-            raise MalformedMarkerError(f"marker_version must be {MARKER_VERSION}, got {self.marker_version!r}")
+        problem = _version_problem(self.marker_version)
+        if problem is not None:
+            raise MalformedMarkerError(problem)
         try:
             check_id(self.batch_id, field="batch_id")
         except (TypeError, ValueError) as exc:
             raise MalformedMarkerError(str(exc)) from None
-        _check_count(self.shard, "shard")
-        _check_count(self.attempt, "attempt")
-        if (
-            not isinstance(self.committed_at, (int, float))
-            or isinstance(self.committed_at, bool)
-            or not math.isfinite(self.committed_at)
-        ):
-            raise MalformedMarkerError(f"committed_at must be a finite number, got {self.committed_at!r}")
+        check_int(self.shard, field="shard", error=MalformedMarkerError)
+        check_int(self.attempt, field="attempt", error=MalformedMarkerError)
+        check_finite(self.committed_at, field="committed_at", error=MalformedMarkerError)
         if not isinstance(self.files, tuple) or not all(isinstance(f, MarkedFile) for f in self.files):
             raise MalformedMarkerError("files must be a tuple of MarkedFile")
         if not isinstance(self.counts, ShardCounts):
@@ -206,39 +194,21 @@ class ShardMarker:
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = "marker") -> Self:
-        """Parse and validate a marker; :class:`MalformedMarkerError` names ``source`` and the problem."""
-        try:
-            raw = json.loads(text)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise MalformedMarkerError(f"{source} is not valid JSON: {exc}") from None
-        try:
-            fields = _exact_fields(raw, cls, source)
-            version = fields["marker_version"]
-            if type(version) is not int or version != MARKER_VERSION:
-                raise MalformedMarkerError(
-                    f"{source}: marker_version {version!r} is not supported (expected {MARKER_VERSION})"
-                )
-            if not isinstance(fields["files"], list):
-                raise MalformedMarkerError(f"{source}: files must be a list")
-            fields["files"] = tuple(
-                MarkedFile(**_exact_fields(f, MarkedFile, f"{source} file")) for f in fields["files"]
-            )
-            fields["counts"] = ShardCounts(**_exact_fields(fields["counts"], ShardCounts, f"{source} counts"))
-            return cls(**fields)
-        except MalformedMarkerError as exc:
-            message = str(exc)
-            raise MalformedMarkerError(message if message.startswith(source) else f"{source}: {message}") from None
+        """Parse and validate a marker; :class:`MalformedMarkerError` names ``source`` and the problem.
+
+        The version is checked first, so a marker of another version is refused as such.
+        """
+        raw = parse_json(text, source=source, error=MalformedMarkerError)
+        problem = _version_problem(raw.get("marker_version", MARKER_VERSION)) if isinstance(raw, dict) else None
+        if problem is not None:
+            raise MalformedMarkerError(f"{source}: {problem}")
+        return load_dataclass(cls, raw, source=source, error=MalformedMarkerError, require_all=True)
 
 
-def _exact_fields(raw: object, record: type, source: str) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(record)}
-    if not isinstance(raw, dict):
-        raise MalformedMarkerError(f"{source} must be a JSON object, got {type(raw).__name__}")
-    missing = sorted(names - raw.keys())
-    extra = sorted(raw.keys() - names)
-    if missing or extra:
-        raise MalformedMarkerError(f"{source} has missing fields {missing} and unexpected fields {extra}")
-    return dict(raw)
+def _version_problem(version: object) -> str | None:
+    if type(version) is int and version == MARKER_VERSION:
+        return None
+    return f"marker_version {version!r} is not supported (expected {MARKER_VERSION})"
 
 
 def _file_order(marked: MarkedFile, shard: int) -> tuple[int, int, int]:

@@ -3,7 +3,8 @@
 Orphans are staged segments of calls that crashed before their ledger record, ledger files
 of dead attempts that were not adopted, and temp files of crashed local writes. Only a
 committed shard is swept: before its marker exists, every object may still be adopted. The
-marker itself and every object it names are never deleted.
+marker itself, every object it names and every attempt's claim (``_CLAIM.json``: who ran the
+attempt, kept for ``status`` and post-mortems) are never deleted.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tasks.storage.objects import ObjectStore
 
 @dataclass(frozen=True)
 class SweepReport:
-    """What a sweep found: ``orphans`` (deleted unless ``dry_run``) and the ``kept`` named objects."""
+    """What a sweep found: ``orphans`` (deleted unless ``dry_run``) and what it ``kept``: named objects and claims."""
 
     shard: int
     orphans: tuple[str, ...]
@@ -33,6 +34,8 @@ class SweepReport:
 def sweep_orphans(store: ObjectStore, shard: int, *, dry_run: bool = False) -> SweepReport:
     """Delete every object under the shard's staging and ledger directories that its marker does not name.
 
+    Attempt claims are kept whether or not their attempt committed.
+
     ``store`` is rooted at the batch directory. Raises :class:`UncommittedShardError` when the
     shard has no marker. With ``dry_run`` nothing is deleted; the report lists what would be.
     """
@@ -46,13 +49,17 @@ def sweep_orphans(store: ObjectStore, shard: int, *, dry_run: bool = False) -> S
         for path in store.list_files(directory)
         if path.startswith(directory + "/")
     ]
-    orphans = tuple(sorted(p for p in present if p not in named))
+    kept = tuple(sorted(p for p in present if p in named or _is_claim(p, shard)))
+    orphans = tuple(sorted(set(present) - set(kept)))
     if not dry_run:
         for path in orphans:
             store.delete(path)
-    return SweepReport(
-        shard=shard,
-        orphans=orphans,
-        kept=tuple(sorted(p for p in present if p in named)),
-        dry_run=dry_run,
-    )
+    return SweepReport(shard=shard, orphans=orphans, kept=kept, dry_run=dry_run)
+
+
+def _is_claim(path: str, shard: int) -> bool:
+    """Whether ``path`` is the claim of one of the shard's attempts, exactly where the layout puts it."""
+    try:
+        return path == layout.attempt_claim(shard, layout.attempt_of(path))
+    except ValueError:
+        return False

@@ -1,4 +1,4 @@
-"""Digests: the NeMo Gym conformance vector, field coverage, and refusal of bad input."""
+"""Digests: the NeMo Gym conformance vector, field coverage, and refusal of input they cannot encode."""
 
 from __future__ import annotations
 
@@ -175,32 +175,14 @@ def test_digest_is_deterministic_and_input_type_agnostic(fields):
         ({"prev_len": -1}, ValueError, "prev_len"),
         ({"weight_version": 2**64}, ValueError, "weight_version"),
         ({"weight_version": 1.0}, TypeError, "weight_version"),
-        ({"mode": "chat"}, ValueError, "mode"),
-        ({"parent_call_id": None}, ValueError, "parent_call_id"),
-        ({"prev_len": 0, "cum_len": 2}, ValueError, "prev_len"),
-        ({"delta_len": 3, "cum_len": 6}, ValueError, "token_ids_delta"),
-        ({"cum_len": 6}, ValueError, "cum_len"),
-        ({"token_mask_delta": [0.0, 0.5]}, ValueError, "token_mask_delta"),
-        ({"logprobs_delta": [-0.5, -0.25]}, ValueError, "logprobs_delta"),
-        ({"rollout_id": ""}, TypeError, "rollout_id"),
+        ({"token_mask_delta": [0.0, 1.0, 1.0]}, ValueError, "token_mask_delta"),
+        ({"rollout_id": ""}, ValueError, "rollout_id"),
         ({"call_id": 5}, TypeError, "call_id"),
     ],
 )
 def test_bad_inputs_are_refused_naming_the_field(override, error, field):
     with pytest.raises(error, match=field):
         dg.compute_staging_digest(**(golden_fields() | override))
-
-
-def test_root_rules_are_enforced():
-    root = golden_fields() | {"mode": "text", "parent_call_id": None, "prev_len": 0, "cum_len": 2}
-    dg.compute_staging_digest(**root)
-    with pytest.raises(ValueError, match="delta_len"):
-        dg.compute_staging_digest(
-            **(
-                root
-                | {"delta_len": 0, "cum_len": 0, "token_ids_delta": [], "token_mask_delta": [], "logprobs_delta": []}
-            )
-        )
 
 
 @pytest.mark.parametrize(

@@ -122,6 +122,11 @@ def test_list_fields_are_read_only():
         ({"temperature": math.inf}, "temperature"),
         ({"logprobs_mode": "raw"}, "logprobs_mode"),
         ({"finish_reason": ""}, "finish_reason"),
+        ({"mode": "chat"}, "mode"),
+        ({"prev_len": 1, "cum_len": 6}, "prev_len 1 contradicts mode 'text'"),
+        ({"delta_len": 0, "cum_len": 0}, "delta_len"),
+        ({"top_k": 2**31}, "top_k"),
+        ({"weight_version": -1}, "weight_version"),
     ],
 )
 def test_staged_delta_invariants_are_enforced_at_construction(change, match):

@@ -6,7 +6,7 @@ import numpy as np
 
 from tasks.capture import digest as dg
 from tasks.capture.records import StagedDelta
-from tasks.storage.ledger import LedgerReader
+from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.objects import ObjectStore
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import CommitCoordinates

@@ -16,7 +16,7 @@ from tasks.engines.base import Engine, GenerationRequest, GenerationResult, Samp
 from tasks.generate import generate_shard
 from tasks.models.provenance import model_provenance
 from tasks.plan import batch_store, plan_batch
-from tasks.storage.ledger import LedgerReader
+from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.objects import ObjectStore
 
 from .chains import linearized, verified_sequences

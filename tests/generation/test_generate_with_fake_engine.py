@@ -13,8 +13,8 @@ from tasks.config import BatchConfig, ModelSpec
 from tasks.engines.base import EngineError, SamplingSettings
 from tasks.generate import generate_shard
 from tasks.plan import batch_store, plan_batch
-from tasks.storage.ledger import LedgerReader
 from tasks.storage.claims import read_claims
+from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.sweep import sweep_orphans
 
 from .chains import linearized, verified_sequences

@@ -32,7 +32,7 @@ import numpy as np
 
 from tasks.capture.records import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.ids import call_id, rollout_id
-from tasks.storage.ledger import LedgerWriter
+from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.objects import ObjectConflictError, ObjectStore
 from tasks.storage.staging import CommitCoordinates, StagingWriter, WrittenSegment
 

@@ -15,9 +15,12 @@ import pytest
 from tasks.ids import rollout_id
 from tasks.storage import layout
 from tasks.storage.errors import UncommittedShardError
-from tasks.storage.ledger import LedgerReader, LedgerWriter, RolloutBundle, recover_earlier_attempts
+from tasks.storage.ledger_files import RolloutBundle
+from tasks.storage.ledger_reader import LedgerReader
+from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.marker import read_marker
 from tasks.storage.objects import ObjectStore
+from tasks.storage.recovery import recover_earlier_attempts
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import CommitCoordinates
 from tasks.storage.sweep import sweep_orphans

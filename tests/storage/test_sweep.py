@@ -6,20 +6,18 @@ import pytest
 
 from tasks.ids import rollout_id
 from tasks.storage import layout
+from tasks.storage.claims import claim_attempt, read_claims
 from tasks.storage.errors import UncommittedShardError
-from tasks.storage.ledger import LedgerReader, LedgerWriter, recover_earlier_attempts
+from tasks.storage.ledger_reader import LedgerReader
+from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.objects import ObjectStore
+from tasks.storage.recovery import recover_earlier_attempts
 from tasks.storage.sweep import sweep_orphans
 
 from ._writer_process import BATCH, run_attempt
 
 SHARD = 0
 A, B = rollout_id(0, 0), rollout_id(0, 1)
-
-
-@pytest.fixture
-def batch(store: ObjectStore) -> ObjectStore:
-    return store.child(layout.batch_dir(BATCH))
 
 
 def _shard_objects(batch: ObjectStore, shard: int = SHARD) -> list[str]:
@@ -61,6 +59,25 @@ def test_sweep_keeps_files_adopted_from_an_earlier_attempt(batch: ObjectStore) -
     assert {f.path for f in recovery.files} <= set(report.kept)
     assert all(layout.attempt_of(p) == 0 for p in report.deleted)
     assert {b.rollout_id: b.receipt.attempt for b in LedgerReader(batch, SHARD).rollouts()} == {A: 0, B: 1}
+
+
+def test_sweep_keeps_every_attempts_claim(batch: ObjectStore) -> None:
+    dead_claim = claim_attempt(batch, batch_id=BATCH, shard=SHARD, try_number=1)
+    dead, _ = run_attempt(batch, SHARD, {A: 1}, attempt=dead_claim.attempt, receipted=set())
+    dead.flush()
+    claim = claim_attempt(batch, batch_id=BATCH, shard=SHARD, try_number=2)
+    writer, segments = run_attempt(batch, SHARD, {A: 1}, attempt=claim.attempt, receipted={A})
+    marker = writer.commit(staging_segments=segments)
+    stray = f"{layout.ledger_shard_dir(SHARD)}/{layout.CLAIM_NAME}"  # not where the layout puts a claim
+    batch.write_once(stray, b"{}")
+    assert {f.path for f in marker.files}.isdisjoint({dead_claim.path, claim.path})
+
+    report = sweep_orphans(batch, SHARD)
+    assert {dead_claim.path, claim.path} <= set(report.kept)
+    assert not {dead_claim.path, claim.path} & set(report.orphans)
+    assert stray in report.deleted
+    assert [c.attempt for c in read_claims(batch, SHARD)] == [0, 1]
+    assert sweep_orphans(batch, SHARD).orphans == ()
 
 
 def test_sweep_deletes_temp_files_left_by_crashed_local_writes(tmp_path) -> None:

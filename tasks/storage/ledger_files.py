@@ -1,0 +1,162 @@
+"""The ledger's files (ARCHITECTURE 4.3-4.5): what each kind holds, how it is encoded, how it is proved.
+
+A ledger file ``{kind}-NNNNNN.parquet`` holds records of one kind (``calls``, ``failures``,
+``receipts``) with that record's schema. Decoding a file proves every row satisfies its
+record's rules, so no malformed row reaches a reader; a file that fails raises
+:class:`CorruptLedgerFileError` naming its path and the problem. The checks here that span
+files (a receipt's attempt is its file's, one receipt per rollout) and the grouping of rows
+into :class:`RolloutBundle` serve both the committed reader and recovery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tasks.capture.records import CallRecord, FailureRow, Receipt
+from tasks.schema import read_parquet_bytes
+from tasks.storage import layout
+from tasks.storage.errors import StorageIntegrityError
+
+LedgerRecord = CallRecord | FailureRow | Receipt
+RECORD_OF_KIND: dict[str, type[LedgerRecord]] = {"calls": CallRecord, "failures": FailureRow, "receipts": Receipt}
+
+
+class CorruptLedgerFileError(StorageIntegrityError):
+    """A ledger object that cannot be parsed or contradicts where it is stored."""
+
+    reason = "corrupt_ledger_file"
+
+
+class DuplicateReceiptError(StorageIntegrityError):
+    """Two receipts for one rollout among the files a shard commits or adopts."""
+
+    reason = "duplicate_receipt"
+
+
+@dataclass(frozen=True)
+class RolloutBundle:
+    """A receipted rollout with its manifest (call records in ledger order) and failure rows."""
+
+    receipt: Receipt
+    manifest: tuple[CallRecord, ...]
+    failures: tuple[FailureRow, ...]
+
+    @property
+    def rollout_id(self) -> str:
+        return self.receipt.rollout_id
+
+
+def encode_ledger_file(record_cls: type[LedgerRecord], records: Sequence[LedgerRecord]) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(record_cls.to_table(records), sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
+def decode_ledger_file(kind: str, data: bytes, *, path: str) -> list[Any]:
+    """Validated records of a ledger file; :class:`CorruptLedgerFileError` naming ``path`` otherwise."""
+    return RECORD_OF_KIND[kind].from_checked_table(decode_ledger_table(kind, data, path=path))
+
+
+def decode_ledger_table(kind: str, data: bytes, *, path: str) -> pa.Table:
+    """A ledger file as a table of its record's schema, every row proved valid (:func:`prove_rows`)."""
+    table = parse_ledger_table(kind, data, path=path)
+    prove_rows(kind, [(path, table)])
+    return table
+
+
+def parse_ledger_table(kind: str, data: bytes, *, path: str) -> pa.Table:
+    """A ledger file as a table of its record's schema (columns in schema order); rows not yet proved valid."""
+    record_cls = RECORD_OF_KIND[kind]
+    try:
+        table = read_parquet_bytes(data)
+        record_cls.check_table(table, source=path)
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        raise CorruptLedgerFileError(f"ledger file {path} cannot be read as {kind}: {exc}") from None
+    return table.select(record_cls.column_names())
+
+
+def prove_rows(kind: str, files: Sequence[tuple[str, pa.Table]]) -> None:
+    """Prove that every row of the ``kind`` tables (path, table) satisfies its record's rules.
+
+    All tables are checked column-wise at once (``rules.all_hold``); when that fails they are
+    decoded record by record, so the first malformed file raises :class:`CorruptLedgerFileError`
+    naming its path and the record's own complaint.
+    """
+    record_cls = RECORD_OF_KIND[kind]
+    tables = [table for _, table in files]
+    if not tables or record_cls.rules.all_hold(pa.concat_tables(tables)):
+        return
+    for path, table in files:
+        try:
+            record_cls.from_table(table, source=path)
+        except (pa.ArrowException, ValueError, TypeError) as exc:
+            raise CorruptLedgerFileError(f"ledger file {path} cannot be read as {kind}: {exc}") from None
+
+
+def first_differing(table: pa.Table, name: str, expected: object) -> dict[str, Any] | None:
+    """The first row whose ``name`` differs from ``expected``, or None when every row has it."""
+    same = pc.fill_null(pc.equal(table.column(name), expected), False)
+    if pc.all(same, min_count=0).as_py():
+        return None
+    index = int(np.flatnonzero(~same.to_numpy(zero_copy_only=False))[0])
+    return table.slice(index, 1).to_pylist()[0]
+
+
+def check_receipt_attempts(files: Iterable[tuple[str, pa.Table]]) -> None:
+    """Every receipt says the attempt of the file (path, receipts table) that holds it."""
+    for path, receipts in files:
+        attempt = layout.attempt_of(path)
+        row = first_differing(receipts, "attempt", attempt)
+        if row is not None:
+            raise CorruptLedgerFileError(
+                f"{path}: receipt of {row['rollout_id']} says attempt {row['attempt']}, "
+                f"the file belongs to attempt {attempt}"
+            )
+
+
+def check_unique_receipts(rollout_ids: Iterable[str], *, where: str) -> None:
+    """At most one receipt per rollout; :class:`DuplicateReceiptError` naming ``where`` and the rollout."""
+    seen: set[str] = set()
+    for rollout_id in rollout_ids:
+        if rollout_id in seen:
+            raise DuplicateReceiptError(f"{where}: rollout {rollout_id} has more than one receipt")
+        seen.add(rollout_id)
+
+
+def bundle_rollouts(
+    receipts: Iterable[Receipt],
+    calls: Iterable[CallRecord],
+    failures: Iterable[FailureRow],
+    *,
+    call_attempts: Iterable[int],
+    failure_attempts: Iterable[int],
+) -> list[RolloutBundle]:
+    """Each receipt with the calls and failures of its rollout in its own attempt, in ledger order.
+
+    ``call_attempts`` / ``failure_attempts`` give the attempt whose file holds each row. Rows of
+    rollouts without a receipt in that attempt (a dead attempt's leftovers) are left out.
+    """
+    calls_of = _by_attempt_and_rollout(calls, call_attempts)
+    failures_of = _by_attempt_and_rollout(failures, failure_attempts)
+    return [
+        RolloutBundle(
+            receipt=receipt,
+            manifest=tuple(calls_of.get((receipt.attempt, receipt.rollout_id), ())),
+            failures=tuple(failures_of.get((receipt.attempt, receipt.rollout_id), ())),
+        )
+        for receipt in receipts
+    ]
+
+
+def _by_attempt_and_rollout(records: Iterable[Any], attempts: Iterable[int]) -> dict[tuple[int, str], list[Any]]:
+    grouped: dict[tuple[int, str], list[Any]] = {}
+    for record, attempt in zip(records, attempts, strict=True):
+        grouped.setdefault((attempt, record.rollout_id), []).append(record)
+    return grouped
