@@ -162,10 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each flag's default, except where there is none to show."""
+    """Shows each valued flag's default, except where there is none to show (switches, required flags)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False or action.default == [] or action.required:
+        if action.nargs == 0 or action.default is None or action.default == [] or action.required:
             return action.help
         return super()._get_help_string(action)
 
@@ -341,7 +341,7 @@ def _status(args: argparse.Namespace) -> int:
     from tasks.status import batch_status, render_status
 
     status = batch_status(args.root, args.batch_id, _storage(args))
-    print(json.dumps(status.to_dict(), indent=2, sort_keys=True) if args.json else render_status(status))
+    print(json.dumps(status.to_dict(), indent=2, sort_keys=True) if args.json else render_status(status).rstrip())
     return EXIT_OK
 
 
@@ -393,10 +393,10 @@ def classify_error(exc: BaseException, command: str, root: str | None) -> tuple[
             f"{prefix}: failed: the engine died ({exc}); receipts of completed rollouts were flushed and no "
             "shard marker was written: run generate again to adopt them and re-run the rest"
         )
-    if isinstance(exc, CONFLICT_ERRORS):
-        return EXIT_CONFLICT, f"{prefix}: conflict: {exc}"
     if isinstance(exc, USAGE_ERRORS):
         return EXIT_USAGE, f"{prefix}: error: {exc}"
+    if isinstance(exc, CONFLICT_ERRORS):
+        return EXIT_CONFLICT, f"{prefix}: conflict: {exc}"
     if root is not None and _is_storage_access_error(exc):
         where = f"storage {root}"
         if is_s3_url(root):

@@ -216,10 +216,11 @@ def _with_own_engine(
     with wrap:
         try:
             return asyncio.run(_serve_with_own_engine(batch, shards, stop))
-        except (asyncio.CancelledError, KeyboardInterrupt):
+        except BaseException as exc:
+            # Ctrl-C reaches the engine's processes too: whatever broke first, a signal stopped us.
             if stop.signum is None:
                 raise
-    raise GenerateInterrupted(stop.signum, [s for s in shards if s not in batch.summaries])
+            raise GenerateInterrupted(stop.signum, [s for s in shards if s not in batch.summaries]) from exc
 
 
 async def _serve_with_own_engine(batch: _Batch, shards: Sequence[int], stop: _StopSignals) -> list[ShardSummary]:

@@ -27,6 +27,10 @@ from tasks.storage.objects import ObjectConflictError, ObjectStore
 from tasks.storage.options import StorageOptions
 
 
+class PlanConflictError(ObjectConflictError):
+    """The batch id was already planned with a different config; the message names the differing fields."""
+
+
 @dataclass(frozen=True, eq=False)
 class PlannedRollout(ArrowRecord):
     """One rollout of the plan: which task, which sample of its group, and its seed."""
@@ -96,7 +100,7 @@ def plan_batch(root_url: str, config: BatchConfig, storage_options: StorageOptio
         written = store.write_once(layout.plan_config(), config.to_json().encode("utf-8"))
     except ObjectConflictError:
         differ = changed_fields(read_batch_config(store), config)
-        raise ConfigError(
+        raise PlanConflictError(
             f"batch {config.batch_id} was already planned at {store.url} with a different config "
             f"(differing: {', '.join(differ)}); plan under a new batch id"
         ) from None

@@ -136,9 +136,11 @@ def vllm_engine():
     """
     from tasks.engines import create_engine
     from tasks.engines.background import BackgroundLoop
+    from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 
     loop = BackgroundLoop("vllm-engine-test-loop")
-    engine = loop.run(create_engine("vllm", model_path=None, options={"max_model_len": 2048}), timeout=600)
+    model = resolve_model_reference(BUNDLED_REFERENCE)
+    engine = loop.run(create_engine("vllm", model_path=model, options={"max_model_len": 2048}), timeout=600)
     started = _engine_processes()
     try:
         yield engine, loop

@@ -1,17 +1,23 @@
-"""The ``rollout-ledger`` command line: exit codes, and plan + generate on defaults end to end."""
+"""The ``rollout-ledger`` command line: exit codes, one-line errors, flags documented, plan + generate end to end."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tasks.cli import EXIT_FAILED, EXIT_USAGE, main
+from tasks.cli import EXIT_CONFLICT, EXIT_USAGE, build_parser, main
 from tasks.plan import batch_store
+from tasks.storage import layout
 from tasks.storage.ledger_reader import LedgerReader
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def plan_args(root: str, batch_id: str = "b-cli", *extra: str) -> list[str]:
@@ -37,32 +43,128 @@ def plan_args(root: str, batch_id: str = "b-cli", *extra: str) -> list[str]:
     ]
 
 
-def test_usage_errors_exit_2(tmp_path, capsys):
+def one_line_error(capsys, code: int, expected_code: int, *needles: str) -> str:
+    err = capsys.readouterr().err
+    assert code == expected_code, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_argument_errors_exit_2(tmp_path, capsys):
     root = str(tmp_path)
     with pytest.raises(SystemExit) as caught:
         main(["plan", "--root", root])
     assert caught.value.code == EXIT_USAGE
-    assert main(plan_args(root, "../escape")) == EXIT_USAGE
-    assert "batch_id" in capsys.readouterr().err
-    assert main([*plan_args(root), "--environment", "no_such_env"]) == EXIT_USAGE
-    assert main(["generate", "--root", root, "--batch-id", "never-planned", "--shard", "0"]) == EXIT_USAGE
-    assert "rollout-ledger plan" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as caught:
+        main(["generate", "--root", root, "--batch-id", "b", "--shard", "-1"])
+    assert caught.value.code == EXIT_USAGE
+    assert "a shard is a number >= 0" in capsys.readouterr().err
 
 
-def test_planning_again_is_a_no_op_and_a_different_config_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (["--batch-id", "../escape"], ["batch_id", "not a valid id"]),
+        (["--environment", "no_such_env"], ["no_such_env", ".parquet, .jsonl, .json"]),
+        (["--environment", "prompts.csv"], ["prompts.csv", "supported suffixes: .parquet, .jsonl, .json"]),
+        (["--temperature", "-1"], ["sampling", "temperature must be in [0, 100]"]),
+        (["--top-k", "0"], ["top_k"]),
+        (["--engine", "megatronn"], ["unknown engine 'megatronn'"]),
+        (["--engine-option", "max_modle_len=2048"], ["unknown vllm engine option(s) ['max_modle_len']"]),
+        (["--weight-version", "-3"], ["weight_version must be an int >= 0"]),
+        (["--shards", "9"], ["shards (9) cannot exceed num_tasks (2)"]),
+        (["--model", "/no/such/folder"], ["/no/such/folder", "not_a_directory"]),
+    ],
+)
+def test_plan_refuses_what_generate_would_refuse_before_writing_anything(tmp_path, capsys, extra, needles):
+    root = str(tmp_path / "runs")
+    args = plan_args(root)
+    for flag, value in zip(extra[::2], extra[1::2], strict=True):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    one_line_error(capsys, main(args), EXIT_USAGE, *needles)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("batch.json"))
+
+
+def test_prompt_file_mistakes_are_one_line_errors_naming_the_file(tmp_path, capsys):
+    root = str(tmp_path / "runs")
+    directory = tmp_path / "folder.jsonl"
+    directory.mkdir()
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "Say 1.", "ground_truth": "1"}\n{"prompt": "Say 2.", "ground_truth": \n')
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"prompt": "Say 1.", "ground_truth": "1"}\n')
+
+    def plan(path: Path, batch: str, tasks: str = "1") -> int:
+        args = plan_args(root, batch, "--group-size", "1")
+        args[args.index("--environment") + 1] = str(path)
+        args[args.index("--num-tasks") + 1] = tasks
+        return main(args)
+
+    one_line_error(capsys, plan(directory, "b-dir"), EXIT_USAGE, str(directory), "cannot be read")
+    one_line_error(capsys, plan(broken, "b-json"), EXIT_USAGE, str(broken), "line 2", "invalid JSON")
+    one_line_error(capsys, plan(short, "b-short", "2"), EXIT_USAGE, "has 1 rows, 2 tasks asked")
+    assert plan(short, "b-ok") == 0
+    config = json.loads((tmp_path / "runs/batches/b-ok" / layout.plan_config()).read_text())
+    assert config["environment"] == f"file://{short}"
+    assert config["environment_options"]["sha256"] and config["environment_options"]["reward"]
+
+
+def test_planning_again_is_a_no_op_and_a_different_config_is_a_conflict_naming_the_fields(tmp_path, capsys):
     root = str(tmp_path)
     assert main(plan_args(root)) == 0
+    out = capsys.readouterr().out
+    assert "model        bundled:smollm2-135m-instruct" in out and re.search(r"weights +sha256 [0-9a-f]{64}", out)
     assert main(plan_args(root)) == 0
     assert "already planned" in capsys.readouterr().out
-    assert main(plan_args(root, "b-cli", "--seed", "7")) == EXIT_USAGE
-    assert "different config" in capsys.readouterr().err
+    one_line_error(
+        capsys,
+        main(plan_args(root, "b-cli", "--seed", "7", "--temperature", "0.5")),
+        EXIT_CONFLICT,
+        "differing: sampling.temperature, seed",
+        "plan under a new batch id",
+    )
 
 
-def test_sweep_refuses_an_uncommitted_shard(tmp_path, capsys):
+def test_generate_and_sweep_mistakes_are_one_line_usage_errors(tmp_path, capsys):
     root = str(tmp_path)
     assert main(plan_args(root)) == 0
-    assert main(["sweep", "--root", root, "--batch-id", "b-cli", "--shard", "0"]) == EXIT_FAILED
-    assert "commit marker" in capsys.readouterr().err
+    capsys.readouterr()
+    never = ["generate", "--root", root, "--batch-id", "never-planned", "--shard", "0"]
+    one_line_error(capsys, main(never), EXIT_USAGE, "rollout-ledger plan")
+    model = ["generate", "--root", root, "--batch-id", "b-cli", "--shard", "0", "--model", "/elsewhere"]
+    one_line_error(capsys, main(model), EXIT_USAGE, "fixed at plan time")
+    out_of_range = ["generate", "--root", root, "--batch-id", "b-cli", "--shard", "5"]
+    one_line_error(capsys, main(out_of_range), EXIT_USAGE, "shard 5 is out of range")
+    sweep = ["sweep", "--root", root, "--batch-id", "b-cli", "--shard", "0"]
+    one_line_error(capsys, main(sweep), EXIT_USAGE, "no commit marker")
+
+
+def test_s3_errors_name_the_bucket_and_the_aws_variables_read(s3_endpoint, capsys):
+    root = "s3://no-such-bucket-rl/runs"
+    line = one_line_error(capsys, main(plan_args(root)), EXIT_USAGE, "no-such-bucket-rl")
+    assert "AWS_ENDPOINT_URL" in line and "AWS_ACCESS_KEY_ID" in line
+    assert "testing" not in line  # names of variables, never their values
+
+
+def test_every_flag_of_every_command_is_documented_with_the_command():
+    text = (DOCS / "operations.md").read_text()
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    missing = []
+    for name, command in commands.items():
+        assert f"rollout-ledger {name}" in text, f"docs/operations.md does not describe `rollout-ledger {name}`"
+        for action in command._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help" and f"`{flag}" not in text:
+                    missing.append(f"{name} {flag}")
+        assert all(a.help for a in command._actions), f"{name} has a flag without help text"
+    assert not missing, f"docs/operations.md does not list {missing}"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -84,10 +186,14 @@ def test_plan_and_generate_on_defaults_commit_a_shard_the_reader_accepts(backend
     assert planned.returncode == 0, planned.stderr
     generated = run_cli("generate", "--root", root, "--batch-id", f"b-cli-{backend}", "--shard", "0", "--no-progress")
     assert generated.returncode == 0, generated.stderr[-3000:]
-    summary = json.loads(generated.stdout)
+    (summary,) = json.loads(generated.stdout)
     assert summary["rollouts"] == 4 and summary["attempt"] == 0
+    assert "starting the engine (about" in generated.stderr and "engine log:" in generated.stderr
+    assert "mean reward" in generated.stderr and "truncation rate" in generated.stderr
+    assert "Loading safetensors" not in generated.stderr  # the engine's own output went to its log file
     ledger = LedgerReader(batch_store(root, f"b-cli-{backend}"), 0)
     assert len(ledger.receipts) == 4
     assert ledger.marker.counts.calls == summary["calls"] >= 4
-    again = run_cli("generate", "--root", root, "--batch-id", f"b-cli-{backend}", "--shard", "0")
-    assert again.returncode == 0 and json.loads(again.stdout)["already_committed"] is True
+    again = run_cli("generate", "--root", root, "--batch-id", f"b-cli-{backend}", "--all-shards")
+    assert again.returncode == 0 and json.loads(again.stdout)[0]["already_committed"] is True
+    assert "starting the engine" not in again.stderr

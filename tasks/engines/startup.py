@@ -21,6 +21,8 @@ from tasks.models.bundled import cache_dir
 
 START_TIMES_FILE = "engine-start-seconds.json"
 FIRST_START_GUESS_SECONDS = 60.0
+ENGINE_LOGGER = "vllm"
+VLLM_STREAM_VARIABLE = "VLLM_LOGGING_STREAM"
 
 
 def _times_path() -> Path:
@@ -59,8 +61,8 @@ def engine_output_to(path: Path) -> Iterator[None]:
     """Within the block, file descriptors 1 and 2 (inherited by engine processes) write to ``path``.
 
     ``sys.stdout``, ``sys.stderr`` and the logging handlers that wrote to them are pointed at
-    copies of the original descriptors, so this process's own output still reaches the terminal.
-    Everything is restored on exit.
+    copies of the original descriptors, so this process's own output still reaches the terminal;
+    the ``vllm`` loggers of this process write to the log file too. Restored on exit.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
@@ -76,14 +78,25 @@ def engine_output_to(path: Path) -> Iterator[None]:
         if isinstance(h, logging.StreamHandler) and h.stream in (old_out, old_err)
     ]
     old_streams = [h.stream for h in handlers]
+    engine_logger = logging.getLogger(ENGINE_LOGGER)
+    to_log_file = logging.StreamHandler(sys.__stderr__)
+    saved_stream_setting = os.environ.get(VLLM_STREAM_VARIABLE)
     try:
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
+        os.environ[VLLM_STREAM_VARIABLE] = "ext://sys.__stderr__"  # vLLM's own handlers, here and in its processes
+        engine_logger.addHandler(to_log_file)
+        engine_logger.propagate = False
         sys.stdout, sys.stderr = console_out, console_err
         for handler, stream in zip(handlers, old_streams, strict=True):
             handler.setStream(console_out if stream is old_out else console_err)
         yield
     finally:
+        engine_logger.removeHandler(to_log_file)
+        if saved_stream_setting is None:
+            os.environ.pop(VLLM_STREAM_VARIABLE, None)
+        else:
+            os.environ[VLLM_STREAM_VARIABLE] = saved_stream_setting
         for handler, stream in zip(handlers, old_streams, strict=True):
             handler.setStream(stream)
         sys.stdout, sys.stderr = old_out, old_err

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tasks.engines import create_engine
+from tasks.engines import check_engine, create_engine
 from tasks.engines.base import EngineError, GenerationRequest, SamplingSettings
 from tasks.engines.vllm import LOGPROBS_MODE, VllmEngine, VllmOptions, cpu_env_defaults, to_generation_result
 
@@ -145,6 +145,8 @@ def test_result_refuses_missing_logprobs_naming_the_request() -> None:
 class _FakeLLM:
     """Just enough of AsyncLLM for lifecycle rules."""
 
+    errored = False
+
     def __init__(self, fail_reload: bool = False) -> None:
         self.model_config = SimpleNamespace(max_model_len=64)
         self.shutdowns = 0
@@ -213,8 +215,24 @@ def test_refit_to_a_non_model_folder_is_an_engine_error(tmp_path: Path) -> None:
         asyncio.run(_fake_engine(_FakeLLM()).update_weights(str(tmp_path)))
 
 
-def test_factory_names_the_missing_megatron_engine_and_refuses_unknown_ones() -> None:
-    with pytest.raises(NotImplementedError, match="Megatron-core engine is not implemented yet"):
-        asyncio.run(create_engine("megatron", model_path=None))
-    with pytest.raises(ValueError, match="unknown engine 'sglang'; known: vllm, megatron"):
-        asyncio.run(create_engine("sglang", model_path=None))
+def test_engine_names_and_options_are_checked_without_starting_anything() -> None:
+    with pytest.raises(ValueError, match="Megatron-core engine is not available yet"):
+        check_engine("megatron", {})
+    with pytest.raises(ValueError, match="unknown engine 'sglang'; known: vllm"):
+        asyncio.run(create_engine("sglang", model_path="/unused"))
+    with pytest.raises(ValueError, match=r"unknown vllm engine option\(s\) \['max_modle_len'\]"):
+        check_engine("vllm", {"max_modle_len": 2048})
+    check_engine("vllm", {"max_model_len": 2048, "engine_kwargs": {"max_num_seqs": 8}})
+
+
+def test_cpu_settings_are_scoped_to_the_engine_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from tasks.engines.vllm import scoped_environ
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "user-choice")
+    with scoped_environ({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}):
+        assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "user-choice"

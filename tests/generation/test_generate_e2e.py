@@ -8,6 +8,8 @@ failure rows and a poisoned receipt.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -157,3 +159,58 @@ def test_induced_staging_failure_yields_failure_rows_and_a_poisoned_receipt(vllm
         assert bundle.receipt.failure_reason == "staging_failed"
         assert bundle.failures and {f.reason for f in bundle.failures} == {"staging_failed"}
         assert "injected" in bundle.failures[0].detail
+
+
+class RefitMidShard(DelegatingEngine):
+    """The real engine, refitted (same weights, next version) as the n-th request arrives, others in flight."""
+
+    def __init__(self, inner: Engine, refit_at: int, version: int) -> None:
+        super().__init__(inner)
+        self.refit_at, self.version, self.calls = refit_at, version, 0
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.calls += 1
+        if self.calls == self.refit_at:
+            await self.inner.update_weights(str(self.inner.model_path), version=self.version)
+        return await self.inner.generate(request)
+
+
+def test_weight_versions_from_the_plan_and_a_refit_inside_a_real_shard_reach_the_dataset(vllm_engine, tmp_path):
+    from tasks.finalize.stage import finalize_batch
+
+    engine, loop = vllm_engine
+    planned = max(7, engine.weight_version + 1)
+    loop.run(engine.update_weights(str(engine.model_path), version=planned), timeout=300)
+    config = real_config(
+        engine, batch_id="b-e2e-versions", weight_version=planned, num_tasks=4, group_size=2, max_in_flight=8
+    )
+    root = str(tmp_path / "runs")
+    plan_batch(root, config)
+    refitting = RefitMidShard(engine, refit_at=10, version=planned + 1)
+    summary = generate_shard(root, config.batch_id, 0, engine=refitting, run=loop.run, progress=False)
+    assert refitting.calls >= 10, "the shard ended before the refit"
+    calls = LedgerReader(batch_store(root, config.batch_id), 0).calls
+    assert {c.weight_version for c in calls} == {planned, planned + 1}
+    spanning = [c for c in calls if c.epoch_span]
+    assert spanning and {c.weight_version for c in spanning} == {planned}
+
+    published = finalize_batch(root, config.batch_id)
+    store = batch_store(root, config.batch_id)
+    metrics = json.loads(store.read_bytes("dataset/metrics.json"))
+    assert metrics["epoch_span_count"] == len(spanning) == sum(c.epoch_span for c in calls)
+    rows = [row for part in published.marker.parts for row in read_part(store, part.path)]
+    assert len(rows) == summary.rollouts
+    for row in rows:
+        if row["sample_mask"]:
+            versions = {span["weight_version"] for span in row["weight_version_spans"]}
+            assert (row["weight_version_min"], row["weight_version_max"]) == (min(versions), max(versions))
+            assert versions <= {planned, planned + 1}
+    assert any(r["weight_version_max"] == planned + 1 for r in rows if r["sample_mask"])
+    assert any(r["weight_version_min"] == planned for r in rows if r["sample_mask"])
+
+
+def read_part(store: ObjectStore, path: str) -> list[dict]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pq.read_table(pa.BufferReader(store.read_bytes(path))).to_pylist()

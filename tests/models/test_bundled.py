@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.models import bundled
+from tasks.models import bundled, reference
 
 
 def test_cache_dir_follows_rollout_ledger_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -99,9 +99,9 @@ def _model_folder(path: Path, *, config: bool = True, tokenizer: bool = True, we
     return path
 
 
-def test_resolve_model_accepts_a_complete_local_folder(tmp_path: Path) -> None:
+def test_a_model_reference_to_a_complete_local_folder_resolves_to_it(tmp_path: Path) -> None:
     folder = _model_folder(tmp_path / "m")
-    assert bundled.resolve_model(str(folder)) == folder.resolve()
+    assert reference.resolve_model_reference(reference.model_reference(str(folder))) == folder.resolve()
 
 
 @pytest.mark.parametrize(
@@ -111,7 +111,7 @@ def test_resolve_model_accepts_a_complete_local_folder(tmp_path: Path) -> None:
 def test_incomplete_model_folder_is_refused_with_its_reason(tmp_path: Path, missing: str, reason: str) -> None:
     folder = _model_folder(tmp_path / "m", **{missing: False})
     with pytest.raises(bundled.ModelFolderError, match=f"{reason}") as caught:
-        bundled.resolve_model(str(folder))
+        reference.resolve_model_reference(str(folder))
     assert caught.value.reason == reason
     assert str(folder) in str(caught.value)
 
@@ -119,8 +119,34 @@ def test_incomplete_model_folder_is_refused_with_its_reason(tmp_path: Path, miss
 def test_hub_id_is_not_a_model_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(bundled.ModelFolderError) as caught:
-        bundled.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+        reference.resolve_model_reference(reference.model_reference("HuggingFaceTB/SmolLM2-135M-Instruct"))
     assert caught.value.reason == "not_a_directory"
+
+
+def test_references_are_portable_and_name_what_they_refuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert reference.model_reference(None) == reference.BUNDLED_REFERENCE == "bundled:smollm2-135m-instruct"
+    assert reference.model_reference("models/m") == str(tmp_path / "models" / "m")
+    assert reference.model_reference("file:///data/m") == "file:///data/m"
+    with pytest.raises(reference.ModelReferenceError, match="unknown bundled model 'bundled:llama'"):
+        reference.model_reference("bundled:llama")
+    with pytest.raises(reference.ModelReferenceError, match="only local folders"):
+        reference.model_reference("s3://bucket/model")
+    with pytest.raises(reference.ModelReferenceError, match="relative path"):
+        reference.resolve_model_reference("models/m")
+
+
+def test_a_folder_whose_hashes_differ_from_the_plan_is_refused_naming_them(tmp_path: Path) -> None:
+    from tasks.models.provenance import model_provenance
+
+    folder = _model_folder(tmp_path / "m")
+    planned = model_provenance(folder)
+    reference.check_provenance(folder, planned, reference=str(folder))
+    reference.check_provenance(folder, dict.fromkeys(planned, ""), reference=str(folder))  # not recorded
+    (folder / "model.safetensors").write_bytes(b"other weights")
+    with pytest.raises(reference.ModelMismatchError, match="weights_sha256: planned") as caught:
+        reference.check_provenance(folder, planned, reference=str(folder))
+    assert "tokenizer_sha256" not in str(caught.value) and "new batch id" in str(caught.value)
 
 
 def test_tokenizer_only_cache_is_never_taken_for_a_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -140,7 +166,7 @@ def test_bundled_model_is_a_full_fp32_folder_converted_once(monkeypatch: pytest.
 
     monkeypatch.setenv(bundled.HOME_ENV, str(tmp_path))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    path = bundled.resolve_model(None)
+    path = reference.resolve_model_reference(reference.BUNDLED_REFERENCE)
     assert path == tmp_path / "models" / "smollm2-135m-instruct"
     assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {
         p.name for p in path.iterdir()

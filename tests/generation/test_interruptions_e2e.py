@@ -1,0 +1,199 @@
+"""Real ``rollout-ledger generate`` processes (vLLM-CPU engine) stopped the ways orchestrators stop them.
+
+SIGTERM to the process, Ctrl-C to the whole process group (the engine's processes get it too),
+and a kill of the engine process alone each end the attempt without a shard marker, with a
+non-zero exit, with no engine process left behind, and without poisoning a single rollout; the
+retry adopts every completed rollout and finishes the shard. Two generate processes started on
+one shard at once commit it exactly once, at the planned weight version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.config import BatchConfig, EngineSpec, ModelSpec
+from tasks.engines.base import SamplingSettings
+from tasks.finalize.stage import finalize_batch
+from tasks.generate import generate_shard
+from tasks.models.provenance import model_provenance
+from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+from tasks.plan import batch_store, plan_batch
+from tasks.storage.claims import read_claims
+from tasks.storage.ledger_reader import LedgerReader
+from tasks.storage.marker import read_marker
+from tasks.storage.recovery import read_uncommitted_attempt
+from tasks.storage.sweep import sweep_orphans
+
+from .chains import verified_sequences
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+PROGRESS = re.compile(r"shard 0: (\d+)/(\d+) rollouts done")
+ENGINE_START_TIMEOUT = 300
+
+
+def bundled_config(batch_id: str, **overrides) -> BatchConfig:
+    folder = resolve_model_reference(BUNDLED_REFERENCE)
+    fields = {
+        "batch_id": batch_id,
+        "environment": "guess_number",
+        "environment_options": {"lo": 1, "hi": 8},
+        "num_tasks": 12,
+        "group_size": 2,
+        "shards": 1,
+        "model": ModelSpec(reference=BUNDLED_REFERENCE, **model_provenance(folder)),
+        "engine": EngineSpec(name="vllm", options={"max_model_len": 2048}),
+        "sampling": SamplingSettings(temperature=1.0, max_tokens=24),
+        "max_turns": 4,
+        "max_in_flight": 2,
+    } | overrides
+    return BatchConfig(**fields)
+
+
+class GenerateProcess:
+    """``rollout-ledger generate`` in its own session (so a whole-group signal reaches only it and its engine)."""
+
+    def __init__(self, root: str, batch_id: str, log: Path) -> None:
+        self.log = log
+        self.handle = log.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tasks.cli", "generate", "--root", root, "--batch-id", batch_id, "--shard", "0"],
+            stdout=subprocess.PIPE,
+            stderr=self.handle,
+            start_new_session=True,
+            text=True,
+        )
+
+    def wait_for_completed_rollouts(self) -> int:
+        """Block until the heartbeat reports at least one, but not every, rollout done; return how many."""
+        deadline = time.monotonic() + ENGINE_START_TIMEOUT
+        while time.monotonic() < deadline:
+            done = [(int(d), int(t)) for d, t in PROGRESS.findall(self.log.read_text())]
+            if done and 0 < done[-1][0] < done[-1][1]:
+                return done[-1][0]
+            assert self.process.poll() is None, f"generate ended early:\n{self.log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        raise AssertionError(f"no partial progress within {ENGINE_START_TIMEOUT} s:\n{self.log.read_text()[-3000:]}")
+
+    def engine_processes(self) -> list[psutil.Process]:
+        found = []
+        for child in psutil.Process(self.process.pid).children(recursive=True):
+            try:
+                if child.name().startswith("VLLM"):
+                    found.append(child)
+            except psutil.NoSuchProcess:
+                continue
+        return found
+
+    def finish(self, timeout: float = 120) -> tuple[int, str]:
+        stdout, _ = self.process.communicate(timeout=timeout)
+        self.handle.close()
+        return self.process.returncode, stdout
+
+    def session_survivors(self, grace: float = 5.0) -> list[int]:
+        """Processes of this run's session still alive ``grace`` seconds after it exited."""
+        deadline = time.monotonic() + grace
+        while True:
+            alive = []
+            for process in psutil.process_iter(["pid", "status"]):
+                try:
+                    if os.getsid(process.pid) == self.process.pid and process.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(process.pid)
+                except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+                    continue
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.2)
+
+
+def assert_stopped_cleanly(
+    run: GenerateProcess, store, attempt: int, *, expected_code: int, reported_done: int
+) -> None:
+    code, _ = run.finish()
+    log = run.log.read_text()
+    assert code == expected_code, f"exit {code}, expected {expected_code}:\n{log[-3000:]}"
+    assert not run.session_survivors(), "engine processes outlived the generate process"
+    assert read_marker(store, 0) is None, "an interrupted attempt must not commit the shard"
+    left = read_uncommitted_attempt(store, 0, attempt)
+    assert len(left.rollouts) >= reported_done, "completed rollouts' receipts were not flushed"
+    assert not [b.receipt for b in left.rollouts if b.receipt.failure_reason == "engine_error"]
+    assert not [f for b in left.rollouts for f in b.failures if f.reason == "engine_error"]
+    assert "Traceback" not in log.split("engine log:")[0]
+
+
+def test_sigterm_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_finishes_it(vllm_engine, tmp_path):
+    config = bundled_config("b-interrupt")
+    root = str(tmp_path / "runs")
+    plan_batch(root, config)
+    store = batch_store(root, config.batch_id)
+
+    term = GenerateProcess(root, config.batch_id, tmp_path / "term.log")
+    done = term.wait_for_completed_rollouts()
+    assert term.engine_processes()
+    term.process.send_signal(signal.SIGTERM)
+    assert_stopped_cleanly(term, store, 0, expected_code=128 + signal.SIGTERM, reported_done=done)
+    assert "stopped by SIGTERM" in term.log.read_text()
+
+    ctrl_c = GenerateProcess(root, config.batch_id, tmp_path / "int.log")
+    done = ctrl_c.wait_for_completed_rollouts()
+    os.killpg(ctrl_c.process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    assert_stopped_cleanly(ctrl_c, store, 1, expected_code=128 + signal.SIGINT, reported_done=done)
+
+    engine_kill = GenerateProcess(root, config.batch_id, tmp_path / "kill.log")
+    done = engine_kill.wait_for_completed_rollouts()
+    for engine_process in engine_kill.engine_processes():
+        if "EngineCore" in engine_process.name():
+            engine_process.kill()
+    assert_stopped_cleanly(engine_kill, store, 2, expected_code=1, reported_done=done)
+    assert "the engine died" in engine_kill.log.read_text()
+
+    engine, loop = vllm_engine
+    summary = generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    assert summary.attempt == 3 and summary.adopted > 0
+    assert summary.poisoned == 0 and summary.rollouts == config.num_rollouts
+    receipts = LedgerReader(store, 0).receipts
+    assert sorted(r.rollout_id for r in receipts) == sorted({r.rollout_id for r in receipts})
+    assert len(verified_sequences(store, 0)) == summary.ok
+    assert [c.attempt for c in read_claims(store, 0)] == [0, 1, 2, 3]
+
+
+def test_two_generate_processes_on_one_shard_commit_it_once_at_the_planned_weight_version(tmp_path):
+    config = bundled_config("b-race", num_tasks=4, max_in_flight=4, weight_version=3)
+    root = str(tmp_path / "runs")
+    plan_batch(root, config)
+    store = batch_store(root, config.batch_id)
+    first = GenerateProcess(root, config.batch_id, tmp_path / "a.log")
+    time.sleep(0.2)
+    second = GenerateProcess(root, config.batch_id, tmp_path / "b.log")
+    outcomes = []
+    for run in (first, second):
+        code, stdout = run.finish(timeout=600)
+        assert code == 0, run.log.read_text()[-3000:]
+        (summary,) = json.loads(stdout)
+        outcomes.append(summary)
+    assert sorted(s["already_committed"] for s in outcomes) == [False, True]
+    assert outcomes[0]["attempt"] == outcomes[1]["attempt"]
+    assert {c.attempt for c in read_claims(store, 0)} == {0, 1}
+    marker = read_marker(store, 0)
+    assert marker is not None and marker.counts.rollouts == config.num_rollouts
+    sweep_orphans(store, 0)
+    assert sweep_orphans(store, 0, dry_run=True).orphans == ()
+    finalize_batch(root, config.batch_id)
+    rows = [
+        r
+        for part in sorted(Path(store.full_path("dataset")).glob("part-*.parquet"))
+        for r in pq.read_table(part).to_pylist()
+    ]
+    assert sorted(r["rollout_id"] for r in rows) == sorted({r["rollout_id"] for r in rows})
+    assert len(rows) == config.num_rollouts
+    assert {(r["weight_version_min"], r["weight_version_max"]) for r in rows if r["sample_mask"]} == {(3, 3)}
