@@ -10,22 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from tasks.checks import check_choice, check_hex_digest, check_int, check_text
 from tasks.engines.base import SamplingSettings
 from tasks.ids import check_id
+from tasks.strict_json import load_dataclass, parse_json
 
 CONFIG_VERSION = 2  # 2: portable model reference, validated engine, weight_version honoured
 DIVERGENCE_POLICIES = ("poison",)
 ON_INVALID = ("mask", "drop")
 ADVANTAGES = ("grpo", "dr_grpo", "rloo")
 SAFE_OVERRIDES = ("on_invalid", "advantage", "validation")
-_HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
+PROVENANCE_FIELDS = ("weights_sha256", "tokenizer_sha256", "chat_template_sha256")
 
 
 class ConfigError(ValueError):
@@ -44,16 +43,14 @@ class ModelSpec:
     chat_template_sha256: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.reference, str) or not self.reference:
-            raise ConfigError(f"model.reference must be a non-empty str, got {self.reference!r}")
-        for name in ("weights_sha256", "tokenizer_sha256", "chat_template_sha256"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or (value and not _HEX_SHA256.fullmatch(value)):
-                raise ConfigError(f"model.{name} must be 64 lowercase hex digits (or empty), got {value!r}")
+        check_text(self.reference, field="model.reference", error=ConfigError)
+        for name in PROVENANCE_FIELDS:
+            if getattr(self, name) != "":  # empty: not recorded
+                check_hex_digest(getattr(self, name), field=f"model.{name}", error=ConfigError)
 
     @property
     def provenance(self) -> dict[str, str]:
-        return {n: getattr(self, n) for n in ("weights_sha256", "tokenizer_sha256", "chat_template_sha256")}
+        return {name: getattr(self, name) for name in PROVENANCE_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -119,20 +116,18 @@ class BatchConfig:
             check_id(self.batch_id, field="batch_id")
         except (TypeError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
-        if not isinstance(self.environment, str) or not self.environment:
-            raise ConfigError(f"environment must be a non-empty str, got {self.environment!r}")
-        _positive(self, "num_tasks", "group_size", "shards", "max_turns", "max_in_flight")
+        check_text(self.environment, field="environment", error=ConfigError)
+        for name in ("num_tasks", "group_size", "shards", "max_turns", "max_in_flight"):
+            check_int(getattr(self, name), field=name, minimum=1, error=ConfigError)
         if self.shards > self.num_tasks:
             raise ConfigError(
                 f"shards ({self.shards}) cannot exceed num_tasks ({self.num_tasks}): a group never spans shards"
             )
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise ConfigError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
-        if not isinstance(self.weight_version, int) or self.weight_version < 0:
-            raise ConfigError(f"weight_version must be an int >= 0, got {self.weight_version!r}")
-        _choice(self.divergence_policy, DIVERGENCE_POLICIES, "divergence_policy")
-        _choice(self.on_invalid, ON_INVALID, "on_invalid")
-        _choice(self.advantage, ADVANTAGES, "advantage")
+        check_int(self.seed, field="seed", maximum=2**63 - 1, error=ConfigError)
+        check_int(self.weight_version, field="weight_version", error=ConfigError)
+        check_choice(self.divergence_policy, DIVERGENCE_POLICIES, field="divergence_policy", error=ConfigError)
+        check_choice(self.on_invalid, ON_INVALID, field="on_invalid", error=ConfigError)
+        check_choice(self.advantage, ADVANTAGES, field="advantage", error=ConfigError)
         if self.config_version != CONFIG_VERSION:
             raise ConfigError(f"config_version {self.config_version!r} is not supported (expected {CONFIG_VERSION})")
 
@@ -146,15 +141,12 @@ class BatchConfig:
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = "batch config") -> Self:
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{source} is not valid JSON: {exc}") from None
-        return _build(cls, raw, source)
+        return cls.from_dict(parse_json(text, source=source, error=ConfigError), source=source)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, source: str = "batch config") -> Self:
-        return _build(cls, raw, source)
+        """The config from parsed JSON; unknown, missing or invalid fields raise :class:`ConfigError` naming them."""
+        return load_dataclass(cls, raw, source=source, error=ConfigError)
 
     def with_overrides(self, **overrides: Any) -> Self:
         """A copy with later-stage overrides; only ``on_invalid``, ``advantage``, ``validation``."""
@@ -162,53 +154,3 @@ class BatchConfig:
         if unsafe:
             raise ConfigError(f"{unsafe} cannot be changed after planning; only {list(SAFE_OVERRIDES)} can")
         return dataclasses.replace(self, **overrides)
-
-
-def _positive(config: BatchConfig, *names: str) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-
-
-def _choice(value: object, allowed: tuple[str, ...], name: str) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {list(allowed)}, got {value!r}")
-
-
-def _build(cls: type, raw: object, where: str) -> Any:
-    """Construct dataclass ``cls`` from JSON data, refusing unknown or missing fields by name."""
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where} must be a JSON object, got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {unknown}")
-    kwargs = {}
-    for name, value in raw.items():
-        target = _dataclass_in(hints[name])
-        kwargs[name] = _build(target, value, f"{where}.{name}") if target is not None else value
-    missing = sorted(
-        n
-        for n, f in fields.items()
-        if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    )
-    if missing:
-        raise ConfigError(f"{where}: missing field(s) {missing}")
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-def _dataclass_in(hint: Any) -> type | None:
-    if dataclasses.is_dataclass(hint):
-        return hint
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        for arg in typing.get_args(hint):
-            if dataclasses.is_dataclass(arg):
-                return arg
-    return None

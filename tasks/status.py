@@ -32,7 +32,7 @@ from tasks.config import BatchConfig
 from tasks.finalize.publish import read_dataset_marker
 from tasks.plan import batch_store, read_batch_config
 from tasks.storage import layout
-from tasks.storage.claims import AttemptClaim, read_claims
+from tasks.storage.claims import AttemptClaim, MalformedClaimError, read_claims
 from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import FILE_KINDS, ShardCounts, parse_shard_object
@@ -224,7 +224,10 @@ def _shard_status(store: ObjectStore, shard: int, active_since: float) -> ShardS
     try:
         ledger = LedgerReader(store, shard)
     except UncommittedShardError:
-        return _uncommitted_status(store, shard, active_since)
+        try:
+            return _uncommitted_status(store, shard, active_since)
+        except MalformedClaimError as exc:
+            return ShardStatus(shard=shard, state="unreadable", error=f"{type(exc).__name__}: {exc}")
     except (StorageIntegrityError, ValueError, OSError) as exc:
         return ShardStatus(shard=shard, state="unreadable", error=f"{type(exc).__name__}: {exc}")
     return ShardStatus(shard=shard, state="committed", committed=_committed_shard(ledger))
@@ -253,7 +256,7 @@ def _value_counts(column: pa.ChunkedArray) -> dict[str, int]:
 
 
 def _uncommitted_status(store: ObjectStore, shard: int, active_since: float) -> ShardStatus:
-    """An uncommitted shard's attempts; a claim that exists but does not parse makes it unreadable."""
+    """An uncommitted shard's attempts (a claim that does not parse raises: the shard is then unreadable)."""
     objects = _attempt_objects(store, shard)
     if not objects:
         return ShardStatus(shard=shard, state="not_started")
@@ -267,14 +270,6 @@ def _uncommitted_status(store: ObjectStore, shard: int, active_since: float) -> 
         )
         for attempt, found in sorted(objects.items())
     )
-    corrupt = [
-        layout.attempt_claim(shard, a)
-        for a, found in objects.items()
-        if (layout.CLAIM_NAME, layout.attempt_claim(shard, a)) in found and a not in claims
-    ]
-    if corrupt:
-        error = f"attempt claim(s) {', '.join(sorted(corrupt))} cannot be parsed as an attempt claim"
-        return ShardStatus(shard=shard, state="unreadable", attempts=attempts, error=error)
     active = any(a.last_activity is not None and a.last_activity >= active_since for a in attempts)
     return ShardStatus(shard=shard, state="in_progress" if active else "abandoned", attempts=attempts)
 

@@ -205,17 +205,14 @@ def test_corrupt_markers_and_claims_are_reported_not_raised(tmp_path, tokenizer)
     assert bad_marker.error is not None and bad_marker.error.startswith("MalformedMarkerError: ")
     assert "ledger/shard-00001/_COMMITTED.json is not valid JSON" in bad_marker.error
     assert bad_claim.state == "unreadable"
-    assert (
-        bad_claim.error
-        == "attempt claim(s) ledger/shard-00002/attempt-00/_CLAIM.json cannot be parsed as an attempt claim"
-    )
-    assert [(a.attempt, a.claim) for a in bad_claim.attempts] == [(0, None)]
+    assert bad_claim.error is not None and bad_claim.error.startswith("MalformedClaimError: ")
+    assert "ledger/shard-00002/attempt-00/_CLAIM.json: missing field(s) ['attempt'" in bad_claim.error
     assert (status.dataset.state, status.totals.committed_shards) == ("unreadable", 1)
     assert status.dataset.error is not None and "MalformedDatasetMarkerError" in status.dataset.error
     assert status.next_step.startswith("inspect shard(s) [1, 2]")
     text = render_status(status)
     assert "shard 1   unreadable MalformedMarkerError: " in text
-    assert "attempt 0: no readable claim; left 0 staging" in text
+    assert "shard 2   unreadable MalformedClaimError: " in text
 
 
 def test_a_staged_dataset_is_judged_by_its_validation_summaries(tmp_path, tokenizer):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from tasks.engines.base import (
     FINISH_REASONS,
@@ -36,7 +38,9 @@ from tasks.engines.base import (
 from tasks.models.bundled import ModelFolderError, check_model_folder, load_tokenizer
 from tasks.models.provenance import model_provenance
 
+log = logging.getLogger(__name__)
 LOGPROBS_MODE = "processed_logprobs"
+ENGINE_EXIT_GRACE_SECONDS = 10.0
 # vLLM-CPU settings applied only where the user has not set them (CPU platform only).
 CPU_KVCACHE_GIB = "1"
 CPU_MIN_BATCHED_TOKENS = 2048
@@ -157,6 +161,7 @@ class VllmEngine(Engine):
         self._refit_lock = asyncio.Lock()
         self._failed: str | None = None
         self._closed = False
+        self._processes: list[psutil.Process] = []  # the engine's own processes, started by create()
 
     @classmethod
     async def create(
@@ -178,16 +183,19 @@ class VllmEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(**options.engine_args(path, on_cpu=on_cpu))
+        before = _child_pids()
         with scoped_environ(cpu_env_defaults(options, os.environ) if on_cpu else {}):
             # No local holds the AsyncLLM: a module vLLM imports lazily keeps this frame alive, and a
             # local here would keep the engine alive past close() (its __del__ then fails at exit).
-            return cls(
+            engine = cls(
                 AsyncLLM.from_engine_args(args),
                 path,
                 load_tokenizer(path),
                 model_provenance(path)["tokenizer_sha256"],
                 weight_version=weight_version,
             )
+        engine._processes = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        return engine
 
     @property
     def weight_version(self) -> int:
@@ -285,13 +293,23 @@ class VllmEngine(Engine):
             return self._weight_version
 
     async def close(self) -> None:
-        """Shut down the engine-core process(es); idempotent."""
+        """Shut down the engine and make sure none of its processes outlives this call; idempotent.
+
+        vLLM's shutdown asks its processes to stop; any still running
+        :data:`ENGINE_EXIT_GRACE_SECONDS` later (a busy or wedged engine core) is killed.
+        """
         if self._closed:
             return
         self._closed = True
         llm, self._llm = self._llm, None
         llm.shutdown()
         del llm  # the last reference: AsyncLLM.__del__ runs now, not at interpreter teardown where it fails
+        _, alive = await asyncio.to_thread(psutil.wait_procs, self._processes, ENGINE_EXIT_GRACE_SECONDS)
+        for process in alive:
+            log.warning("engine process %d did not exit after shutdown: killing it", process.pid)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        await asyncio.to_thread(psutil.wait_procs, alive, ENGINE_EXIT_GRACE_SECONDS)
 
     def _check_usable(self, what: str) -> None:
         if self._closed:
@@ -300,6 +318,10 @@ class VllmEngine(Engine):
             raise EngineDeadError(f"request {what}: {self._failed}")
         if self._llm.errored:
             raise EngineDeadError(f"request {what}: the vLLM engine core is dead")
+
+
+def _child_pids() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
 def _is_dead(exc: BaseException) -> bool:

@@ -15,11 +15,20 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 
+from tasks.checks import check_finite, check_int
 from tasks.ids import check_id
 from tasks.storage import layout
+from tasks.storage.errors import StorageIntegrityError
 from tasks.storage.objects import ObjectConflictError, ObjectStore
+from tasks.strict_json import load_dataclass, parse_json
 
 MAX_CLAIM_RACES = 64
+
+
+class MalformedClaimError(StorageIntegrityError):
+    """An attempt claim that cannot be read as one."""
+
+    reason = "malformed_claim"
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,17 @@ class AttemptClaim:
     started_at: float
     try_number: int | None
     code_version: str
+
+    def __post_init__(self) -> None:
+        check_id(self.batch_id, field="batch_id")
+        for name in ("shard", "attempt", "pid"):
+            check_int(getattr(self, name), field=name)
+        check_finite(self.started_at, field="started_at")
+        if self.try_number is not None:
+            check_int(self.try_number, field="try_number")
+        for name in ("host", "code_version"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name} must be a str, got {getattr(self, name)!r}")
 
     @property
     def path(self) -> str:
@@ -86,13 +106,27 @@ def claim_attempt(
 
 
 def read_claims(store: ObjectStore, shard: int) -> list[AttemptClaim]:
-    """The claims of ``shard``'s attempts, by attempt number; a claim that cannot be parsed is skipped."""
-    claims = []
-    for path in store.list_files(layout.ledger_shard_dir(shard)):
-        if not path.endswith("/" + layout.CLAIM_NAME):
-            continue
-        try:
-            claims.append(AttemptClaim(**json.loads(store.read_bytes(path))))
-        except (ValueError, TypeError):
-            continue
-    return sorted(claims, key=lambda c: c.attempt)
+    """The claims of ``shard``'s attempts, by attempt number.
+
+    A claim that does not parse, or that names another batch, shard or attempt than its path,
+    raises :class:`MalformedClaimError` naming the path and the problem.
+    """
+    paths = [p for p in store.list_files(layout.ledger_shard_dir(shard)) if is_claim_path(p, shard)]
+    return sorted((_read_claim(store, path, shard) for path in paths), key=lambda c: c.attempt)
+
+
+def is_claim_path(path: str, shard: int) -> bool:
+    """Whether ``path`` is the claim of one of the shard's attempts, exactly where the layout puts it."""
+    try:
+        return path == layout.attempt_claim(shard, layout.attempt_of(path))
+    except ValueError:
+        return False
+
+
+def _read_claim(store: ObjectStore, path: str, shard: int) -> AttemptClaim:
+    source = f"{store.url}/{path}"
+    raw = parse_json(store.read_bytes(path), source=source, error=MalformedClaimError)
+    claim = load_dataclass(AttemptClaim, raw, source=source, error=MalformedClaimError, require_all=True)
+    if claim.path != path:
+        raise MalformedClaimError(f"{source} claims shard {claim.shard} attempt {claim.attempt}: not its own path")
+    return claim

@@ -23,6 +23,8 @@ from typing import Any
 import fsspec
 
 SCHEMES_LOCAL = ("file", "local")
+# A local write's temp file, next to its target; it lives for the milliseconds of one write.
+TEMP_PREFIX, TEMP_SUFFIX = ".tmp-", ".part"
 CONFLICT_RETRIES = 4
 
 
@@ -96,7 +98,7 @@ class ObjectStore:
     def _link_local(self, path: str, data: bytes) -> bool:
         directory = os.path.dirname(path)
         _makedirs_durable(directory)
-        fd, temp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
+        fd, temp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
@@ -167,8 +169,18 @@ class ObjectStore:
             found.append(path[len(prefix) :])
         return sorted(found)
 
+    def modified_at(self, relative: str) -> float:
+        """Seconds since the epoch when ``relative`` was last written."""
+        return self.fs.modified(self.full_path(relative)).timestamp()
+
     def delete(self, relative: str) -> None:
         self.fs.rm_file(self.full_path(relative))
+
+
+def is_temp_file(relative: str) -> bool:
+    """Whether ``relative`` names the temp file of a local write (complete objects never do)."""
+    name = relative.rsplit("/", 1)[-1]
+    return name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX)
 
 
 def _check_relative(relative: str) -> str:

@@ -1,20 +1,26 @@
 """Delete the objects of a committed shard that its marker does not name (ARCHITECTURE section 10).
 
 Orphans are staged segments of calls that crashed before their ledger record, ledger files
-of dead attempts that were not adopted, and temp files of crashed local writes. Only a
-committed shard is swept: before its marker exists, every object may still be adopted. The
-marker itself, every object it names and every attempt's claim (``_CLAIM.json``: who ran the
-attempt, kept for ``status`` and post-mortems) are never deleted.
+of dead or losing attempts that were not adopted, and temp files of crashed local writes (only
+once they are :data:`TEMP_GRACE_SECONDS` old: a younger one may belong to a live writer of
+another attempt, mid-write). Only a committed shard is swept: before its marker exists, every
+object may still be adopted. The marker itself, every object it names and every attempt's claim
+(``_CLAIM.json``: who ran the attempt, kept for ``status`` and post-mortems) are never deleted.
+Two sweeps of one shard may run at once: an orphan already deleted by the other is fine.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from tasks.storage import layout
+from tasks.storage.claims import is_claim_path
 from tasks.storage.errors import UncommittedShardError
 from tasks.storage.marker import read_marker
-from tasks.storage.objects import ObjectStore
+from tasks.storage.objects import ObjectStore, is_temp_file
+
+TEMP_GRACE_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -49,17 +55,20 @@ def sweep_orphans(store: ObjectStore, shard: int, *, dry_run: bool = False) -> S
         for path in store.list_files(directory)
         if path.startswith(directory + "/")
     ]
-    kept = tuple(sorted(p for p in present if p in named or _is_claim(p, shard)))
-    orphans = tuple(sorted(set(present) - set(kept)))
+    kept = tuple(sorted(p for p in present if p in named or is_claim_path(p, shard)))
+    young_temp = {p for p in present if is_temp_file(p) and _age(store, p) < TEMP_GRACE_SECONDS}
+    orphans = tuple(sorted(set(present) - set(kept) - young_temp))
     if not dry_run:
         for path in orphans:
-            store.delete(path)
+            try:
+                store.delete(path)
+            except FileNotFoundError:
+                continue  # another sweep, or the write that owned a temp file, removed it first
     return SweepReport(shard=shard, orphans=orphans, kept=kept, dry_run=dry_run)
 
 
-def _is_claim(path: str, shard: int) -> bool:
-    """Whether ``path`` is the claim of one of the shard's attempts, exactly where the layout puts it."""
+def _age(store: ObjectStore, path: str) -> float:
     try:
-        return path == layout.attempt_claim(shard, layout.attempt_of(path))
-    except ValueError:
-        return False
+        return time.time() - store.modified_at(path)
+    except FileNotFoundError:
+        return 0.0

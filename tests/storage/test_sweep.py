@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from tasks.ids import rollout_id
@@ -12,7 +15,7 @@ from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.objects import ObjectStore
 from tasks.storage.recovery import recover_earlier_attempts
-from tasks.storage.sweep import sweep_orphans
+from tasks.storage.sweep import TEMP_GRACE_SECONDS, sweep_orphans
 
 from ._writer_process import BATCH, run_attempt
 
@@ -80,7 +83,7 @@ def test_sweep_keeps_every_attempts_claim(batch: ObjectStore) -> None:
     assert sweep_orphans(batch, SHARD).orphans == ()
 
 
-def test_sweep_deletes_temp_files_left_by_crashed_local_writes(tmp_path) -> None:
+def test_sweep_deletes_old_temp_files_of_crashed_local_writes_and_spares_a_live_writers(tmp_path) -> None:
     batch = ObjectStore(str(tmp_path / "root")).child(layout.batch_dir(BATCH))
     writer, segments = run_attempt(batch, SHARD, {A: 1}, attempt=0, receipted={A})
     writer.commit(staging_segments=segments)
@@ -88,10 +91,15 @@ def test_sweep_deletes_temp_files_left_by_crashed_local_writes(tmp_path) -> None
         f"{layout.staging_shard_dir(SHARD)}/attempt-00/.tmp-k3j2.part",
         f"{layout.ledger_shard_dir(SHARD)}/.tmp-x9y8.part",
     ]
+    old = time.time() - TEMP_GRACE_SECONDS - 60
     for path in leftovers:
         (tmp_path / "root" / layout.batch_dir(BATCH) / path).write_bytes(b"half a segm")
+        os.utime(tmp_path / "root" / layout.batch_dir(BATCH) / path, (old, old))
+    live = f"{layout.ledger_shard_dir(SHARD)}/.tmp-live.part"  # another attempt's marker, mid-write
+    (tmp_path / "root" / layout.batch_dir(BATCH) / live).write_bytes(b"{")
     assert sweep_orphans(batch, SHARD).deleted == tuple(sorted(leftovers))
     assert not any(batch.exists(p) for p in leftovers)
+    assert batch.exists(live)
 
 
 def test_sweep_refuses_an_uncommitted_shard_and_deletes_nothing(batch: ObjectStore) -> None:
