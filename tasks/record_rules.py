@@ -61,7 +61,8 @@ class OnSource:
     def ge(self, value: Source, bound: Any) -> Source:
         return Source(f"({value} is not None and {value} >= {self._operand(bound)})")
 
-    def add(self, value: Source, other: Source) -> Source:
+    def add(self, value: Source, other: Any) -> Source:
+        other = self._operand(other)
         return Source(f"(None if {value} is None or {other} is None else {value} + {other})")
 
     def one_of(self, value: Source, allowed: Collection[Any]) -> Source:
@@ -115,7 +116,7 @@ class OnColumns:
         return _false_on_null(pc.greater_equal(column, bound))
 
     @staticmethod
-    def add(column: Column, other: Column) -> Column:
+    def add(column: Column, other: Any) -> Column:
         return pc.add_checked(column, other)  # an overflow raises: the table is then checked record by record
 
     @staticmethod

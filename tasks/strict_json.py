@@ -32,10 +32,10 @@ def load_dataclass(
     """``cls`` built from the parsed JSON ``raw``, nested dataclasses and tuples of them included.
 
     A field with a default may be omitted unless ``require_all`` (a document written once and
-    in full, like a marker, names every field). Raises ``error`` naming ``source`` (the path
-    of the value) for a value that is not a JSON object, unknown or missing fields, a list
-    where a tuple is declared, and for a ``TypeError`` / ``ValueError`` of the constructor; an
-    ``error`` the constructor raises keeps its class and gets the path in front.
+    in full, like a marker, names every field, nested ones included). Raises ``error`` naming
+    ``source`` (the path of the value) for a value that is not a JSON object, unknown or missing
+    fields, a list where a tuple is declared, and for a ``TypeError`` / ``ValueError`` of the
+    constructor; an ``error`` the constructor raises keeps its class and gets the path in front.
     """
     if not isinstance(raw, Mapping):
         raise error(f"{source} must be a JSON object, got {type(raw).__name__}")
@@ -53,7 +53,8 @@ def load_dataclass(
         raise error(f"{source}: missing field(s) {missing}")
     hints = _type_hints(cls)
     values = {
-        name: _load_value(hints[name], value, source=f"{source}.{name}", error=error) for name, value in raw.items()
+        name: _load_value(hints[name], value, source=f"{source}.{name}", error=error, require_all=require_all)
+        for name, value in raw.items()
     }
     try:
         return cls(**values)
@@ -72,13 +73,14 @@ def parse_json(text: str | bytes, *, source: str, error: type[Exception] = Value
         raise error(f"{source} is not valid JSON: {exc}") from None
 
 
-def _load_value(hint: Any, value: Any, *, source: str, error: type[Exception]) -> Any:
+def _load_value(hint: Any, value: Any, *, source: str, error: type[Exception], require_all: bool) -> Any:
     """``value`` as the declared type needs it: a dataclass or a tuple built, anything else as it is."""
     if value is None and _allows_none(hint):
         return None
     hint = _without_none(hint)
     if dataclasses.is_dataclass(hint):
-        return load_dataclass(hint, value, source=source, error=error)  # type: ignore[arg-type]
+        nested: type = hint  # type: ignore[assignment]
+        return load_dataclass(nested, value, source=source, error=error, require_all=require_all)
     if typing.get_origin(hint) is tuple:
         if not isinstance(value, list):
             raise error(f"{source} must be a list, got {type(value).__name__}")
@@ -87,7 +89,7 @@ def _load_value(hint: Any, value: Any, *, source: str, error: type[Exception]) -
         if len(items) != len(value):
             raise error(f"{source} must hold {len(items)} items, got {len(value)}")
         return tuple(
-            _load_value(item, v, source=f"{source}[{i}]", error=error)
+            _load_value(item, v, source=f"{source}[{i}]", error=error, require_all=require_all)
             for i, (item, v) in enumerate(zip(items, value, strict=True))
         )
     return value

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.capture.digest import check_hex_digest
+from tasks.checks import check_hex_digest
 from tasks.ids import check_id, check_optional_id
 
 FetchDeltas = Callable[[Sequence[str]], Sequence[np.ndarray]]

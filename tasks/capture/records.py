@@ -10,6 +10,7 @@ everything else is checked here.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
@@ -19,6 +20,7 @@ import pyarrow as pa
 from tasks.capture import digest as dg
 from tasks.checks import REASON_NAME, check_hex_digest, check_u64
 from tasks.record_rules import (
+    Ops,
     RecordRules,
     Rule,
     at_least,
@@ -103,6 +105,16 @@ def _canonical_json_rule(name: str) -> Rule:
         fields=(name,),
         predicate=lambda o, text: o.satisfies(text, is_canonical_json),
         message=f"{name} must be canonical JSON (sorted keys, no spaces), got {{{name}!r}}",
+    )
+
+
+def _when_ok(name: str, field: str, holds: Callable[[Ops, Any], Any], breach: str) -> Rule:
+    """A receipt whose status is ok satisfies ``holds`` on ``field``; ``breach`` says how it does not."""
+    return Rule(
+        name=name,
+        fields=("status", field),
+        predicate=lambda o, status, value: o.implies(o.eq(status, "ok"), holds(o, value)),
+        message=f"receipt of {{rollout_id}} is ok but {breach}",
     )
 
 
@@ -485,30 +497,17 @@ class Receipt(ArrowRecord):
             message="terminal_call_id and terminal_selection must be set together",
         ),
         reasons("terminal_attribution_reason", optional=True),
-        Rule(
-            name="ok_names_terminal_call",
-            fields=("status", "terminal_call_id"),
-            predicate=lambda o, status, call: o.implies(o.eq(status, "ok"), o.not_null(call)),
-            message="receipt of {rollout_id} is ok but names no terminal call",
+        _when_ok(
+            "ok_names_terminal_call", "terminal_call_id", lambda o, call: o.not_null(call), "names no terminal call"
         ),
-        Rule(
-            name="ok_has_no_failure_reason",
-            fields=("status", "failure_reason"),
-            predicate=lambda o, status, reason: o.implies(o.eq(status, "ok"), o.is_null(reason)),
-            message="receipt of {rollout_id} is ok but has failure_reason {failure_reason!r}",
+        _when_ok(
+            "ok_has_no_failure_reason",
+            "failure_reason",
+            lambda o, reason: o.is_null(reason),
+            "has failure_reason {failure_reason!r}",
         ),
-        Rule(
-            name="ok_has_reward",
-            fields=("status", "reward"),
-            predicate=lambda o, status, reward: o.implies(o.eq(status, "ok"), o.not_null(reward)),
-            message="receipt of {rollout_id} is ok but has no reward",
-        ),
-        Rule(
-            name="ok_has_calls",
-            fields=("status", "num_calls"),
-            predicate=lambda o, status, calls: o.implies(o.eq(status, "ok"), o.ge(calls, 1)),
-            message="receipt of {rollout_id} is ok but has no calls",
-        ),
+        _when_ok("ok_has_reward", "reward", lambda o, reward: o.not_null(reward), "has no reward"),
+        _when_ok("ok_has_calls", "num_calls", lambda o, calls: o.ge(calls, 1), "has no calls"),
         Rule(
             name="not_ok_names_failure_reason",
             fields=("status", "failure_reason"),

@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from tasks.capture.digest import check_hex_digest
+from tasks.checks import check_hex_digest
 
 SELECTED = "selected"
 NO_RECORDS = "no_records"

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.capture.records import StagedDelta
+from tasks.checks import check_finite, check_int
 from tasks.storage.errors import (
     DuplicateStagingKeyError,
 )
@@ -127,11 +128,10 @@ class StagingWriter:
         max_delay_ms: float = DEFAULT_MAX_DELAY_MS,
         compression: str = "zstd",
     ) -> None:
-        if max_rows < 1 or max_bytes < 1 or max_delay_ms < 0:
-            raise ValueError(
-                f"max_rows and max_bytes must be >= 1 and max_delay_ms >= 0, "
-                f"got {max_rows}, {max_bytes}, {max_delay_ms}"
-            )
+        check_int(max_rows, field="max_rows", minimum=1, error=ValueError)
+        check_int(max_bytes, field="max_bytes", minimum=1, error=ValueError)
+        if check_finite(max_delay_ms, field="max_delay_ms", error=ValueError) < 0:
+            raise ValueError(f"max_delay_ms must be >= 0, got {max_delay_ms!r}")
         staging_segment(shard, attempt, 0)  # validates shard and attempt up front
         self._store = store
         self._shard = shard
