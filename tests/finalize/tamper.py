@@ -117,15 +117,18 @@ class BatchFiles:
         edit(rows)
         self.write_rows(path, rows, reseal=reseal)
 
-    def edit_receipt(self, rollout_id: str, edit: Callable[[Row], None]) -> None:
+    def receipts_file(self, rollout_id: str) -> str:
+        """The receipts file holding the rollout's receipt (receipts are flushed as rollouts end: any file)."""
         for path in self.files("receipts"):
-            rows = self.read_rows(path)
-            for row in rows:
-                if row["rollout_id"] == rollout_id:
-                    edit(row)
-                    self.write_rows(path, rows, reseal=True)
-                    return
+            if any(row["rollout_id"] == rollout_id for row in self.read_rows(path)):
+                return path
         raise KeyError(rollout_id)
+
+    def edit_receipt(self, rollout_id: str, edit: Callable[[Row], None]) -> None:
+        self.edit_rows(self.receipts_file(rollout_id), lambda rows: edit(_row_of(rows, rollout_id)))
+
+    def drop_receipt(self, rollout_id: str) -> None:
+        self.edit_rows(self.receipts_file(rollout_id), lambda rows: rows.remove(_row_of(rows, rollout_id)))
 
     def sync_call(self, call_id: str, *fields: str) -> None:
         """Copy ``fields`` of the call's staged row into its call record (a writer that agrees with itself)."""
@@ -167,6 +170,10 @@ class BatchFiles:
     @staticmethod
     def _paths(marker: dict[str, Any], kind: str) -> list[str]:
         return [f["path"] for f in marker["files"] if f["kind"] == kind]
+
+
+def _row_of(rows: list[Row], rollout_id: str) -> Row:
+    return next(row for row in rows if row["rollout_id"] == rollout_id)
 
 
 def redigest(row: Row) -> None:

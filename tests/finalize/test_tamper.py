@@ -380,13 +380,7 @@ RESEALED: dict[str, tuple[Edit, str]] = {
         ),
         r.ROLLOUT_FAILED,
     ),
-    "dropped_receipt": (
-        lambda files, target, base: files.edit_rows(
-            files.files("receipts")[0],
-            lambda rows: rows.remove(next(x for x in rows if x["rollout_id"] == target.rollout_id)),
-        ),
-        r.MISSING_RECEIPT,
-    ),
+    "dropped_receipt": (lambda files, target, base: files.drop_receipt(target.rollout_id), r.MISSING_RECEIPT),
     "duplicated_receipt": (
         ledger_file("receipts", lambda rows: rows.append(dict(rows[0])), reseal=True),
         r.DUPLICATE_RECEIPT,
