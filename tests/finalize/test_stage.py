@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,9 @@ def test_storage_options_reach_every_read_and_write_of_finalize_and_the_collator
     assert published.created and (batch.batch_dir / layout.DATASET_MARKER).exists()
     data = PublishedDataset.from_url(published.url, storage_options=options)
     assert len(data) == published.marker.rows == batch.config.num_rollouts
+
+
+def test_the_stage_imports_no_torch_until_the_audit_runs() -> None:
+    probe = "import sys, tasks.finalize.stage; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert imported.strip() == "[]"
