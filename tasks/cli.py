@@ -314,12 +314,22 @@ def _engine_notice(args: argparse.Namespace) -> Callable[[float], Any]:
 
 def _finalize(args: argparse.Namespace) -> int:
     from tasks.finalize.stage import FinalizeOptions, finalize_batch
+    from tasks.plan import batch_store
+    from tasks.storage import layout
+    from tasks.training_signal import TrainingSignal
 
     options = FinalizeOptions(
         on_invalid=args.on_invalid, advantage=args.advantage, allow_partial=args.allow_partial, audit=args.audit
     )
-    published = finalize_batch(args.root, args.batch_id, options, storage_options=_storage(args))
+    storage = _storage(args)
+    published = finalize_batch(args.root, args.batch_id, options, storage_options=storage)
     marker = published.marker
+    metrics = json.loads(batch_store(args.root, args.batch_id, storage).read_bytes(layout.DATASET_METRICS))
+    _say(f"dataset {published.url}/dataset: {marker.rows} rows, {marker.trainable_rows} trainable")
+    if marker.partial:
+        _say(f"  PARTIAL: shards {list(marker.missing_shards)} were not committed and are missing from it")
+    for line in TrainingSignal.of_dataset_metrics(metrics).describe():
+        _say(f"  {line}")
     print(
         json.dumps(
             {
@@ -329,6 +339,8 @@ def _finalize(args: argparse.Namespace) -> int:
                 "rows": marker.rows,
                 "trainable_rows": marker.trainable_rows,
                 "groups": marker.groups,
+                "partial": marker.partial,
+                "missing_shards": list(marker.missing_shards),
                 "parts": [p.path for p in marker.parts],
             },
             indent=2,

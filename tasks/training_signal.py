@@ -1,16 +1,18 @@
-"""What a trainer cares about in a shard or batch: rewards, groups without signal, masked rollouts, truncation.
+"""What a trainer cares about in a shard or a dataset: rewards, groups without signal, unusable rollouts, truncation.
 
-Computed from receipts (and each rollout's terminal call), printed at the end of ``generate``.
-A group carries no GRPO training signal when fewer than two of its rollouts are usable or all of
-their rewards are equal: every advantage of the group is then 0.
+Printed at the end of ``generate`` (from the shard's receipts and terminal calls) and of
+``finalize`` (from the dataset's metrics), in the same words. A group carries no GRPO training
+signal when fewer than two of its rollouts are usable or all of their rewards are equal: every
+advantage of the group is then 0.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,10 @@ class RolloutOutcome:
 
 @dataclass(frozen=True)
 class TrainingSignal:
+    """``usable`` of ``rollouts`` can be trained on; ``truncated`` of the usable ones hit ``max_tokens`` last."""
+
     rollouts: int
-    ok: int
+    usable: int
     mean_reward: float | None
     groups: int
     groups_without_signal: int
@@ -42,21 +46,37 @@ class TrainingSignal:
     def of(cls, outcomes: Iterable[RolloutOutcome]) -> TrainingSignal:
         outcomes = list(outcomes)
         usable = [o for o in outcomes if o.usable]
-        unusable = [o for o in outcomes if not o.usable]
         rewards_of: dict[str, list[float]] = defaultdict(list)
         for outcome in outcomes:
             rewards_of[outcome.group_id]  # every receipted group counts, usable or not
         for outcome in usable:
             rewards_of[outcome.group_id].append(float(outcome.reward))  # type: ignore[arg-type]
         flat = sum(1 for rewards in rewards_of.values() if len(rewards) < 2 or len(set(rewards)) == 1)
+        reasons = Counter(o.failure_reason or o.status for o in outcomes if not o.usable)
         return cls(
             rollouts=len(outcomes),
-            ok=len(usable),
-            mean_reward=statistics.fmean(o.reward for o in usable) if usable else None,  # type: ignore[misc]
+            usable=len(usable),
+            mean_reward=statistics.fmean(float(o.reward) for o in usable) if usable else None,  # type: ignore[arg-type]
             groups=len(rewards_of),
             groups_without_signal=flat,
-            unusable_by_reason=dict(sorted(Counter(o.failure_reason or o.status for o in unusable).items())),
-            truncated=sum(o.truncated for o in outcomes),
+            unusable_by_reason=dict(sorted(reasons.items())),
+            truncated=sum(o.truncated for o in usable),
+        )
+
+    @classmethod
+    def of_dataset_metrics(cls, metrics: Mapping[str, Any]) -> TrainingSignal:
+        """The same summary from a finalized dataset's ``metrics.json``."""
+        trainable = metrics["trainable_rows"]
+        return cls(
+            rollouts=metrics["planned_rollouts"],
+            usable=trainable,
+            mean_reward=(metrics.get("reward") or {}).get("mean"),
+            groups=metrics["groups"],
+            groups_without_signal=sum(
+                metrics[name] for name in ("groups_dropped", "groups_zero_variance", "groups_single_valid")
+            ),
+            unusable_by_reason=dict(metrics["invalid_reasons"]),
+            truncated=round((metrics.get("truncated_rate") or 0.0) * trainable),
         )
 
     def describe(self) -> list[str]:
@@ -64,7 +84,7 @@ class TrainingSignal:
         if not self.rollouts:
             return ["no rollouts were receipted"]
         mean = "n/a" if self.mean_reward is None else f"{self.mean_reward:.3f}"
-        lines = [f"mean reward {mean} over {self.ok} usable of {self.rollouts} rollouts"]
+        lines = [f"mean reward {mean} over {self.usable} usable of {self.rollouts} rollouts"]
         if self.groups and self.groups_without_signal == self.groups:
             lines.append(
                 f"NO TRAINING SIGNAL: all {self.groups} groups have zero reward variance (every advantage is 0); "
@@ -74,6 +94,9 @@ class TrainingSignal:
             lines.append(f"{self.groups_without_signal} of {self.groups} groups have zero reward variance (no signal)")
         if self.unusable_by_reason:
             reasons = ", ".join(f"{reason} {count}" for reason, count in self.unusable_by_reason.items())
-            lines.append(f"unusable rollouts (masked in the dataset): {reasons}")
-        lines.append(f"truncation rate {self.truncated / self.rollouts:.1%} (terminal call hit max_tokens)")
+            lines.append(f"unusable rollouts (masked or dropped in the dataset): {reasons}")
+        if self.usable:
+            lines.append(
+                f"truncation rate {self.truncated / self.usable:.1%} (the last call of a usable rollout hit max_tokens)"
+            )
         return lines

@@ -197,3 +197,22 @@ def test_plan_and_generate_on_defaults_commit_a_shard_the_reader_accepts(backend
     again = run_cli("generate", "--root", root, "--batch-id", f"b-cli-{backend}", "--all-shards")
     assert again.returncode == 0 and json.loads(again.stdout)[0]["already_committed"] is True
     assert "starting the engine" not in again.stderr
+
+
+def test_finalize_prints_the_training_signal_and_the_dataset_as_json(tmp_path, capsys, tokenizer):
+    import asyncio
+
+    from tasks.generate import generate_shards
+
+    from .generation.fakes import FakeScriptedEngine
+
+    root = str(tmp_path / "runs")
+    assert main(plan_args(root, "b-fin", "--shards", "2", "--num-tasks", "2")) == 0
+    engine = FakeScriptedEngine(tokenizer, reply=lambda request: "5")
+    generate_shards(root, "b-fin", [0, 1], engine=engine, run=asyncio.run, progress=False)
+    capsys.readouterr()
+    assert main(["finalize", "--root", root, "--batch-id", "b-fin", "--no-audit"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert (result["rows"], result["partial"], result["missing_shards"]) == (4, False, [])
+    assert "mean reward" in captured.err and "groups have zero reward variance" in captured.err

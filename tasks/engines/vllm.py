@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -304,12 +305,12 @@ class VllmEngine(Engine):
         llm, self._llm = self._llm, None
         llm.shutdown()
         del llm  # the last reference: AsyncLLM.__del__ runs now, not at interpreter teardown where it fails
-        _, alive = await asyncio.to_thread(psutil.wait_procs, self._processes, ENGINE_EXIT_GRACE_SECONDS)
+        alive = await _wait_exited(self._processes, ENGINE_EXIT_GRACE_SECONDS)
         for process in alive:
             log.warning("engine process %d did not exit after shutdown: killing it", process.pid)
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
-        await asyncio.to_thread(psutil.wait_procs, alive, ENGINE_EXIT_GRACE_SECONDS)
+        await _wait_exited(alive, ENGINE_EXIT_GRACE_SECONDS)
 
     def _check_usable(self, what: str) -> None:
         if self._closed:
@@ -318,6 +319,23 @@ class VllmEngine(Engine):
             raise EngineDeadError(f"request {what}: {self._failed}")
         if self._llm.errored:
             raise EngineDeadError(f"request {what}: the vLLM engine core is dead")
+
+
+async def _wait_exited(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` s for ``processes`` to end (a zombie has ended); return those still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in processes if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        await asyncio.sleep(0.1)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _child_pids() -> set[int]:

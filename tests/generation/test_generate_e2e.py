@@ -13,35 +13,17 @@ import json
 import numpy as np
 import pytest
 
-from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
 from tasks.generate import generate_shard
-from tasks.models.provenance import model_provenance
 from tasks.plan import batch_store, plan_batch
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.objects import ObjectStore
 
 from .chains import linearized, verified_sequences
+from .configs import bundled_model_config
 from .fakes import DelegatingEngine, FatalEngineCrash, fail_staging_writes
 
 pytestmark = pytest.mark.e2e
-
-
-def real_config(engine, **overrides) -> BatchConfig:
-    fields = {
-        "batch_id": "b-e2e",
-        "environment": "guess_number",
-        "environment_options": {"lo": 1, "hi": 8},
-        "num_tasks": 3,
-        "group_size": 2,
-        "shards": 1,
-        "model": ModelSpec(reference=str(engine.model_path), **model_provenance(engine.model_path)),
-        "engine": EngineSpec(name="vllm", options={"max_model_len": 2048}),
-        "sampling": SamplingSettings(temperature=0.8, max_tokens=24),
-        "max_turns": 4,
-        "max_in_flight": 6,
-    } | overrides
-    return BatchConfig(**fields)
 
 
 class CrashingEngine(DelegatingEngine):
@@ -78,7 +60,7 @@ def multi_turn_chains_are_exact(store, engine) -> int:
 
 def test_guess_number_on_local_disk_with_the_real_engine(vllm_engine, tmp_path):
     engine, loop = vllm_engine
-    config = real_config(engine)
+    config = bundled_model_config()
     root = str(tmp_path / "runs")
     plan_batch(root, config)
     summary = generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
@@ -92,8 +74,7 @@ def test_guess_number_on_local_disk_with_the_real_engine(vllm_engine, tmp_path):
 
 def test_calculator_on_s3_with_the_real_engine(vllm_engine, s3_bucket):
     engine, loop = vllm_engine
-    config = real_config(
-        engine,
+    config = bundled_model_config(
         batch_id="b-e2e-calc",
         environment="calculator",
         environment_options={},
@@ -119,8 +100,7 @@ def test_retry_adopts_finished_rollouts_and_produces_no_duplicates(vllm_engine, 
 
     monkeypatch.setattr(generate_module, "LEDGER_FLUSH_SECONDS", 0.0)
     engine, loop = vllm_engine
-    config = real_config(
-        engine,
+    config = bundled_model_config(
         batch_id="b-e2e-retry",
         environment="arithmetic",
         environment_options={},
@@ -147,7 +127,7 @@ def test_retry_adopts_finished_rollouts_and_produces_no_duplicates(vllm_engine, 
 
 def test_induced_staging_failure_yields_failure_rows_and_a_poisoned_receipt(vllm_engine, tmp_path, monkeypatch):
     engine, loop = vllm_engine
-    config = real_config(engine, batch_id="b-e2e-fail", num_tasks=1, group_size=2, max_turns=2)
+    config = bundled_model_config(batch_id="b-e2e-fail", num_tasks=1, group_size=2, max_turns=2)
     root = str(tmp_path / "runs")
     plan_batch(root, config)
     fail_staging_writes(monkeypatch, "injected: staging bucket unavailable")
@@ -181,8 +161,8 @@ def test_weight_versions_from_the_plan_and_a_refit_inside_a_real_shard_reach_the
     engine, loop = vllm_engine
     planned = max(7, engine.weight_version + 1)
     loop.run(engine.update_weights(str(engine.model_path), version=planned), timeout=300)
-    config = real_config(
-        engine, batch_id="b-e2e-versions", weight_version=planned, num_tasks=4, group_size=2, max_in_flight=8
+    config = bundled_model_config(
+        batch_id="b-e2e-versions", weight_version=planned, num_tasks=4, group_size=2, max_in_flight=8
     )
     root = str(tmp_path / "runs")
     plan_batch(root, config)

@@ -15,7 +15,7 @@ import pytest
 
 from tasks import generate as generate_module
 from tasks.config import BatchConfig, ConfigError, ModelSpec
-from tasks.engines.base import EngineDeadError, SamplingSettings
+from tasks.engines.base import EngineDeadError
 from tasks.generate import generate_shard, generate_shards
 from tasks.models.reference import ModelMismatchError
 from tasks.plan import batch_store, plan_batch
@@ -25,23 +25,14 @@ from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import read_marker
 from tasks.storage.recovery import read_uncommitted_attempt
 
+from .configs import fake_model_config
 from .fakes import FakeScriptedEngine
 
 
 def make_config(**overrides) -> BatchConfig:
-    fields = {
-        "batch_id": "b-life",
-        "environment": "guess_number",
-        "environment_options": {"lo": 1, "hi": 8},
-        "num_tasks": 4,
-        "group_size": 2,
-        "shards": 2,
-        "model": ModelSpec(reference="fake-model"),
-        "sampling": SamplingSettings(temperature=1.0, max_tokens=16),
-        "max_turns": 4,
-        "max_in_flight": 2,
-    } | overrides
-    return BatchConfig(**fields)
+    return fake_model_config(
+        **{"batch_id": "b-life", "environment_options": {"lo": 1, "hi": 8}, "max_in_flight": 2} | overrides
+    )
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tasks import generate as generate_module
-from tasks.config import BatchConfig, ModelSpec
-from tasks.engines.base import EngineError, SamplingSettings
+from tasks.config import BatchConfig
+from tasks.engines.base import EngineError
 from tasks.generate import generate_shard
 from tasks.plan import batch_store, plan_batch
 from tasks.storage.claims import read_claims
@@ -18,22 +18,8 @@ from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.sweep import sweep_orphans
 
 from .chains import linearized, verified_sequences
+from .configs import fake_model_config
 from .fakes import FakeScriptedEngine, FatalEngineCrash, fail_staging_writes
-
-
-def make_config(**overrides) -> BatchConfig:
-    fields = {
-        "batch_id": "b-fake",
-        "environment": "guess_number",
-        "num_tasks": 4,
-        "group_size": 2,
-        "shards": 2,
-        "model": ModelSpec(reference="fake-model"),
-        "sampling": SamplingSettings(temperature=1.0, max_tokens=16),
-        "max_turns": 4,
-        "max_in_flight": 3,
-    } | overrides
-    return BatchConfig(**fields)
 
 
 @pytest.fixture
@@ -46,7 +32,7 @@ def run_shard(root: str, config: BatchConfig, shard: int, engine, **kwargs):
 
 
 def test_generated_shard_commits_and_every_chain_is_token_exact(root, tokenizer):
-    config = make_config()
+    config = fake_model_config()
     plan_batch(root, config)
     engine = FakeScriptedEngine(tokenizer)
     summary = run_shard(root, config, 0, engine)
@@ -69,7 +55,7 @@ def test_generated_shard_commits_and_every_chain_is_token_exact(root, tokenizer)
 
 
 def test_receipts_name_the_declared_terminal_and_rewards(root, tokenizer):
-    config = make_config(environment="arithmetic", max_turns=1)
+    config = fake_model_config(environment="arithmetic", max_turns=1)
     plan_batch(root, config)
     run_shard(root, config, 1, FakeScriptedEngine(tokenizer, reply=lambda request: "The answer is 7."))
     ledger = LedgerReader(batch_store(root, config.batch_id), 1)
@@ -83,7 +69,7 @@ def test_receipts_name_the_declared_terminal_and_rewards(root, tokenizer):
 
 
 def test_generating_a_committed_shard_is_a_no_op(root, tokenizer):
-    config = make_config()
+    config = fake_model_config()
     plan_batch(root, config)
     first = run_shard(root, config, 0, FakeScriptedEngine(tokenizer))
     engine = FakeScriptedEngine(tokenizer)
@@ -95,7 +81,7 @@ def test_generating_a_committed_shard_is_a_no_op(root, tokenizer):
 
 def test_retry_adopts_receipted_rollouts_and_produces_no_duplicates(root, tokenizer, monkeypatch):
     monkeypatch.setattr(generate_module, "LEDGER_FLUSH_SECONDS", 0.0)
-    config = make_config(num_tasks=4, group_size=3, shards=1, max_in_flight=2)
+    config = fake_model_config(num_tasks=4, group_size=3, shards=1, max_in_flight=2)
     plan_batch(root, config)
     store = batch_store(root, config.batch_id)
     calls = []
@@ -125,7 +111,7 @@ def test_retry_adopts_receipted_rollouts_and_produces_no_duplicates(root, tokeni
 
 
 def test_engine_errors_write_failure_rows_and_poison_the_rollout(root, tokenizer):
-    config = make_config(shards=1, max_turns=3)
+    config = fake_model_config(shards=1, max_turns=3)
     plan_batch(root, config)
 
     def fail_second_calls(request):
@@ -141,7 +127,7 @@ def test_engine_errors_write_failure_rows_and_poison_the_rollout(root, tokenizer
 
 
 def test_staging_failure_poisons_but_the_environment_still_gets_its_completion(root, tokenizer, monkeypatch):
-    config = make_config(shards=1, max_turns=2, environment="arithmetic")
+    config = fake_model_config(shards=1, max_turns=2, environment="arithmetic")
     plan_batch(root, config)
     fail_staging_writes(monkeypatch, "disk full")
     engine = FakeScriptedEngine(tokenizer, reply=lambda r: "The answer is 3.")
@@ -157,7 +143,7 @@ def test_staging_failure_poisons_but_the_environment_still_gets_its_completion(r
 
 
 def test_history_rewrite_is_a_named_failure_never_a_new_root(root, tokenizer):
-    config = make_config(environment="tests.generation.fakes:RewritingEnvironment", shards=1, num_tasks=2)
+    config = fake_model_config(environment="tests.generation.fakes:RewritingEnvironment", shards=1, num_tasks=2)
     plan_batch(root, config)
     run_shard(root, config, 0, FakeScriptedEngine(tokenizer))
     ledger = LedgerReader(batch_store(root, config.batch_id), 0)
@@ -169,7 +155,7 @@ def test_history_rewrite_is_a_named_failure_never_a_new_root(root, tokenizer):
 
 
 def test_context_length_is_a_named_failure(root, tokenizer):
-    config = make_config(shards=1, max_turns=6)
+    config = fake_model_config(shards=1, max_turns=6)
     plan_batch(root, config)
     run_shard(root, config, 0, FakeScriptedEngine(tokenizer, reply=lambda r: "0", max_model_len=120))
     ledger = LedgerReader(batch_store(root, config.batch_id), 0)

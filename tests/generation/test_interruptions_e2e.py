@@ -22,12 +22,10 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.config import BatchConfig, EngineSpec, ModelSpec
+from tasks.config import BatchConfig
 from tasks.engines.base import SamplingSettings
 from tasks.finalize.stage import finalize_batch
 from tasks.generate import generate_shard
-from tasks.models.provenance import model_provenance
-from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 from tasks.plan import batch_store, plan_batch
 from tasks.storage.claims import read_claims
 from tasks.storage.ledger_reader import LedgerReader
@@ -36,28 +34,19 @@ from tasks.storage.recovery import read_uncommitted_attempt
 from tasks.storage.sweep import sweep_orphans
 
 from .chains import verified_sequences
+from .configs import bundled_model_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PROGRESS = re.compile(r"shard 0: (\d+)/(\d+) rollouts done")
 ENGINE_START_TIMEOUT = 300
 
 
-def bundled_config(batch_id: str, **overrides) -> BatchConfig:
-    folder = resolve_model_reference(BUNDLED_REFERENCE)
-    fields = {
-        "batch_id": batch_id,
-        "environment": "guess_number",
-        "environment_options": {"lo": 1, "hi": 8},
-        "num_tasks": 12,
-        "group_size": 2,
-        "shards": 1,
-        "model": ModelSpec(reference=BUNDLED_REFERENCE, **model_provenance(folder)),
-        "engine": EngineSpec(name="vllm", options={"max_model_len": 2048}),
-        "sampling": SamplingSettings(temperature=1.0, max_tokens=24),
-        "max_turns": 4,
-        "max_in_flight": 2,
-    } | overrides
-    return BatchConfig(**fields)
+def interruptible_config(batch_id: str, **overrides) -> BatchConfig:
+    """24 rollouts, two at a time: long enough to stop midway."""
+    return bundled_model_config(
+        **{"batch_id": batch_id, "num_tasks": 12, "sampling": SamplingSettings(max_tokens=24), "max_in_flight": 2}
+        | overrides
+    )
 
 
 class GenerateProcess:
@@ -132,7 +121,7 @@ def assert_stopped_cleanly(
 
 
 def test_sigterm_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_finishes_it(vllm_engine, tmp_path):
-    config = bundled_config("b-interrupt")
+    config = interruptible_config("b-interrupt")
     root = str(tmp_path / "runs")
     plan_batch(root, config)
     store = batch_store(root, config.batch_id)
@@ -168,7 +157,7 @@ def test_sigterm_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_fi
 
 
 def test_two_generate_processes_on_one_shard_commit_it_once_at_the_planned_weight_version(tmp_path):
-    config = bundled_config("b-race", num_tasks=4, max_in_flight=4, weight_version=3)
+    config = interruptible_config("b-race", num_tasks=4, max_in_flight=4, weight_version=3)
     root = str(tmp_path / "runs")
     plan_batch(root, config)
     store = batch_store(root, config.batch_id)
