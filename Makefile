@@ -36,6 +36,7 @@ test: lint
 
 bench: setup
 	$(PY) bench/staging.py
+	$(PY) bench/shard_memory.py
 
 # The main job: a full batch (plan -> generate -> finalize) on the embedded defaults.
 demo: setup

@@ -51,3 +51,24 @@ def test_admission_bench_prints_late_to_early_turn_ratio(tmp_path: Path) -> None
     out = run_bench("admission.py", "--rollouts", "2", "--turns", "6", tmp_path=tmp_path)
     assert "turn 6 / turn 4 = " in out
     assert "checked against the full-render definition" in out
+
+
+def test_shard_memory_bench_prints_peak_rss_ratio_and_tracemalloc_lines(tmp_path: Path) -> None:
+    out = run_bench(
+        "shard_memory.py",
+        "--rollouts-small",
+        "8",
+        "--rollouts-large",
+        "16",
+        "--turns",
+        "2",
+        "--tracemalloc",
+        tmp_path=tmp_path,
+    )
+    assert "FAKE engine" in out
+    for shard, rollouts, calls in (("small", 8, 16), ("large", 16, 32)):
+        line = next(line for line in out.splitlines() if line.startswith(f"{shard} shard: "))
+        assert f"{rollouts} rollouts ({rollouts} ok), {calls} calls" in line, line
+        assert "peak" in line and "RSS before" in line, line
+    assert "peak RSS large / small = " in out
+    assert "still alive just before the ledger commit" in out
