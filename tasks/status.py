@@ -35,7 +35,7 @@ from tasks.storage import layout
 from tasks.storage.claims import AttemptClaim, MalformedClaimError, read_claims
 from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
 from tasks.storage.ledger_reader import LedgerReader
-from tasks.storage.marker import FILE_KINDS, ShardCounts, parse_shard_object
+from tasks.storage.marker import SHARD_FILE_KINDS, ShardCounts, parse_shard_object
 from tasks.storage.objects import ObjectStore
 
 ACTIVE_WITHIN_S = 600.0  # an attempt that wrote nothing for this long is taken as abandoned
@@ -265,7 +265,7 @@ def _uncommitted_status(store: ObjectStore, shard: int, active_since: float) -> 
         AttemptStatus(
             attempt=attempt,
             claim=claims.get(attempt),
-            objects={kind: sum(kind == k for k, _ in found) for kind in FILE_KINDS},
+            objects={kind: sum(kind == k for k, _ in found) for kind in SHARD_FILE_KINDS},
             last_activity=_last_activity(store, claims.get(attempt), found),
         )
         for attempt, found in sorted(objects.items())
@@ -305,7 +305,7 @@ def _last_activity(store: ObjectStore, claim: AttemptClaim | None, found: list[t
 
     Objects of one kind are written in index order, so the highest-named is the newest.
     """
-    newest = {kind: path for kind, path in sorted(found) if kind in FILE_KINDS}
+    newest = {kind: path for kind, path in sorted(found) if kind in SHARD_FILE_KINDS}
     times = [claim.started_at] if claim is not None else []
     for path in newest.values():
         try:

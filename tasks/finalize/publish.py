@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.checks import check_hex_digest, check_int, is_int
+from tasks.checks import is_int
 from tasks.config import BatchConfig
 from tasks.finalize.assemble import AssembledRows
 from tasks.finalize.card import render_card
@@ -43,11 +43,11 @@ from tasks.ids import check_id
 from tasks.schema import read_parquet_bytes
 from tasks.storage import layout
 from tasks.storage.errors import SegmentChecksumMismatchError
-from tasks.storage.marker import MalformedMarkerError
-from tasks.storage.objects import ObjectConflictError, ObjectStore, WrittenObject, sha256_hex
+from tasks.storage.marker import MalformedMarkerError, MarkedFile
+from tasks.storage.objects import ObjectConflictError, ObjectStore, sha256_hex
 from tasks.strict_json import load_dataclass, parse_json
 
-MARKER_VERSION = 2  # 2: records missing_shards and partial
+MARKER_VERSION = 3  # 2: records missing_shards and partial; 3: files are MarkedFile (with their kind)
 DEFAULT_ROWS_PER_PART = 8192
 # Dictionary-encode the repetitive text columns only: on token lists it costs half the write time.
 _DICTIONARY_COLUMNS = ["batch_id", "group_id", "mask_reason", "terminal_selection"]
@@ -55,27 +55,6 @@ _DICTIONARY_COLUMNS = ["batch_id", "group_id", "mask_reason", "terminal_selectio
 
 class MalformedDatasetMarkerError(MalformedMarkerError):
     """A dataset marker (not a shard marker) that cannot be trusted."""
-
-
-@dataclass(frozen=True)
-class DatasetFile:
-    """One object the marker names: batch-relative path, size, sha256; ``rows`` for a part (else None)."""
-
-    path: str
-    size: int
-    sha256: str
-    rows: int | None = None
-
-    def __post_init__(self) -> None:
-        where = f"file {self.path!r}"
-        check_int(self.size, field=f"{where}: size", error=MalformedDatasetMarkerError)
-        if self.rows is not None:
-            check_int(self.rows, field=f"{where}: rows", error=MalformedDatasetMarkerError)
-        check_hex_digest(self.sha256, field=f"{where}: sha256", error=MalformedDatasetMarkerError)
-
-    @classmethod
-    def of(cls, written: WrittenObject, rows: int | None = None) -> Self:
-        return cls(path=written.path, size=written.size, sha256=written.sha256, rows=rows)
 
 
 @dataclass(frozen=True)
@@ -88,9 +67,9 @@ class DatasetMarker:
 
     batch_id: str
     schema_version: int
-    parts: tuple[DatasetFile, ...]
-    metrics: DatasetFile
-    card: DatasetFile
+    parts: tuple[MarkedFile, ...]
+    metrics: MarkedFile
+    card: MarkedFile
     rows: int
     trainable_rows: int
     groups: int
@@ -112,12 +91,17 @@ class DatasetMarker:
             raise MalformedDatasetMarkerError(str(exc)) from None
         if not self.parts or [p.path for p in self.parts] != [layout.dataset_part(i) for i in range(len(self.parts))]:
             raise MalformedDatasetMarkerError(f"parts must be {layout.dataset_part(0)} onwards, consecutively")
-        if any(p.rows is None for p in self.parts) or sum(p.rows or 0 for p in self.parts) != self.rows:
+        if sum(p.rows for p in self.parts) != self.rows:
             raise MalformedDatasetMarkerError(f"rows {self.rows} differ from the rows of the named parts")
         if (self.metrics.path, self.card.path) != (layout.DATASET_METRICS, layout.DATASET_CARD):
             raise MalformedDatasetMarkerError(
                 f"metrics and card must be {layout.DATASET_METRICS} and {layout.DATASET_CARD}"
             )
+        kinds = {"part": self.parts, "metrics": (self.metrics,), "card": (self.card,)}
+        wrong = [f.path for kind, files in kinds.items() for f in files if f.kind != kind]
+        wrong += [f.path for f in (self.metrics, self.card) if f.rows]
+        if wrong:
+            raise MalformedDatasetMarkerError(f"files {wrong} are marked with the wrong kind or rows")
         if not isinstance(self.trainable_rows, int) or not 0 <= self.trainable_rows <= self.rows:
             raise MalformedDatasetMarkerError(f"trainable_rows {self.trainable_rows!r} must be in [0, {self.rows}]")
         if self.config.get("batch_id") != self.batch_id:
@@ -130,7 +114,7 @@ class DatasetMarker:
             raise MalformedDatasetMarkerError(f"partial is {self.partial!r} with missing shards {self.missing_shards}")
 
     @property
-    def files(self) -> tuple[DatasetFile, ...]:
+    def files(self) -> tuple[MarkedFile, ...]:
         return (*self.parts, self.metrics, self.card)
 
     def same_content(self, other: DatasetMarker) -> bool:
@@ -165,7 +149,7 @@ def read_dataset_marker(store: ObjectStore) -> DatasetMarker | None:
     return DatasetMarker.from_json(data, source=f"{store.url}/{layout.DATASET_MARKER}")
 
 
-def read_dataset_part(store: ObjectStore, part: DatasetFile) -> pa.Table:
+def read_dataset_part(store: ObjectStore, part: MarkedFile) -> pa.Table:
     """A part the marker names, after checking its size and sha256 and its schema."""
     data = store.read_bytes(part.path)
     if len(data) != part.size or sha256_hex(data) != part.sha256:
@@ -235,10 +219,12 @@ def publish_dataset(
         "missing_shards": list(missing),
         "audit": dict(audit) if audit is not None else None,
     }
-    metrics_file = DatasetFile.of(
+    metrics_file = MarkedFile.of(
         store.write_once(
             layout.DATASET_METRICS, (json.dumps(summary, sort_keys=True, indent=2, allow_nan=False) + "\n").encode()
-        )
+        ),
+        kind="metrics",
+        rows=0,
     )
     card = render_card(
         batch_id=config.batch_id,
@@ -247,7 +233,7 @@ def publish_dataset(
         parts=[dataclasses.asdict(p) for p in parts],
         audit=audit,
     )
-    card_file = DatasetFile.of(store.write_once(layout.DATASET_CARD, card.encode("utf-8")))
+    card_file = MarkedFile.of(store.write_once(layout.DATASET_CARD, card.encode("utf-8")), kind="card", rows=0)
     marker = DatasetMarker(
         batch_id=config.batch_id,
         schema_version=DATASET_SCHEMA_VERSION,
@@ -306,7 +292,7 @@ class _PartWriter:
     def __init__(self, store: ObjectStore, rows_per_part: int) -> None:
         self.store = store
         self.rows_per_part = rows_per_part
-        self.parts: list[DatasetFile] = []
+        self.parts: list[MarkedFile] = []
         self._rows = 0  # rows sent to the part being written
         self._index = 0  # that part's index
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-part")
@@ -329,7 +315,7 @@ class _PartWriter:
             if self._rows == self.rows_per_part:
                 self._finish_part()
 
-    def close(self) -> tuple[DatasetFile, ...]:
+    def close(self) -> tuple[MarkedFile, ...]:
         """Write what is left; a dataset without rows still gets one empty part (a loadable schema)."""
         if self._rows or not self._index:
             self._finish_part()
@@ -361,4 +347,5 @@ class _PartWriter:
         sink, writer = self._part()
         writer.close()
         self._open = None
-        self.parts.append(DatasetFile.of(self.store.write_once(path, sink.getvalue().to_pybytes()), rows=rows))
+        written = self.store.write_once(path, sink.getvalue().to_pybytes())
+        self.parts.append(MarkedFile.of(written, kind="part", rows=rows))

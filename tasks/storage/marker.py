@@ -24,7 +24,9 @@ from tasks.storage.objects import ObjectStore, WrittenObject
 from tasks.strict_json import load_dataclass, parse_json
 
 MARKER_VERSION = 1
-FILE_KINDS = ("staging", *layout.LEDGER_KINDS)
+SHARD_FILE_KINDS = ("staging", *layout.LEDGER_KINDS)
+DATASET_FILE_KINDS = ("part", "metrics", "card")
+FILE_KINDS = (*SHARD_FILE_KINDS, *DATASET_FILE_KINDS)
 _OBJECT_INDEX = re.compile(r"-(\d+)\.parquet$")
 
 
@@ -71,7 +73,11 @@ def parse_shard_object(path: str, shard: int) -> ShardObject:
 
 @dataclass(frozen=True)
 class MarkedFile:
-    """One object a marker names: batch-relative path, kind, size in bytes, sha256, rows."""
+    """One object a marker (a shard's or the dataset's) names: batch-relative path, kind, size, sha256, rows.
+
+    ``rows`` counts the rows of a Parquet object; a JSON or Markdown object (the dataset's metrics
+    and card) holds 0.
+    """
 
     path: str
     kind: str
@@ -213,7 +219,7 @@ def _version_problem(version: object) -> str | None:
 
 def _file_order(marked: MarkedFile, shard: int) -> tuple[int, int, int]:
     parsed = parse_shard_object(marked.path, shard)
-    return (FILE_KINDS.index(marked.kind), parsed.attempt, parsed.index)
+    return (SHARD_FILE_KINDS.index(marked.kind), parsed.attempt, parsed.index)
 
 
 def write_marker(store: ObjectStore, marker: ShardMarker) -> WrittenObject:

@@ -217,3 +217,22 @@ def test_a_marker_whose_partial_flag_contradicts_its_missing_shards_is_refused(t
     raw.update(partial=partial, missing_shards=missing_shards)
     with pytest.raises(MalformedDatasetMarkerError, match=r"partial|missing shards"):
         DatasetMarker.from_json(json.dumps(raw))
+
+
+@pytest.mark.parametrize(
+    ("where", "change", "message"),
+    [
+        ("metrics", {"kind": "part"}, "wrong kind or rows"),
+        ("card", {"rows": 3}, "wrong kind or rows"),
+        ("metrics", {"kind": "receipts"}, "wrong kind or rows"),
+        ("card", {"kind": "table"}, "kind must be one of"),
+    ],
+)
+def test_the_dataset_marker_names_its_files_with_the_shard_markers_file_type(tmp_path, where, change, message):
+    store = ObjectStore(str(tmp_path / "batch"))
+    published = publish_dataset(store, mixed_groups(batch_config()), config=batch_config())
+    assert {f.kind for f in published.marker.files} == {"part", "metrics", "card"}
+    raw = json.loads(store.read_bytes(layout.DATASET_MARKER))
+    raw[where].update(change)
+    with pytest.raises(MalformedDatasetMarkerError, match=message):
+        DatasetMarker.from_json(json.dumps(raw))
