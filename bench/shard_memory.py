@@ -198,16 +198,17 @@ def _snapshot_before_commit() -> tuple[tracemalloc.Snapshot, list[tracemalloc.Sn
     Diagnostic only (tracing slows the shard several-fold): wraps ``LedgerWriter.commit`` in this
     process, so the snapshot holds everything the shard still keeps at its high point.
     """
-    from tasks.storage.ledger_writer import LedgerWriter
+    from tasks import generate
 
-    original = LedgerWriter.commit
+    writer = generate.LedgerWriter  # the ledger writer class the stage uses, wherever it lives
+    original = writer.commit
     taken: list[tracemalloc.Snapshot] = []
 
-    def commit(self: LedgerWriter, **kwargs: Any) -> Any:
+    def commit(self: Any, **kwargs: Any) -> Any:
         taken.append(_filtered(tracemalloc.take_snapshot()))
         return original(self, **kwargs)
 
-    LedgerWriter.commit = commit  # type: ignore[method-assign]
+    writer.commit = commit  # type: ignore[method-assign]
     tracemalloc.start(1)
     return _filtered(tracemalloc.take_snapshot()), taken
 
