@@ -111,20 +111,6 @@ def store(request, tmp_path) -> ObjectStore:
     return make_store(request.param, tmp_path, request)
 
 
-def _engine_processes() -> list:
-    """Live child processes of this one that vLLM started for an engine (named ``VLLM::...``)."""
-    import psutil
-
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.name().startswith("VLLM") and child.status() != psutil.STATUS_ZOMBIE:
-                found.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
 @pytest.fixture(scope="session")
 def vllm_engine():
     """ONE real vLLM engine on the bundled model for the whole test run, driven by a BackgroundLoop.
@@ -136,12 +122,13 @@ def vllm_engine():
     """
     from tasks.engines import create_engine
     from tasks.engines.background import BackgroundLoop
+    from tasks.engines.vllm import engine_processes
     from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 
     loop = BackgroundLoop("vllm-engine-test-loop")
     model = resolve_model_reference(BUNDLED_REFERENCE)
     engine = loop.run(create_engine("vllm", model_path=model, options={"max_model_len": 2048}), timeout=600)
-    started = _engine_processes()
+    started = engine_processes()
     try:
         yield engine, loop
     finally:

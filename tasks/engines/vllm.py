@@ -42,6 +42,7 @@ from tasks.models.provenance import model_provenance
 log = logging.getLogger(__name__)
 LOGPROBS_MODE = "processed_logprobs"
 ENGINE_EXIT_GRACE_SECONDS = 10.0
+ENGINE_PROCESS_PREFIX = "VLLM"
 # vLLM-CPU settings applied only where the user has not set them (CPU platform only).
 CPU_KVCACHE_GIB = "1"
 CPU_MIN_BATCHED_TOKENS = 2048
@@ -184,7 +185,7 @@ class VllmEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(**options.engine_args(path, on_cpu=on_cpu))
-        before = _child_pids()
+        before = {p.pid for p in engine_processes()}
         with scoped_environ(cpu_env_defaults(options, os.environ) if on_cpu else {}):
             # No local holds the AsyncLLM: a module vLLM imports lazily keeps this frame alive, and a
             # local here would keep the engine alive past close() (its __del__ then fails at exit).
@@ -195,7 +196,7 @@ class VllmEngine(Engine):
                 model_provenance(path)["tokenizer_sha256"],
                 weight_version=weight_version,
             )
-        engine._processes = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        engine._processes = [p for p in engine_processes() if p.pid not in before]
         return engine
 
     @property
@@ -338,8 +339,17 @@ def _running(process: psutil.Process) -> bool:
         return False
 
 
-def _child_pids() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+def engine_processes(parent: psutil.Process | None = None) -> list[psutil.Process]:
+    """Descendants of ``parent`` (this process) that vLLM started for an engine (it names them ``VLLM::...``).
+
+    Other children (Python's multiprocessing resource tracker) live until their parent exits.
+    """
+    found = []
+    for child in (parent or psutil.Process()).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.name().startswith(ENGINE_PROCESS_PREFIX):
+                found.append(child)
+    return found
 
 
 def _is_dead(exc: BaseException) -> bool:

@@ -24,6 +24,7 @@ import pytest
 
 from tasks.config import BatchConfig
 from tasks.engines.base import SamplingSettings
+from tasks.engines.vllm import engine_processes
 from tasks.finalize.stage import finalize_batch
 from tasks.generate import generate_shard
 from tasks.plan import batch_store, plan_batch
@@ -75,14 +76,7 @@ class GenerateProcess:
         raise AssertionError(f"no partial progress within {ENGINE_START_TIMEOUT} s:\n{self.log.read_text()[-3000:]}")
 
     def engine_processes(self) -> list[psutil.Process]:
-        found = []
-        for child in psutil.Process(self.process.pid).children(recursive=True):
-            try:
-                if child.name().startswith("VLLM"):
-                    found.append(child)
-            except psutil.NoSuchProcess:
-                continue
-        return found
+        return engine_processes(psutil.Process(self.process.pid))
 
     def finish(self, timeout: float = 120) -> tuple[int, str]:
         stdout, _ = self.process.communicate(timeout=timeout)
