@@ -265,6 +265,11 @@ class _Compiled:
         self._rules = [(rule, _function(test, ops.names)) for rule, test in zip(rules, rule_tests, strict=True)]
 
     def raise_first_error(self, record: object) -> None:
+        """Raise for the first field of the wrong type, then the first broken rule; return if there is none.
+
+        The compiled test also refuses values it does not expect exactly (a str subclass, a numpy
+        int) that the checks one by one accept.
+        """
         for name, python_type, nullable in self._types:
             value = getattr(record, name)
             if value is not None or not nullable:
@@ -323,7 +328,7 @@ def _python_type(arrow_type: pa.DataType) -> _PythonType | None:
 # --- rule kinds ---------------------------------------------------------------------------------
 
 
-def each(
+def _each(
     kind: str,
     predicate: Callable[[Ops, Any], Any],
     message: str,
@@ -350,45 +355,45 @@ def each(
 def ids(*names: str, optional: bool = False) -> tuple[Rule, ...]:
     """Each field is an id (:func:`tasks.ids.check_id`)."""
     message = f"{{field}} must be an id ({ID_PATTERN.pattern}, at most {MAX_ID_LENGTH} characters), got {{value!r}}"
-    return each("is_id", lambda o, v: o.is_id(v), message, names, optional=optional)
+    return _each("is_id", lambda o, v: o.is_id(v), message, names, optional=optional)
 
 
 def hex_digests(*names: str, optional: bool = False) -> tuple[Rule, ...]:
     """Each field is a SHA-256 digest as 64 lowercase hex digits."""
     message = "{field} must be 64 lowercase hex digits, got {value!r}"
-    return each("is_hex_digest", lambda o, v: o.matches(v, HEX_DIGEST), message, names, optional=optional)
+    return _each("is_hex_digest", lambda o, v: o.matches(v, HEX_DIGEST), message, names, optional=optional)
 
 
 def reasons(*names: str, optional: bool = False) -> tuple[Rule, ...]:
     """Each field is a snake_case reason name."""
     message = "{field} must be a snake_case reason name, got {value!r}"
-    return each("is_reason", lambda o, v: o.matches(v, REASON_NAME), message, names, optional=optional)
+    return _each("is_reason", lambda o, v: o.matches(v, REASON_NAME), message, names, optional=optional)
 
 
 def at_least(minimum: int, *names: str) -> tuple[Rule, ...]:
     """Each (int) field is ``minimum`` or more."""
     message = f"{{field}} must be an int >= {minimum}, got {{value!r}}"
-    return each(f"at_least_{minimum}", lambda o, v: o.ge(v, minimum), message, names)
+    return _each(f"at_least_{minimum}", lambda o, v: o.ge(v, minimum), message, names)
 
 
 def finite(*names: str, optional: bool = False) -> tuple[Rule, ...]:
     """Each (float) field is finite: no NaN, no infinity."""
     message = "{field} must be a finite number, got {value!r}"
-    return each("is_finite", lambda o, v: o.finite(v), message, names, optional=optional)
+    return _each("is_finite", lambda o, v: o.finite(v), message, names, optional=optional)
 
 
 def non_empty(*names: str, optional: bool = False) -> tuple[Rule, ...]:
     """Each (str) field is not empty."""
     message = "{field} must be a non-empty str, got {value!r}"
-    return each("non_empty", lambda o, v: o.non_empty(v), message, names, optional=optional)
+    return _each("non_empty", lambda o, v: o.non_empty(v), message, names, optional=optional)
 
 
 def one_of(name: str, allowed: Collection[Any], *, optional: bool = False) -> tuple[Rule, ...]:
     """The field is one of ``allowed``."""
     message = f"{{field}} must be one of {list(allowed)}, got {{value!r}}"
-    return each("one_of", lambda o, v: o.one_of(v, allowed), message, (name,), optional=optional)
+    return _each("one_of", lambda o, v: o.one_of(v, allowed), message, (name,), optional=optional)
 
 
 def equal_to(name: str, expected: Any) -> tuple[Rule, ...]:
     """The field is exactly ``expected`` (a format version)."""
-    return each("current", lambda o, v: o.eq(v, expected), f"{{field}} must be {expected!r}, got {{value!r}}", (name,))
+    return _each("current", lambda o, v: o.eq(v, expected), f"{{field}} must be {expected!r}, got {{value!r}}", (name,))
