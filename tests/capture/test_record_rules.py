@@ -44,8 +44,10 @@ def _is_reason(value: str | None) -> bool:
 
 
 def _is_canonical(text: str) -> bool:
+    """Sorted keys, no spaces, and no NaN or infinity (JSON has neither)."""
     try:
-        return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"), ensure_ascii=False) == text
+        value = json.loads(text)
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False) == text
     except ValueError:
         return False
 
@@ -206,6 +208,7 @@ _TEXT = [
     "{}",
     "null",
     "NaN",
+    "[Infinity]",
     '{"a":1}',
     '{"a": 1}',
     '{"b":1,"a":2}',
