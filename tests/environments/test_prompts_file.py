@@ -79,12 +79,12 @@ def test_fake_model_episode_is_scored_by_the_named_reward(play, prompt_file):
     }
 
 
-def test_options_record_absolute_path_reward_and_sha256_and_reload_identically(tmp_path, monkeypatch):
+def test_options_record_a_file_uri_reward_and_sha256_and_reload_identically(tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "p.jsonl", ROWS)
     monkeypatch.chdir(tmp_path)
     env = load_environment("p.jsonl")
     assert env.options() == {
-        "path": str(path),
+        "path": f"file://{path}",
         "reward": "exact_match",
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
     }
@@ -155,7 +155,8 @@ def test_ground_truth_the_reward_cannot_score_is_refused_at_load(tmp_path):
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
-        ("p.jsonl", "{not json\n", "cannot be read"),
+        ("p.jsonl", '{"prompt": "q", "ground_truth": "1"}\n{not json\n', "line 2: invalid JSON"),
+        ("p.json", '[{"prompt": "q",\n "ground_truth": }]', "line 2: invalid JSON"),
         ("p.json", '{"prompt": "q"}', "must hold a JSON array"),
         ("p.parquet", "not parquet", "cannot be read"),
         ("p.jsonl", b"\xff\xfe", "cannot be read"),
