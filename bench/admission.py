@@ -112,9 +112,7 @@ def run(rollouts: int, turns: int, *, write_through: bool) -> bool:
     early, late = statistics.median(costs[EARLY_TURN]), statistics.median(costs[turns])
     ratio = late / early
     ok = ratio <= TARGET_RATIO
-    mode = (
-        "write-through prefix cache (as call capture runs)" if write_through else "every parent read from staging"
-    )
+    mode = "write-through prefix cache (as call capture runs)" if write_through else "every parent read from staging"
     print(f"{rollouts} rollouts x {turns} turns, {mode}; {checked} prompts checked against the full-render definition")
     print(
         f"admission per call (resolve + render + splice), median: turn {EARLY_TURN} {early * 1e6:.0f} us, "

@@ -74,7 +74,7 @@ def test_missing_fields_and_non_json_are_named():
     del raw["shards"]
     with pytest.raises(ConfigError, match=r"missing field\(s\) \['shards'\]"):
         BatchConfig.from_dict(raw)
-    with pytest.raises(ConfigError, match="plan/batch.json is not valid JSON"):
+    with pytest.raises(ConfigError, match=r"plan/batch\.json is not valid JSON"):
         BatchConfig.from_json("{", source="plan/batch.json")
 
 

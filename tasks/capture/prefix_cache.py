@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.checks import check_hex_digest
+from tasks.checks import check_hex_digest, check_int
 from tasks.ids import check_id, check_optional_id
 
 FetchDeltas = Callable[[Sequence[str]], Sequence[np.ndarray]]
@@ -38,8 +38,7 @@ class ChainPrefixCache:
         source_id: str | None = None,
         max_entries: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
-        if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
-            raise ValueError(f"max_entries must be an int >= 1, got {max_entries!r}")
+        check_int(max_entries, field="max_entries", minimum=1, error=ValueError)
         self._max_entries = max_entries
         self._source_id = source_id
         self._fetch_deltas = fetch_deltas
@@ -162,8 +161,7 @@ class Admission:
         except (TypeError, ValueError) as exc:
             raise AdmissionError(f"admission of {self.call_id!r}: {exc}") from None
         object.__setattr__(self, "staging_chain", chain)
-        if not isinstance(self.prev_len, int) or isinstance(self.prev_len, bool) or self.prev_len < 0:
-            raise AdmissionError(f"admission of {self.call_id}: prev_len must be an int >= 0, got {self.prev_len!r}")
+        check_int(self.prev_len, field=f"admission of {self.call_id}: prev_len", error=AdmissionError)
         if self.parent_call_id is None:
             if self.prev_len or chain or self.parent_chain_hash is not None:
                 raise AdmissionError(

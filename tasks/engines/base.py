@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks.checks import check_int
+
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -36,8 +38,7 @@ class SamplingSettings:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < -1 or self.top_k == 0:
             raise ValueError(f"top_k must be -1 (off) or a positive int, got {self.top_k!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        check_int(self.max_tokens, field="max_tokens", minimum=1, error=ValueError)
         if self.logprobs_mode != "processed":
             raise ValueError(f"logprobs_mode must be 'processed', got {self.logprobs_mode!r}")
 
@@ -133,6 +134,6 @@ def next_weight_version(current: int, requested: int | None) -> int:
     """The version a refit moves to: ``requested`` when it exceeds ``current``, else an error."""
     if requested is None:
         return current + 1
-    if not isinstance(requested, int) or isinstance(requested, bool) or requested <= current:
-        raise EngineError(f"a refit must raise the weight version above {current}, got {requested!r}")
-    return requested
+    return check_int(
+        requested, field=f"a refit's weight version (now {current})", minimum=current + 1, error=EngineError
+    )

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tasks.capture.records import TERMINAL_SELECTIONS
+from tasks.checks import check_int
 from tasks.finalize import reasons
 from tasks.finalize.assemble import AssembledRows
 from tasks.finalize.ragged import run_sums
@@ -119,8 +120,7 @@ class DatasetMetrics:
     def add_ledger(self, *, calls: int, token_in_calls: int, failure_reasons: Mapping[str, int]) -> None:
         """Count one committed shard's ledger: all call records, those admitted ``token_in``, failure rows by reason."""
         for name, value in (("calls", calls), ("token_in_calls", token_in_calls)):
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+            check_int(value, field=name, error=ValueError)
         if token_in_calls > calls:
             raise ValueError(f"token_in_calls ({token_in_calls}) exceeds calls ({calls})")
         self.ledger_shards += 1

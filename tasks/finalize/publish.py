@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.checks import is_int
+from tasks.checks import check_int, is_int
 from tasks.config import BatchConfig
 from tasks.finalize.assemble import AssembledRows
 from tasks.finalize.card import render_card
@@ -102,8 +102,7 @@ class DatasetMarker:
         wrong += [f.path for f in (self.metrics, self.card) if f.rows]
         if wrong:
             raise MalformedDatasetMarkerError(f"files {wrong} are marked with the wrong kind or rows")
-        if not isinstance(self.trainable_rows, int) or not 0 <= self.trainable_rows <= self.rows:
-            raise MalformedDatasetMarkerError(f"trainable_rows {self.trainable_rows!r} must be in [0, {self.rows}]")
+        check_int(self.trainable_rows, field="trainable_rows", maximum=self.rows, error=MalformedDatasetMarkerError)
         if self.config.get("batch_id") != self.batch_id:
             raise MalformedDatasetMarkerError(f"config is of batch {self.config.get('batch_id')!r}")
         try:
@@ -185,8 +184,7 @@ def publish_dataset(
     order or belong to another batch, ObjectConflictError when an object differs from one an
     earlier, unfinished run left (remove the dataset objects no marker names, then retry).
     """
-    if not isinstance(rows_per_part, int) or rows_per_part < 1:
-        raise ValueError(f"rows_per_part must be an int >= 1, got {rows_per_part!r}")
+    check_int(rows_per_part, field="rows_per_part", minimum=1, error=ValueError)
     missing = tuple(missing_shards)
     _check_missing_shards(missing, config.shards)
     existing = read_dataset_marker(store)

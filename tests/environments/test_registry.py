@@ -104,7 +104,9 @@ def test_prompt_file_spec_loads_prompts_file(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"prompt": "q", "ground_truth": "a"}) + "\n")
     assert isinstance(load_environment(str(path)), PromptsFile)
-    assert load_environment(str(path), {"path": str(path), "reward": "exact_match"}).options()["path"] == f"file://{path}"
+    assert (
+        load_environment(str(path), {"path": str(path), "reward": "exact_match"}).options()["path"] == f"file://{path}"
+    )
 
 
 def test_unknown_name_lists_the_builtins():
