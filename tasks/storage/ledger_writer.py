@@ -71,7 +71,10 @@ class LedgerWriter:
         self._pending: dict[str, list[Any]] = {kind: [] for kind in layout.LEDGER_KINDS}
         self._unconfirmed: dict[str, tuple[int, bytes] | None] = dict.fromkeys(layout.LEDGER_KINDS)
         self._next_index = dict.fromkeys(layout.LEDGER_KINDS, 0)
-        self._calls: dict[str, CallRecord] = {}
+        # Call records of rollouts not yet receipted (for the same-id check); a receipt releases them.
+        self._open_calls: dict[str, dict[str, CallRecord]] = {}
+        # staging segment -> (rows its call records need, the call that needs the most)
+        self._rows_needed: dict[str, tuple[int, str]] = {}
         self._receipts: dict[str, Receipt] = {}
         self._written: list[MarkedFile] = []
         self._marker: ShardMarker | None = None
@@ -102,14 +105,21 @@ class LedgerWriter:
             )
         with self._lock:
             self._check_open()
-            known = self._calls.get(record.call_id)
+            if record.rollout_id in self._receipts:
+                raise LedgerConflictError(f"call {record.call_id} arrives after rollout {record.rollout_id}'s receipt")
+            calls = self._open_calls.setdefault(record.rollout_id, {})
+            known = calls.get(record.call_id)
             if known is not None:
                 if known != record:
                     raise LedgerConflictError(
                         f"call {record.call_id} of rollout {record.rollout_id} was already recorded with other content"
                     )
                 return
-            self._calls[record.call_id] = record
+            calls[record.call_id] = record
+            needed = (record.staging_row + 1, record.call_id)
+            self._rows_needed[record.staging_segment] = max(
+                needed, self._rows_needed.get(record.staging_segment, needed)
+            )
             self._buffer("calls", record)
 
     def add_failure(self, row: FailureRow) -> None:
@@ -144,6 +154,7 @@ class LedgerWriter:
                     raise LedgerConflictError(f"rollout {receipt.rollout_id} already has a different receipt")
                 return
             self._receipts[receipt.rollout_id] = receipt
+            self._open_calls.pop(receipt.rollout_id, None)
             self._buffer("receipts", receipt)
 
     def flush(self) -> None:
@@ -168,10 +179,10 @@ class LedgerWriter:
                     raise ValueError(
                         f"{marked.path} is not a staging segment of shard {self.shard} attempt {self.attempt}"
                     )
-            for call in self._calls.values():
-                if call.staging_row >= rows_of.get(call.staging_segment, 0):
+            for segment, (needed, call_id) in self._rows_needed.items():
+                if needed > rows_of.get(segment, 0):
                     raise ValueError(
-                        f"call {call.call_id} points at row {call.staging_row} of {call.staging_segment}, "
+                        f"call {call_id} points at row {needed - 1} of {segment}, "
                         "which the given staging segments do not hold"
                     )
             self._flush_all()
