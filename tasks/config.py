@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from tasks.checks import check_choice, check_hex_digest, check_int, check_text
+from tasks.checks import check_choice, check_finite, check_hex_digest, check_int, check_text
 from tasks.engines.base import SamplingSettings
 from tasks.ids import check_id
 from tasks.strict_json import load_dataclass, parse_json
@@ -82,10 +82,44 @@ class StagingSpec:
 
 @dataclass(frozen=True)
 class ValidationSpec:
-    """Thresholds the validation stages enforce."""
+    """Thresholds of the validation suites (``tasks/validate``); later stages may override them.
 
-    max_invalid_row_rate: float = 0.05
-    max_capture_poisoned_rate: float = 0.05
+    Rates are fractions in [0, 1]. Which expectation fails a batch and which only warns is the
+    suite's decision (documented there); these numbers are the lines they draw.
+    """
+
+    max_invalid_row_rate: float = 0.05  # dataset: masked or dropped rollouts / planned rollouts
+    max_capture_poisoned_rate: float = 0.05  # lineage: capture-poisoned rollouts / planned rollouts
+    max_poisoned_rate: float = 0.2  # lineage: poisoned or failed receipts / receipts
+    max_failure_row_rate: float = 0.05  # lineage: failure rows / model calls
+    min_declared_terminal_rate: float = 0.9  # lineage: receipts whose terminal was declared / ok receipts
+    max_group_advantage_mean: float = 1e-3  # dataset (grpo, dr_grpo, rloo): |mean advantage| of a group
+    reward_min: float | None = None  # dataset: rewards below are flagged (None: no bound)
+    reward_max: float | None = None  # dataset: rewards above are flagged (None: no bound)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_invalid_row_rate",
+            "max_capture_poisoned_rate",
+            "max_poisoned_rate",
+            "max_failure_row_rate",
+            "min_declared_terminal_rate",
+        ):
+            value = check_finite(getattr(self, name), field=f"validation.{name}", error=ConfigError)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"validation.{name} must be a rate in [0, 1], got {value!r}")
+        if (
+            check_finite(self.max_group_advantage_mean, field="validation.max_group_advantage_mean", error=ConfigError)
+            < 0
+        ):
+            raise ConfigError(
+                f"validation.max_group_advantage_mean must be >= 0, got {self.max_group_advantage_mean!r}"
+            )
+        for name in ("reward_min", "reward_max"):
+            if getattr(self, name) is not None:
+                check_finite(getattr(self, name), field=f"validation.{name}", error=ConfigError)
+        if self.reward_min is not None and self.reward_max is not None and self.reward_min > self.reward_max:
+            raise ConfigError(f"validation.reward_min {self.reward_min} exceeds reward_max {self.reward_max}")
 
 
 @dataclass(frozen=True)
