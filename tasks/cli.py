@@ -1,6 +1,7 @@
 """The ``rollout-ledger`` command: one sub-command per stage. Scripts depend on it; keep it stable.
 
-Exit codes: 0 done; 1 failed (a retry may succeed: the engine died, an unexpected error); 2 a
+Exit codes: 0 done; 1 failed (a validation suite failed the batch, publish was refused, the engine
+died, an unexpected error); 2 a
 usage or input error (bad flags, config, environment, model, unreadable storage: fix the command);
 3 a conflict with what storage already holds (a batch planned differently, a model whose hashes
 differ from the plan, data that fails an integrity check); 128+N stopped by signal N (completed
@@ -129,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--model", default=None, help="refused: the model is fixed at plan time (see plan --model)")
 
-    finalize = command("finalize", "verify, linearize and publish the batch's GRPO dataset")
+    finalize = command(
+        "finalize", "validate the ledger, build the GRPO dataset, validate it, and publish it if both suites pass"
+    )
     _root_and_batch(finalize)
     finalize.add_argument("--on-invalid", choices=ON_INVALID, default=None, help="override the batch config's")
     finalize.add_argument("--advantage", choices=ADVANTAGES, default=None, help="override the batch config's")
@@ -145,6 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="recompute a sample of logprobs with the HF model (default: on for the bundled model)",
     )
     audit.add_argument("--no-audit", dest="audit", action="store_false", help="skip the logprob audit")
+    finalize.add_argument(
+        "--no-publish", action="store_true", help="stop after the build: lineage suite and staged dataset only"
+    )
+    _threshold_flag(finalize)
+
+    validate = command("validate", "run the validation suites; write their reports and the overview page")
+    _root_and_batch(validate)
+    validate.add_argument("--suite", choices=("lineage", "dataset", "all"), default="all", help="which suite")
+    _threshold_flag(validate)
+
+    publish = command("publish", "commit the staged dataset (dataset/_COMMITTED.json) if both suites passed")
+    _root_and_batch(publish)
 
     status = command("status", "what a batch holds: plan, shards and attempts, counts, dataset, reports")
     _root_and_batch(status)
@@ -168,6 +183,16 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.nargs == 0 or action.default is None or action.default == [] or action.required:
             return action.help
         return super()._get_help_string(action)
+
+
+def _threshold_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a validation threshold of the batch config, e.g. max_poisoned_rate=0.3; repeatable",
+    )
 
 
 def _root_and_batch(parser: argparse.ArgumentParser) -> None:
@@ -313,7 +338,8 @@ def _engine_notice(args: argparse.Namespace) -> Callable[[float], Any]:
 
 
 def _finalize(args: argparse.Namespace) -> int:
-    from tasks.finalize.stage import FinalizeOptions, finalize_batch
+    from tasks.finalize.stage import FinalizeOptions
+    from tasks.pipeline import finalize_and_publish, thresholds_with
     from tasks.plan import batch_store
     from tasks.storage import layout
     from tasks.training_signal import TrainingSignal
@@ -322,20 +348,31 @@ def _finalize(args: argparse.Namespace) -> int:
         on_invalid=args.on_invalid, advantage=args.advantage, allow_partial=args.allow_partial, audit=args.audit
     )
     storage = _storage(args)
-    published = finalize_batch(args.root, args.batch_id, options, storage_options=storage)
-    marker = published.marker
-    metrics = json.loads(batch_store(args.root, args.batch_id, storage).read_bytes(layout.DATASET_METRICS))
-    _say(f"dataset {published.url}/dataset: {marker.rows} rows, {marker.trainable_rows} trainable")
+    thresholds = thresholds_with(args.root, args.batch_id, _options(args.threshold, "--threshold"), storage)
+    result = finalize_and_publish(
+        args.root, args.batch_id, options, thresholds=thresholds, publish=not args.no_publish, storage_options=storage
+    )
+    marker = result.staged.marker
+    store = batch_store(args.root, args.batch_id, storage)
+    metrics = json.loads(store.read_bytes(layout.DATASET_METRICS))
+    _say(f"dataset {result.staged.url}/dataset: {marker.rows} rows, {marker.trainable_rows} trainable")
     if marker.partial:
         _say(f"  PARTIAL: shards {list(marker.missing_shards)} were not committed and are missing from it")
     for line in TrainingSignal.of_dataset_metrics(metrics).describe():
         _say(f"  {line}")
+    for suite, outcome in result.suites.items():
+        _say(f"{suite} suite: {outcome.status} (report: {outcome.report_url})")
+    _say(f"overview: {store.url}/{layout.REPORTS_DIR}/index.html")
+    if result.published is not None:
+        _say(f"published: {store.url}/{layout.DATASET_MARKER}")
     print(
         json.dumps(
             {
                 "batch_id": marker.batch_id,
-                "dataset": f"{published.url}/dataset",
-                "already_finalized": not published.created,
+                "dataset": f"{result.staged.url}/dataset",
+                "already_finalized": not result.staged.created,
+                "published": result.published is not None,
+                "suites": {suite: outcome.status for suite, outcome in result.suites.items()},
                 "rows": marker.rows,
                 "trainable_rows": marker.trainable_rows,
                 "groups": marker.groups,
@@ -346,6 +383,34 @@ def _finalize(args: argparse.Namespace) -> int:
             indent=2,
         )
     )
+    return EXIT_OK
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from tasks.pipeline import SUITE_NAMES, describe_failure, run_suite, thresholds_with
+
+    storage = _storage(args)
+    thresholds = thresholds_with(args.root, args.batch_id, _options(args.threshold, "--threshold"), storage)
+    suites = SUITE_NAMES if args.suite == "all" else (args.suite,)
+    outcomes = {}
+    for suite in suites:
+        outcomes[suite] = outcome = run_suite(
+            suite, args.root, args.batch_id, thresholds=thresholds, storage_options=storage
+        )
+        _say(f"{suite} suite: {outcome.status} (report: {outcome.report_url})")
+        if outcome.status == "failed":
+            _say(f"  {describe_failure(suite, outcome)}")
+    print(json.dumps({suite: outcome.status for suite, outcome in outcomes.items()}, indent=2))
+    return EXIT_FAILED if any(o.status == "failed" for o in outcomes.values()) else EXIT_OK
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from tasks.publish import publish_batch
+
+    published = publish_batch(args.root, args.batch_id, storage_options=_storage(args))
+    verb = "published" if published.created else "already published"
+    _say(f"{verb}: {published.url}/dataset ({published.marker.rows} rows)")
+    print(json.dumps({"batch_id": args.batch_id, "dataset": f"{published.url}/dataset", "created": published.created}))
     return EXIT_OK
 
 
@@ -384,6 +449,8 @@ COMMANDS = {
     "plan": _plan,
     "generate": _generate,
     "finalize": _finalize,
+    "validate": _validate,
+    "publish": _publish,
     "status": _status,
     "sweep": _sweep,
     "demo": _demo,
@@ -394,6 +461,8 @@ def classify_error(exc: BaseException, command: str, root: str | None) -> tuple[
     """The exit code and the one line a person sees for an error of ``command`` (no traceback)."""
     from tasks.engines.base import EngineDeadError
     from tasks.generate import GenerateInterrupted
+    from tasks.pipeline import ValidationFailedError
+    from tasks.publish import PublishRefusedError
 
     prefix = f"rollout-ledger {command}"
     if isinstance(exc, GenerateInterrupted):
@@ -405,6 +474,8 @@ def classify_error(exc: BaseException, command: str, root: str | None) -> tuple[
             f"{prefix}: failed: the engine died ({exc}); receipts of completed rollouts were flushed and no "
             "shard marker was written: run generate again to adopt them and re-run the rest"
         )
+    if isinstance(exc, (ValidationFailedError, PublishRefusedError)):
+        return EXIT_FAILED, f"{prefix}: {exc}"
     if isinstance(exc, USAGE_ERRORS):
         return EXIT_USAGE, f"{prefix}: error: {exc}"
     if isinstance(exc, CONFLICT_ERRORS):
@@ -415,7 +486,7 @@ def classify_error(exc: BaseException, command: str, root: str | None) -> tuple[
             read = aws_variables_read(os.environ)
             where += f" (AWS variables read: {', '.join(read) if read else 'none set'})"
         return EXIT_USAGE, f"{prefix}: error: cannot use {where}: {type(exc).__name__}: {exc}"
-    return EXIT_FAILED, f"{prefix}: failed: {type(exc).__name__}: {exc}"
+    return EXIT_FAILED, f"{prefix}: failed: {type(exc).__name__}: {exc} (-v shows the traceback)"
 
 
 def _is_storage_access_error(exc: BaseException) -> bool:
@@ -438,8 +509,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         code, message = classify_error(exc, args.command, getattr(args, "root", None))
         if code == EXIT_FAILED and args.verbose:
             log.exception("rollout-ledger %s failed", args.command)
-        elif code == EXIT_FAILED:
-            message += " (-v shows the traceback)"
         print(message, file=sys.stderr)
         return code
 

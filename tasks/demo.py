@@ -13,10 +13,10 @@ from pathlib import Path
 
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines.base import SamplingSettings
-from tasks.finalize.stage import finalize_batch
 from tasks.generate import generate_shards
 from tasks.models.provenance import model_provenance
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+from tasks.pipeline import finalize_and_publish
 from tasks.plan import batch_store, plan_batch
 from tasks.storage import layout
 from tasks.version import code_version
@@ -61,13 +61,14 @@ def run_demo(root: str, *, batch_id: str | None = None, size: DemoSize | None = 
             f"{summary.calls} calls, {summary.generated_tokens} tokens in {summary.seconds:.1f}s",
             flush=True,
         )
-    print("[3/3] finalize: verify lineage, linearize, advantages, logprob audit, publish", flush=True)
-    published = finalize_batch(root, batch_id)
+    print("[3/3] finalize: lineage suite, verify and linearize, advantages, logprob audit, dataset suite, publish")
+    published = finalize_and_publish(root, batch_id).published
     store = batch_store(root, batch_id)
     metrics = json.loads(store.read_bytes(layout.DATASET_METRICS))
     summary = {
         "batch_id": batch_id,
         "dataset": f"{published.url}/dataset",
+        "reports": f"{store.url}/{layout.REPORTS_DIR}/index.html",
         "rollouts": metrics["planned_rollouts"],
         "trainable_rows": metrics["trainable_rows"],
         "masked_rows": metrics["masked_rows"],
@@ -86,6 +87,7 @@ def print_summary(summary: dict) -> None:
     reasons = ", ".join(f"{k}: {v}" for k, v in summary["invalid_reasons"].items()) or "none"
     rows = [
         ("dataset", summary["dataset"]),
+        ("reports", summary["reports"]),
         ("rollouts", summary["rollouts"]),
         ("trainable / masked rows", f"{summary['trainable_rows']} / {summary['masked_rows']}"),
         ("masked reasons", reasons),

@@ -1,20 +1,22 @@
-"""Publish a batch's GRPO dataset: Parquet parts, metrics, card, then the dataset marker, last.
+"""The dataset's files and its two manifests: staged by finalize, committed by publish.
 
 Under the batch directory::
 
     dataset/part-00000.parquet ...   rows (DatasetRow schema), at most ``rows_per_part`` each
     dataset/metrics.json             batch metrics (+ the logprob audit when given)
     dataset/README.md                the dataset card
-    dataset/_COMMITTED.json          the marker: every file above with size and sha256, counts,
-                                     schema version, the batch config and the missing shards
-                                     of a partial dataset; written last
+    dataset/_STAGED.json             finalize's manifest: every file above with size and sha256,
+                                     counts, schema version, the batch config and the missing
+                                     shards of a partial dataset; written last by finalize
+    dataset/_COMMITTED.json          publish: the same manifest plus both validation outcomes;
+                                     the one object consumers trust (``tasks.publish``)
 
 Assembled groups are streamed (a shard's at a time when finalizing): besides the rows being added,
 at most one part is buffered and one is being written, in a background thread. Every object
 is created once, so a crashed run that is repeated rewrites identical bytes (no-ops) and then
-commits. A batch whose marker exists is not published again: :func:`publish_dataset` returns
-the committed summary without reading its groups. Readers trust only what the marker names
-and check each file's size and sha256 (:func:`read_dataset_part`).
+stages. A batch whose staged manifest exists is not built again: :func:`stage_dataset` returns
+it without reading its groups. Readers trust only what a manifest names and check each file's
+size and sha256 (:func:`read_dataset_part`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from tasks.storage.marker import MalformedMarkerError, MarkedFile
 from tasks.storage.objects import ObjectConflictError, ObjectStore, sha256_hex
 from tasks.strict_json import load_dataclass, parse_json
 
-MARKER_VERSION = 3  # 2: records missing_shards and partial; 3: files are MarkedFile (with their kind)
+# 2: records missing_shards and partial; 3: files are MarkedFile (with their kind), validation outcomes
+MARKER_VERSION = 3
 DEFAULT_ROWS_PER_PART = 8192
 # Dictionary-encode the repetitive text columns only: on token lists it costs half the write time.
 _DICTIONARY_COLUMNS = ["batch_id", "group_id", "mask_reason", "terminal_selection"]
@@ -62,7 +65,8 @@ class DatasetMarker:
     """``dataset/_COMMITTED.json``; constructing one checks names, order and counts.
 
     ``missing_shards`` lists (ascending) the planned shards a partial dataset was finalized
-    without; ``partial`` is true exactly when there is one.
+    without; ``partial`` is true exactly when there is one. ``validation`` is None in the staged
+    manifest and holds each suite's outcome in the committed one.
     """
 
     batch_id: str
@@ -77,6 +81,7 @@ class DatasetMarker:
     committed_at: float
     missing_shards: tuple[int, ...]
     partial: bool
+    validation: dict[str, Any] | None = None
     marker_version: int = MARKER_VERSION
 
     def __post_init__(self) -> None:
@@ -131,21 +136,35 @@ class DatasetMarker:
 
 
 @dataclass(frozen=True)
-class PublishResult:
-    """Where a batch's dataset is and what its marker commits; ``created`` is False for a no-op."""
+class StagedDataset:
+    """Where a batch's dataset is and what its manifest names; ``created`` is False for a no-op."""
 
     url: str
     marker: DatasetMarker
     created: bool
 
 
+def read_staged_marker(store: ObjectStore) -> DatasetMarker | None:
+    """The dataset as finalize built it (``dataset/_STAGED.json``; ``store`` is the batch's), or None."""
+    return _read_manifest(store, layout.DATASET_STAGED, validated=False)
+
+
 def read_dataset_marker(store: ObjectStore) -> DatasetMarker | None:
-    """The batch's validated dataset marker (``store`` is rooted at the batch), or None if unpublished."""
+    """The published dataset (``dataset/_COMMITTED.json``, with its validation outcomes), or None."""
+    return _read_manifest(store, layout.DATASET_MARKER, validated=True)
+
+
+def _read_manifest(store: ObjectStore, path: str, *, validated: bool) -> DatasetMarker | None:
     try:
-        data = store.read_bytes(layout.DATASET_MARKER)
+        data = store.read_bytes(path)
     except FileNotFoundError:
         return None
-    return DatasetMarker.from_json(data, source=f"{store.url}/{layout.DATASET_MARKER}")
+    marker = DatasetMarker.from_json(data, source=f"{store.url}/{path}")
+    if (marker.validation is not None) != validated:
+        raise MalformedDatasetMarkerError(
+            f"{store.url}/{path}: validation outcomes are {'missing' if validated else 'present'}"
+        )
+    return marker
 
 
 def read_dataset_part(store: ObjectStore, part: MarkedFile) -> pa.Table:
@@ -161,7 +180,7 @@ def read_dataset_part(store: ObjectStore, part: MarkedFile) -> pa.Table:
     return table
 
 
-def publish_dataset(
+def stage_dataset(
     store: ObjectStore,
     groups: Iterable[AssembledRows],
     *,
@@ -171,27 +190,27 @@ def publish_dataset(
     missing_shards: Sequence[int] = (),
     rows_per_part: int = DEFAULT_ROWS_PER_PART,
     now: float | None = None,
-) -> PublishResult:
-    """Write the dataset of ``config``'s batch from ``groups`` (ascending ``group_id``), marker last.
+) -> StagedDataset:
+    """Write the dataset of ``config``'s batch from ``groups`` (ascending ``group_id``), its manifest last.
 
     ``store`` is rooted at the batch directory. ``metrics`` may already hold ledger counts
     (:meth:`DatasetMetrics.add_ledger`); every group is added to it here. ``audit`` (a JSON-ready
     dict, or a function returning one, called once every part is written) goes into
     ``metrics.json`` and the card. ``missing_shards`` (ascending) are the planned shards the
-    groups leave out: the marker, ``metrics.json`` and the card say the dataset is partial and
-    name them. If the marker exists, nothing is read or
-    written and the committed summary is returned. Raises ValueError when groups arrive out of
-    order or belong to another batch, ObjectConflictError when an object differs from one an
-    earlier, unfinished run left (remove the dataset objects no marker names, then retry).
+    groups leave out: the manifest, ``metrics.json`` and the card say the dataset is partial and
+    name them. If the staged manifest exists, nothing is read or written and it is returned.
+    Raises ValueError when groups arrive out of order or belong to another batch,
+    ObjectConflictError when an object differs from one an earlier, unfinished run left (remove
+    the dataset objects no manifest names, then retry).
     """
     check_int(rows_per_part, field="rows_per_part", minimum=1, error=ValueError)
     missing = tuple(missing_shards)
     _check_missing_shards(missing, config.shards)
-    existing = read_dataset_marker(store)
+    existing = read_staged_marker(store)
     if existing is not None:
         if existing.batch_id != config.batch_id:
             raise ValueError(f"{store.url} holds the dataset of batch {existing.batch_id}, not {config.batch_id}")
-        return PublishResult(url=store.url, marker=existing, created=False)
+        return StagedDataset(url=store.url, marker=existing, created=False)
 
     metrics = metrics if metrics is not None else DatasetMetrics()
     last_group: str | None = None
@@ -247,13 +266,13 @@ def publish_dataset(
         partial=bool(missing),
     )
     try:
-        store.write_once(layout.DATASET_MARKER, marker.to_json().encode("utf-8"))
+        store.write_once(layout.DATASET_STAGED, marker.to_json().encode("utf-8"))
     except ObjectConflictError:
-        winner = read_dataset_marker(store)
+        winner = read_staged_marker(store)
         if winner is None or not winner.same_content(marker):
             raise
-        return PublishResult(url=store.url, marker=winner, created=False)
-    return PublishResult(url=store.url, marker=marker, created=True)
+        return StagedDataset(url=store.url, marker=winner, created=False)
+    return StagedDataset(url=store.url, marker=marker, created=True)
 
 
 def _check_missing_shards(missing: Sequence[int], shards: int) -> None:

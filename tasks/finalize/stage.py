@@ -1,4 +1,4 @@
-"""The finalize stage: committed shards in, a published GRPO dataset out (ARCHITECTURE section 8).
+"""The finalize stage: committed shards in, a staged GRPO dataset out (ARCHITECTURE section 8).
 
 Shard by shard (bounded memory): verify and linearize every receipt (:mod:`tasks.finalize.verify`),
 assemble the planned groups with their advantages (:mod:`tasks.finalize.assemble`), and stream
@@ -7,9 +7,10 @@ the rows into the dataset's parts (:mod:`tasks.finalize.publish`). The optional 
 sampled tokens' logprobs of a seeded sample of trainable rows with the HF model.
 
 Preconditions: every planned shard is committed, or ``allow_partial`` finalizes the committed
-ones and the dataset says which are missing (its marker, metrics and card); a batch without
-any committed shard is refused either way. The dataset marker is written last; a batch whose
-marker exists is not finalized again.
+ones and the dataset says which are missing (its manifest, metrics and card); a batch without
+any committed shard is refused either way. The staged manifest ``dataset/_STAGED.json`` is
+written last; a batch whose staged manifest exists is not finalized again. Consumers trust only
+``dataset/_COMMITTED.json``, which :mod:`tasks.publish` writes once both validation suites pass.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tasks.config import BatchConfig, ConfigError
 from tasks.finalize.assemble import AssembledRows, assemble_rows
 from tasks.finalize.dataset_schema import DatasetRow
 from tasks.finalize.metrics import DatasetMetrics
-from tasks.finalize.publish import PublishResult, publish_dataset, read_dataset_marker
+from tasks.finalize.publish import StagedDataset, read_staged_marker, stage_dataset
 from tasks.finalize.verify.shard import prepare_shard
 from tasks.plan import batch_store, read_batch_config
 from tasks.storage.marker import read_marker
@@ -71,8 +72,11 @@ def finalize_batch(
     options: FinalizeOptions | None = None,
     *,
     storage_options: StorageOptions | None = None,
-) -> PublishResult:
-    """Verify, linearize and publish ``batch_id``; a no-op when its dataset is already published.
+) -> StagedDataset:
+    """Verify and linearize ``batch_id`` into its staged dataset; a no-op when it is already staged.
+
+    The dataset is not trusted by consumers until both validation suites pass and
+    :func:`tasks.publish.publish_batch` commits it.
 
     ``storage_options`` go to fsspec with ``root_url`` (credentials never enter the batch).
     Raises :class:`UncommittedShardsError` naming the uncommitted shards unless
@@ -83,12 +87,12 @@ def finalize_batch(
     config = read_batch_config(store)
     overrides = {k: v for k, v in (("on_invalid", options.on_invalid), ("advantage", options.advantage)) if v}
     config = config.with_overrides(**overrides) if overrides else config
-    existing = read_dataset_marker(store)
+    existing = read_staged_marker(store)
     if existing is not None:
         log.info("batch %s is already finalized: nothing to do", batch_id)
         if existing.partial:
             log.warning("batch %s was finalized without shard(s) %s", batch_id, list(existing.missing_shards))
-        return PublishResult(url=store.url, marker=existing, created=False)
+        return StagedDataset(url=store.url, marker=existing, created=False)
     committed = [shard for shard in range(config.shards) if read_marker(store, shard) is not None]
     missing = sorted(set(range(config.shards)) - set(committed))
     _check_committed(batch_id, config.shards, missing, allow_partial=options.allow_partial)
@@ -112,7 +116,7 @@ def finalize_batch(
         )
         return report.to_dict()
 
-    return publish_dataset(store, assembled, config=config, metrics=metrics, audit=audit, missing_shards=missing)
+    return stage_dataset(store, assembled, config=config, metrics=metrics, audit=audit, missing_shards=missing)
 
 
 def _check_committed(batch_id: str, shards: int, missing: list[int], *, allow_partial: bool) -> None:

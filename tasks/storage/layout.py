@@ -11,6 +11,7 @@ import re
 from tasks.ids import attempt_name, check_id, shard_name
 
 MARKER_NAME = "_COMMITTED.json"
+REPORTS_DIR = "reports"
 CLAIM_NAME = "_CLAIM.json"
 _ATTEMPT_IN_PATH = re.compile(r"/attempt-(\d+)/")
 
@@ -57,7 +58,8 @@ def shard_marker(shard: int) -> str:
 
 
 DATASET_DIR = "dataset"
-DATASET_MARKER = f"{DATASET_DIR}/{MARKER_NAME}"
+DATASET_MARKER = f"{DATASET_DIR}/{MARKER_NAME}"  # written by publish: the one object consumers trust
+DATASET_STAGED = f"{DATASET_DIR}/_STAGED.json"  # written by finalize: the dataset as built, not yet validated
 DATASET_METRICS = f"{DATASET_DIR}/metrics.json"
 DATASET_CARD = f"{DATASET_DIR}/README.md"
 

@@ -15,9 +15,9 @@ from tasks.finalize.metrics import DatasetMetrics
 from tasks.finalize.publish import (
     DatasetMarker,
     MalformedDatasetMarkerError,
-    publish_dataset,
-    read_dataset_marker,
     read_dataset_part,
+    read_staged_marker,
+    stage_dataset,
 )
 from tasks.storage import layout
 from tasks.storage.errors import SegmentChecksumMismatchError
@@ -27,14 +27,14 @@ from .rollouts import batch_config, mixed_groups, rows_of
 
 
 def published_rows(store: ObjectStore) -> list[DatasetRow]:
-    marker = read_dataset_marker(store)
+    marker = read_staged_marker(store)
     return [row for part in marker.parts for row in DatasetRow.from_table(read_dataset_part(store, part))]
 
 
 def test_publish_writes_bounded_parts_metrics_card_and_marker(store):
     config = batch_config()
     groups = mixed_groups(config)
-    published = publish_dataset(store, iter(groups), config=config, rows_per_part=5)
+    published = stage_dataset(store, iter(groups), config=config, rows_per_part=5)
     marker = published.marker
     assert published.created
     assert [p.path for p in marker.parts] == [layout.dataset_part(i) for i in range(3)]
@@ -58,19 +58,19 @@ def test_marker_is_the_last_object_written(tmp_path):
             return super().write_once(relative, data)
 
     store = RecordingStore(str(tmp_path / "batch"))
-    publish_dataset(store, mixed_groups(batch_config()), config=batch_config(), rows_per_part=4)
-    assert written[-3:] == [layout.DATASET_METRICS, layout.DATASET_CARD, layout.DATASET_MARKER]
+    stage_dataset(store, mixed_groups(batch_config()), config=batch_config(), rows_per_part=4)
+    assert written[-3:] == [layout.DATASET_METRICS, layout.DATASET_CARD, layout.DATASET_STAGED]
 
 
 def test_published_batch_is_not_finalized_again(store):
     config = batch_config()
-    first = publish_dataset(store, mixed_groups(config), config=config, now=1.0)
+    first = stage_dataset(store, mixed_groups(config), config=config, now=1.0)
 
     def never_read():
         raise AssertionError("groups of a published batch must not be read")
         yield
 
-    again = publish_dataset(store, never_read(), config=config, now=2.0)
+    again = stage_dataset(store, never_read(), config=config, now=2.0)
     assert not again.created and again.marker == first.marker
 
 
@@ -84,24 +84,24 @@ def test_rerun_after_a_crash_before_the_marker_completes_the_dataset(tmp_path):
         raise RuntimeError("worker died")
 
     with pytest.raises(RuntimeError, match="worker died"):
-        publish_dataset(store, crashing(), config=config, rows_per_part=4)
-    assert read_dataset_marker(store) is None and store.exists(layout.dataset_part(0))
-    published = publish_dataset(store, groups, config=config, rows_per_part=4)
+        stage_dataset(store, crashing(), config=config, rows_per_part=4)
+    assert read_staged_marker(store) is None and store.exists(layout.dataset_part(0))
+    published = stage_dataset(store, groups, config=config, rows_per_part=4)
     assert published.created and published.marker.rows == 12
 
 
 def test_concurrent_publisher_that_lost_the_marker_race_returns_the_winner(tmp_path, monkeypatch):
     store = ObjectStore(str(tmp_path / "batch"))
     config = batch_config()
-    winner = publish_dataset(store, mixed_groups(config), config=config, now=1.0)
+    winner = stage_dataset(store, mixed_groups(config), config=config, now=1.0)
     seen: list[ObjectStore] = []
 
     def stale_then_real(checked: ObjectStore):
         seen.append(checked)  # the first check runs before the winner's marker "exists"
-        return None if len(seen) == 1 else read_dataset_marker(checked)
+        return None if len(seen) == 1 else read_staged_marker(checked)
 
-    monkeypatch.setattr(publish_module, "read_dataset_marker", stale_then_real)
-    loser = publish_dataset(store, mixed_groups(config), config=config, now=2.0)
+    monkeypatch.setattr(publish_module, "read_staged_marker", stale_then_real)
+    loser = stage_dataset(store, mixed_groups(config), config=config, now=2.0)
     assert not loser.created and loser.marker == winner.marker
 
 
@@ -109,19 +109,19 @@ def test_different_content_under_an_uncommitted_part_is_a_conflict(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
     store.write_once(layout.dataset_part(0), b"left by another run")
     with pytest.raises(ObjectConflictError, match=r"part-00000\.parquet"):
-        publish_dataset(store, mixed_groups(batch_config()), config=batch_config())
+        stage_dataset(store, mixed_groups(batch_config()), config=batch_config())
 
 
 def test_groups_out_of_order_are_refused(tmp_path):
     groups = mixed_groups(batch_config())
     with pytest.raises(ValueError, match="group g000000 arrives after group g000001"):
-        publish_dataset(ObjectStore(str(tmp_path)), [groups[1], groups[0]], config=batch_config())
+        stage_dataset(ObjectStore(str(tmp_path)), [groups[1], groups[0]], config=batch_config())
 
 
 def test_dataset_without_rows_still_has_one_loadable_part(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
     config = batch_config(on_invalid="drop")
-    marker = publish_dataset(store, [], config=config).marker
+    marker = stage_dataset(store, [], config=config).marker
     assert [(p.path, p.rows) for p in marker.parts] == [(layout.dataset_part(0), 0)]
     assert read_dataset_part(store, marker.parts[0]).num_rows == 0
 
@@ -129,14 +129,14 @@ def test_dataset_without_rows_still_has_one_loadable_part(tmp_path):
 def test_drop_mode_writes_only_trainable_rows(tmp_path):
     config = batch_config(on_invalid="drop")
     store = ObjectStore(str(tmp_path / "batch"))
-    marker = publish_dataset(store, mixed_groups(config), config=config).marker
+    marker = stage_dataset(store, mixed_groups(config), config=config).marker
     assert marker.rows == marker.trainable_rows == 10
     assert all(r.group_size == 4 for r in published_rows(store))
 
 
 def test_tampered_part_fails_its_checksum(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
-    marker = publish_dataset(store, mixed_groups(batch_config()), config=batch_config()).marker
+    marker = stage_dataset(store, mixed_groups(batch_config()), config=batch_config()).marker
     path = tmp_path / "batch" / marker.parts[0].path
     path.chmod(0o644)
     path.write_bytes(path.read_bytes()[:-1] + b"\x00")
@@ -147,17 +147,17 @@ def test_tampered_part_fails_its_checksum(tmp_path):
 
 def test_malformed_marker_is_refused_with_its_reason(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
-    store.write_once(layout.DATASET_MARKER, b'{"batch_id": "x"}')
-    with pytest.raises(MalformedDatasetMarkerError, match=r"_COMMITTED\.json: missing field\(s\) \[.card.,") as caught:
-        read_dataset_marker(store)
+    store.write_once(layout.DATASET_STAGED, b'{"batch_id": "x"}')
+    with pytest.raises(MalformedDatasetMarkerError, match=r"_STAGED\.json: missing field\(s\) \[.card.,") as caught:
+        read_staged_marker(store)
     assert caught.value.reason == "malformed_marker"
 
 
 def test_marker_round_trips_through_json(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
-    marker = publish_dataset(store, mixed_groups(batch_config()), config=batch_config()).marker
-    assert read_dataset_marker(store) == marker
-    raw = json.loads(store.read_bytes(layout.DATASET_MARKER))
+    marker = stage_dataset(store, mixed_groups(batch_config()), config=batch_config()).marker
+    assert read_staged_marker(store) == marker
+    raw = json.loads(store.read_bytes(layout.DATASET_STAGED))
     assert raw["metrics"]["path"] == layout.DATASET_METRICS and raw["schema_version"] == 1
 
 
@@ -166,7 +166,7 @@ def test_metrics_and_card_describe_the_batch_and_the_audit(tmp_path):
     metrics = DatasetMetrics()
     metrics.add_ledger(calls=30, token_in_calls=18, failure_reasons={"staging_write_failed": 1})
     audit = {"sampled_tokens": 40, "mean_abs_logprob_diff": 0.0012}
-    publish_dataset(store, mixed_groups(batch_config()), config=batch_config(), metrics=metrics, audit=audit)
+    stage_dataset(store, mixed_groups(batch_config()), config=batch_config(), metrics=metrics, audit=audit)
     written = json.loads(store.read_bytes(layout.DATASET_METRICS))
     assert written["audit"] == audit and written["failure_reasons_by_prefix"] == {"staging": 1}
     card = store.read_bytes(layout.DATASET_CARD).decode()
@@ -178,7 +178,7 @@ def test_metrics_and_card_describe_the_batch_and_the_audit(tmp_path):
 
 def test_parts_are_plain_parquet_with_the_row_schema(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
-    publish_dataset(store, mixed_groups(batch_config()), config=batch_config())
+    stage_dataset(store, mixed_groups(batch_config()), config=batch_config())
     table = pq.read_table(tmp_path / "batch" / layout.dataset_part(0))
     assert table.schema.field("input_ids").type == pa.list_(pa.int32())
     assert table.schema.field("weight_version_spans").type.value_type.names == [
@@ -192,9 +192,9 @@ def test_parts_are_plain_parquet_with_the_row_schema(tmp_path):
 def test_missing_shards_are_recorded_in_the_marker_metrics_and_card(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
     config = dataclasses.replace(batch_config(num_tasks=4), shards=4)
-    marker = publish_dataset(store, mixed_groups(config), config=config, missing_shards=[1, 3]).marker
+    marker = stage_dataset(store, mixed_groups(config), config=config, missing_shards=[1, 3]).marker
     assert (marker.partial, marker.missing_shards) == (True, (1, 3))
-    assert read_dataset_marker(store) == marker
+    assert read_staged_marker(store) == marker
     metrics = json.loads(store.read_bytes(layout.DATASET_METRICS))
     assert (metrics["partial"], metrics["missing_shards"]) == (True, [1, 3])
     assert "PARTIAL: shards [1, 3] are missing (of 4 planned)" in store.read_bytes(layout.DATASET_CARD).decode()
@@ -204,7 +204,7 @@ def test_missing_shards_are_recorded_in_the_marker_metrics_and_card(tmp_path):
 def test_missing_shards_that_are_not_distinct_shards_of_the_batch_ascending_are_refused(tmp_path, missing):
     config = dataclasses.replace(batch_config(), shards=3)
     with pytest.raises(ValueError, match="missing shards"):
-        publish_dataset(ObjectStore(str(tmp_path / "batch")), [], config=config, missing_shards=missing)
+        stage_dataset(ObjectStore(str(tmp_path / "batch")), [], config=config, missing_shards=missing)
 
 
 @pytest.mark.parametrize(
@@ -212,8 +212,8 @@ def test_missing_shards_that_are_not_distinct_shards_of_the_batch_ascending_are_
 )
 def test_a_marker_whose_partial_flag_contradicts_its_missing_shards_is_refused(tmp_path, partial, missing_shards):
     store = ObjectStore(str(tmp_path / "batch"))
-    publish_dataset(store, mixed_groups(batch_config()), config=batch_config())
-    raw = json.loads(store.read_bytes(layout.DATASET_MARKER))
+    stage_dataset(store, mixed_groups(batch_config()), config=batch_config())
+    raw = json.loads(store.read_bytes(layout.DATASET_STAGED))
     raw.update(partial=partial, missing_shards=missing_shards)
     with pytest.raises(MalformedDatasetMarkerError, match=r"partial|missing shards"):
         DatasetMarker.from_json(json.dumps(raw))
@@ -230,9 +230,9 @@ def test_a_marker_whose_partial_flag_contradicts_its_missing_shards_is_refused(t
 )
 def test_the_dataset_marker_names_its_files_with_the_shard_markers_file_type(tmp_path, where, change, message):
     store = ObjectStore(str(tmp_path / "batch"))
-    published = publish_dataset(store, mixed_groups(batch_config()), config=batch_config())
+    published = stage_dataset(store, mixed_groups(batch_config()), config=batch_config())
     assert {f.kind for f in published.marker.files} == {"part", "metrics", "card"}
-    raw = json.loads(store.read_bytes(layout.DATASET_MARKER))
+    raw = json.loads(store.read_bytes(layout.DATASET_STAGED))
     raw[where].update(change)
     with pytest.raises(MalformedDatasetMarkerError, match=message):
         DatasetMarker.from_json(json.dumps(raw))

@@ -19,9 +19,11 @@ from tasks.finalize.stage import FinalizeOptions, NoCommittedShardsError, Uncomm
 from tasks.generate import generate_shard
 from tasks.plan import batch_store, plan_batch
 from tasks.storage import layout
+from tasks.storage.objects import ObjectStore
 from tasks.trainer.collate import PublishedDataset
 
 from .conftest import CommittedBatch, fresh_copy, guess_number_config
+from .rollouts import commit_by_hand
 
 NO_AUDIT = FinalizeOptions(audit=False)
 PARTIAL = FinalizeOptions(audit=False, allow_partial=True)
@@ -43,7 +45,7 @@ def gapped_batch(tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Committ
 
 def dataset_files(batch: CommittedBatch) -> tuple[dict, dict, str]:
     """The batch's dataset marker, metrics.json and card, as stored."""
-    marker = json.loads((batch.batch_dir / layout.DATASET_MARKER).read_text())
+    marker = json.loads((batch.batch_dir / layout.DATASET_STAGED).read_text())
     metrics = json.loads((batch.batch_dir / layout.DATASET_METRICS).read_text())
     return marker, metrics, (batch.batch_dir / layout.DATASET_CARD).read_text()
 
@@ -84,7 +86,7 @@ def test_a_batch_without_any_committed_shard_is_refused_even_when_partial_is_all
     plan_batch(str(tmp_path), config)
     with pytest.raises(NoCommittedShardsError, match=r"none of its 2 shard\(s\).*rollout-ledger generate"):
         finalize_batch(str(tmp_path), config.batch_id, PARTIAL)
-    assert not batch_store(str(tmp_path), config.batch_id).exists(layout.DATASET_MARKER)
+    assert not batch_store(str(tmp_path), config.batch_id).exists(layout.DATASET_STAGED)
 
 
 def test_a_complete_dataset_records_that_it_is_not_partial(fake_batch: CommittedBatch, tmp_path: Path) -> None:
@@ -105,10 +107,11 @@ def test_storage_options_reach_every_read_and_write_of_finalize_and_the_collator
     url, options = "dir://root", {"path": str(tmp_path), "target_protocol": "file"}
     with pytest.raises(ConfigError, match=r"plan/batch\.json does not exist"):  # options rooted elsewhere
         finalize_batch(url, batch.config.batch_id, NO_AUDIT, storage_options={**options, "path": str(tmp_path / "no")})
-    published = finalize_batch(url, batch.config.batch_id, NO_AUDIT, storage_options=options)
-    assert published.created and (batch.batch_dir / layout.DATASET_MARKER).exists()
-    data = PublishedDataset.from_url(published.url, storage_options=options)
-    assert len(data) == published.marker.rows == batch.config.num_rollouts
+    staged = finalize_batch(url, batch.config.batch_id, NO_AUDIT, storage_options=options)
+    assert staged.created and (batch.batch_dir / layout.DATASET_STAGED).exists()
+    commit_by_hand(ObjectStore(url, **options).child(layout.batch_dir(batch.config.batch_id)), staged.marker)
+    data = PublishedDataset.from_url(staged.url, storage_options=options)
+    assert len(data) == staged.marker.rows == batch.config.num_rollouts
 
 
 def test_the_stage_imports_no_torch_until_the_audit_runs() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from tasks.finalize.publish import publish_dataset
+from tasks.finalize.publish import stage_dataset
+from tasks.storage import layout
 from tasks.storage.errors import SegmentChecksumMismatchError
 from tasks.storage.objects import ObjectStore
 from tasks.trainer.collate import GrpoCollator, PublishedDataset
@@ -18,11 +21,20 @@ PAD = 7
 
 @pytest.fixture
 def published(tmp_path):
-    """A tiny published batch (3 groups × 4, one poisoned and one missing rollout) and its rows."""
+    """A tiny published batch (3 groups × 4, one poisoned and one missing rollout) and its rows.
+
+    Committed by hand the way publish commits a staged dataset (the validation suites are not
+    what this file tests).
+    """
     config = batch_config()
     groups = mixed_groups(config)
     url = str(tmp_path / "batch")
-    publish_dataset(ObjectStore(url), groups, config=config, rows_per_part=5)
+    store = ObjectStore(url)
+    staged = stage_dataset(store, groups, config=config, rows_per_part=5).marker
+    committed = dataclasses.replace(
+        staged, validation={"lineage": {"status": "passed"}, "dataset": {"status": "passed"}}
+    )
+    store.write_once(layout.DATASET_MARKER, committed.to_json().encode())
     return url, [row for g in groups for row in rows_of(g)]
 
 

@@ -1,0 +1,112 @@
+"""After generation, in order: lineage validation, finalize (build), dataset validation, publish.
+
+What ``rollout-ledger finalize`` runs (the Airflow DAG runs each step as its own task). Every step
+is idempotent, so running this again after a failure or a crash picks up where it stopped. A
+failed suite stops the run with :class:`ValidationFailedError`: nothing after it runs, its
+reports stay, and no ``dataset/_COMMITTED.json`` is written. The overview page
+``reports/index.html`` is rewritten after each suite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.config import ConfigError, ValidationSpec
+from tasks.finalize.publish import StagedDataset
+from tasks.finalize.stage import FinalizeOptions, finalize_batch
+from tasks.plan import batch_store, read_batch_config
+from tasks.publish import PublishedBatch, publish_batch
+from tasks.storage.options import StorageOptions
+
+SUITE_NAMES = ("lineage", "dataset")
+
+
+class ValidationFailedError(RuntimeError):
+    """A suite failed the batch: its failing expectations and report are in the message."""
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    """What each step produced; ``published`` is None when publishing was not asked for."""
+
+    staged: StagedDataset
+    suites: dict[str, Any]
+    published: PublishedBatch | None
+
+
+def thresholds_with(
+    root_url: str, batch_id: str, overrides: Mapping[str, Any], storage_options: StorageOptions | None = None
+) -> ValidationSpec:
+    """The batch config's validation thresholds with ``overrides`` applied (unknown names are refused)."""
+    planned = read_batch_config(batch_store(root_url, batch_id, storage_options)).validation
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ValidationSpec)})
+    if unknown:
+        known = [f.name for f in dataclasses.fields(ValidationSpec)]
+        raise ConfigError(f"unknown validation threshold(s) {unknown}; known: {known}")
+    try:
+        return dataclasses.replace(planned, **overrides)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"validation thresholds: {exc}") from None
+
+
+def run_suite(
+    suite: str,
+    root_url: str,
+    batch_id: str,
+    *,
+    thresholds: ValidationSpec | None = None,
+    storage_options: StorageOptions | None = None,
+) -> Any:
+    """Run one suite, rewrite the overview page, and return the suite's outcome (failed or not)."""
+    from tasks.validate import validate_dataset, validate_lineage
+    from tasks.validate.report import write_report_index
+
+    validate: Callable[..., Any] = {"lineage": validate_lineage, "dataset": validate_dataset}[suite]
+    outcome = validate(root_url, batch_id, storage_options=storage_options, thresholds=thresholds)
+    write_report_index(root_url, batch_id, storage_options=storage_options)
+    return outcome
+
+
+def finalize_and_publish(
+    root_url: str,
+    batch_id: str,
+    options: FinalizeOptions | None = None,
+    *,
+    thresholds: ValidationSpec | None = None,
+    publish: bool = True,
+    storage_options: StorageOptions | None = None,
+) -> PipelineResult:
+    """Lineage suite, build, dataset suite, publish; with ``publish=False``, lineage suite and build only."""
+    suites = {"lineage": _passed("lineage", root_url, batch_id, thresholds, storage_options)}
+    staged = finalize_batch(root_url, batch_id, options, storage_options=storage_options)
+    if not publish:
+        return PipelineResult(staged=staged, suites=suites, published=None)
+    suites["dataset"] = _passed("dataset", root_url, batch_id, thresholds, storage_options)
+    published = publish_batch(root_url, batch_id, storage_options=storage_options)
+    return PipelineResult(staged=staged, suites=suites, published=published)
+
+
+def _passed(
+    suite: str,
+    root_url: str,
+    batch_id: str,
+    thresholds: ValidationSpec | None,
+    storage_options: StorageOptions | None,
+) -> Any:
+    outcome = run_suite(suite, root_url, batch_id, thresholds=thresholds, storage_options=storage_options)
+    if outcome.status == "failed":
+        raise ValidationFailedError(describe_failure(suite, outcome))
+    return outcome
+
+
+def describe_failure(suite: str, outcome: Any) -> str:
+    """One line naming the failed expectations of ``suite`` (with a few offending ids) and its report."""
+    failed = "; ".join(
+        f"{e.name} ({', '.join(map(str, e.examples[:3])) or 'no examples'})"
+        for e in outcome.summary.expectations
+        if not e.success and e.severity == "fail"
+    )
+    return f"the {suite} suite failed the batch: {failed}; report: {outcome.report_url}"
