@@ -5,13 +5,16 @@ deltas, many shards) with the real ``StagingWriter`` / ``LedgerWriter`` on local
 separate processes so memory is measured alone:
 
 * raw scan: ``pyarrow.parquet.read_table`` of every staging segment (all columns);
-* finalize: ``finalize_batch`` (every digest recomputed, every chain walked, dataset written).
+* finalize: ``finalize_batch`` (every digest recomputed, every chain walked, dataset written);
+* validate: ``validate_lineage`` then ``validate_dataset`` (both Great Expectations suites, their
+  Data Docs and summaries written), after finalize, in one process.
 
 Prints finalize tokens/s ÷ raw scan tokens/s (target >= 0.3), the share of finalize wall time
 spent in the hashing functions (they run on the verifying thread while other threads read and
-write), and finalize peak RSS (target <= 1.5 GB). ``--keep DIR`` builds into ``DIR``, or reuses
-the batch an earlier run built there for the same ``--tokens``/``--shards`` (resetting its dataset
-output, so finalize runs again).
+write), finalize peak RSS (target <= 1.5 GB), and validation beside it: seconds per suite, total
+validation / finalize seconds (target <= 0.5) and validation peak RSS (target <= 1.5 GB).
+``--keep DIR`` builds into ``DIR``, or reuses the batch an earlier run built there for the same
+``--tokens``/``--shards`` (resetting its dataset and reports, so finalize and validation run again).
 
     python bench/finalize.py [--tokens 1e8] [--shards 40] [--keep DIR]
 """
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TARGET_RATIO = 0.3
 TARGET_RSS_GB = 1.5
+TARGET_VALIDATE_SHARE = 0.5  # validation seconds / finalize seconds
 TURNS = 8
 CARRY, SAMPLED = 50, 200
 VOCAB = 49152
@@ -146,8 +150,9 @@ def reuse(root: str, tokens: float, shards: int) -> dict | None:
         return None
     if built.pop("requested") != [tokens, shards]:
         raise SystemExit(f"{root} holds a batch built for other --tokens/--shards; use another --keep directory")
-    shutil.rmtree(Path(root, "batches", built["batch_id"], "dataset"), ignore_errors=True)
-    print(f"reusing the batch built under {root} ({built['tokens']:,} tokens); its dataset output was reset")
+    for output in ("dataset", "reports"):
+        shutil.rmtree(Path(root, "batches", built["batch_id"], output), ignore_errors=True)
+    print(f"reusing the batch built under {root} ({built['tokens']:,} tokens); its dataset and reports were reset")
     return built
 
 
@@ -194,6 +199,19 @@ def measure_finalize(root: str, batch_id: str) -> dict:
     }
 
 
+def measure_validate(root: str, batch_id: str) -> dict:
+    """Both suites over the finalized batch, as the pipeline runs them, each timed; GX's import counted in."""
+    from tasks.validate import validate_dataset, validate_lineage
+
+    seconds, statuses = {}, {}
+    for suite, validate in (("lineage", validate_lineage), ("dataset", validate_dataset)):
+        started = time.perf_counter()
+        outcome = validate(root, batch_id)
+        seconds[suite] = time.perf_counter() - started
+        statuses[suite] = outcome.status
+    return {"seconds": seconds, "statuses": statuses, "peak_rss_gb": peak_rss_gb()}
+
+
 def np_sum(column) -> int:
     import pyarrow.compute as pc
 
@@ -221,13 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep", default=None, help="build into this directory instead of a temp one; reuse what it already holds"
     )
-    parser.add_argument("--measure", choices=("raw", "finalize"), help=argparse.SUPPRESS)
+    parser.add_argument("--measure", choices=tuple(MEASURES), help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     parser.add_argument("--batch-id", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
-        measure = measure_raw_scan if args.measure == "raw" else measure_finalize
-        print(json.dumps(measure(args.root, args.batch_id)))
+        print(json.dumps(MEASURES[args.measure](args.root, args.batch_id)))
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-finalize-") as tmp:
         root = args.keep or tmp
@@ -238,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(root, BUILT).write_text(json.dumps({**built, "requested": [args.tokens, args.shards]}))
         raw = in_subprocess("raw", root, built["batch_id"])
         final = in_subprocess("finalize", root, built["batch_id"])
+        checked = in_subprocess("validate", root, built["batch_id"])
     raw_tps = raw["tokens"] / raw["seconds"]
     final_tps = built["tokens"] / final["seconds"]
     ratio = final_tps / raw_tps
@@ -257,7 +275,22 @@ def main(argv: list[str] | None = None) -> int:
         f"finalize peak RSS   = {final['peak_rss_gb']:.2f} GB  (target <= {TARGET_RSS_GB}: "
         f"{'PASS' if ok_rss else 'FAIL'})"
     )
-    return 0 if ok_ratio and ok_rss else 1
+    validate_seconds = sum(checked["seconds"].values())
+    share = validate_seconds / final["seconds"]
+    per_suite = ", ".join(
+        f"{suite} {secs:.1f}s ({checked['statuses'][suite]})" for suite, secs in checked["seconds"].items()
+    )
+    print(f"validate:         {validate_seconds:.1f}s = {per_suite}")
+    ok_share, ok_validate_rss = share <= TARGET_VALIDATE_SHARE, checked["peak_rss_gb"] <= TARGET_RSS_GB
+    print(f"validate / finalize = {share:.2f}  (target <= {TARGET_VALIDATE_SHARE}: {'PASS' if ok_share else 'FAIL'})")
+    print(
+        f"validate peak RSS   = {checked['peak_rss_gb']:.2f} GB  (target <= {TARGET_RSS_GB}: "
+        f"{'PASS' if ok_validate_rss else 'FAIL'})"
+    )
+    return 0 if ok_ratio and ok_rss and ok_share and ok_validate_rss else 1
+
+
+MEASURES = {"raw": measure_raw_scan, "finalize": measure_finalize, "validate": measure_validate}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,123 @@
+"""The dataset suite's profile: the staged dataset as small tables of scalars, computed part by part with Arrow.
+
+Token lists never leave Arrow and numpy: each part the manifest names is read (size and sha256
+checked), reduced to one row of counts and flags per dataset row, and released, so memory holds
+:data:`PARALLEL_PARTS` parts plus the profile. Tables (see :data:`tasks.validate.suites.DATASET_TABLES`):
+
+* ``shards``: every planned shard, ``in_dataset`` unless the manifest lists it as missing;
+* ``rows``: per dataset row its three list lengths; ``sampled_tokens`` (loss_mask sum);
+  ``nonfinite_logprobs``; ``positive_sampled_logprobs`` (loss_mask 1, logprob > 0);
+  ``nonzero_carried_logprobs`` (loss_mask 0, logprob != 0, NaN included); the token counts are
+  null for a row whose loss_mask and logprobs lengths differ (no token pairs them); and its
+  scalars (sample_mask, mask_reason, advantage, ``advantage_finite``, reward, group_size);
+* ``groups``: per group its ``rows``, ``group_size`` and ``advantage_mean`` over its trainable
+  rows, null when fewer than two are trainable or their rewards are all equal (their advantages
+  are 0 by definition, :mod:`tasks.finalize.advantages`);
+* ``rollouts``: every planned rollout of the dataset's shards, ``trainable`` when a row of it has sample_mask 1.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.config import BatchConfig
+from tasks.finalize.publish import DatasetMarker, read_dataset_part
+from tasks.finalize.ragged import offsets, owners_of, run_sums
+from tasks.ids import shard_name
+from tasks.plan import read_shard_plan
+from tasks.storage.objects import ObjectStore
+
+PARALLEL_PARTS = 2
+_SCALARS = ("rollout_id", "group_id", "sample_mask", "mask_reason", "advantage", "reward", "group_size")
+_TOKEN_COUNTS = ("sampled_tokens", "nonfinite_logprobs", "positive_sampled_logprobs", "nonzero_carried_logprobs")
+
+
+def profile_dataset(store: ObjectStore, manifest: DatasetMarker, config: BatchConfig) -> dict[str, pa.Table]:
+    """The four profile tables of the dataset ``manifest`` names (``store`` rooted at the batch).
+
+    ``config`` is the config finalize used (the manifest's), for the shards and their plans. Parts
+    are read and profiled :data:`PARALLEL_PARTS` at a time (Parquet decoding, outside the GIL): at
+    most that many parts are held at once.
+    """
+    with ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="dataset-profile") as pool:
+        rows = pa.concat_tables(pool.map(lambda part: row_profile(read_dataset_part(store, part)), manifest.parts))
+    present = [shard for shard in range(config.shards) if shard not in manifest.missing_shards]
+    planned = pa.array([p.rollout_id for s in present for p in read_shard_plan(store, config, s)], pa.string())
+    trainable_ids = pc.filter(rows["rollout_id"], pc.equal(rows["sample_mask"], 1))
+    return {
+        "shards": pa.table(
+            {
+                "shard": [shard_name(s) for s in range(config.shards)],
+                "in_dataset": [s not in manifest.missing_shards for s in range(config.shards)],
+            }
+        ),
+        "rows": rows,
+        "groups": group_profile(rows),
+        "rollouts": pa.table({"rollout_id": planned, "trainable": pc.is_in(planned, value_set=trainable_ids)}),
+    }
+
+
+def row_profile(part: pa.Table) -> pa.Table:
+    """One row of counts and scalars per dataset row of ``part`` (module docstring)."""
+    lengths = {name: pc.list_value_length(part[name]) for name in ("input_ids", "loss_mask", "logprobs")}
+    paired = pc.equal(lengths["loss_mask"], lengths["logprobs"]).to_numpy(zero_copy_only=False)
+    counts = _token_counts(part.filter(pa.array(paired)) if not paired.all() else part)
+    columns = {name: part[name] for name in _SCALARS[:2]}
+    columns |= {f"{name}_len": lengths[name] for name in lengths}
+    for name, values in counts.items():
+        full = np.zeros(part.num_rows, np.int64)
+        full[paired] = values
+        columns[name] = pa.array(full, mask=~paired)
+    columns |= {name: part[name] for name in _SCALARS[2:]}
+    columns["advantage_finite"] = pc.fill_null(pc.is_finite(part["advantage"]), False)
+    return pa.table(columns)
+
+
+def _token_counts(part: pa.Table) -> dict[str, np.ndarray]:
+    """The counts of :data:`_TOKEN_COUNTS` per row of ``part``, whose loss_mask and logprobs pair up token by token.
+
+    Record batch by record batch (no copy of the token lists). Loss-mask sums are run sums; the
+    three other counts are of tokens that break a rule, so only those tokens are located (none in
+    a clean dataset).
+    """
+    counts: dict[str, list[np.ndarray]] = {name: [] for name in _TOKEN_COUNTS}
+    for batch in part.select(["loss_mask", "logprobs"]).to_batches():
+        mask, logprobs = batch.column(0), batch.column(1)
+        starts = offsets(pc.list_value_length(mask).to_numpy(zero_copy_only=False))
+        sampled = mask.flatten().to_numpy()
+        values = logprobs.flatten().to_numpy()
+        carried = sampled == 0
+        counts["sampled_tokens"].append(run_sums(sampled, starts))
+        broken = {
+            "nonfinite_logprobs": ~np.isfinite(values),
+            "positive_sampled_logprobs": ~carried & (values > 0),
+            "nonzero_carried_logprobs": carried & (values != 0),
+        }
+        for name, flags in broken.items():
+            rows = owners_of(starts, np.flatnonzero(flags))
+            counts[name].append(np.bincount(rows, minlength=batch.num_rows).astype(np.int64))
+    return {name: np.concatenate(found) if found else np.zeros(0, np.int64) for name, found in counts.items()}
+
+
+def group_profile(rows: pa.Table) -> pa.Table:
+    """One row per group of the row profile: rows, group_size, and the mean advantage of its trainable rows."""
+    sizes = rows.group_by("group_id", use_threads=False).aggregate([("rollout_id", "count"), ("group_size", "max")])
+    trainable = rows.filter(pc.equal(rows["sample_mask"], 1)).group_by("group_id", use_threads=False)
+    signal = trainable.aggregate([("advantage", "mean"), ("advantage", "count"), ("reward", "min"), ("reward", "max")])
+    found = pc.index_in(sizes["group_id"], value_set=signal["group_id"])
+    checked = pc.and_(
+        pc.greater_equal(signal["advantage_count"], 2), pc.not_equal(signal["reward_min"], signal["reward_max"])
+    )
+    mean = pc.take(pc.if_else(checked, signal["advantage_mean"], pa.scalar(None, pa.float64())), found)
+    return pa.table(
+        {
+            "group_id": sizes["group_id"],
+            "rows": sizes["rollout_id_count"],
+            "group_size": sizes["group_size_max"],
+            "advantage_mean": mean,
+        }
+    )

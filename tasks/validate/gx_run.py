@@ -1,0 +1,178 @@
+"""Run a suite's expectations over its profile tables with Great Expectations Core, and build its Data Docs.
+
+One ephemeral context per run (nothing is written to a ``gx/`` folder; analytics off), one
+pandas data source with a dataframe asset per profile table, one GX suite per table
+(``lineage.calls``, ...), and one checkpoint per table so each reports its offending rows by that
+table's id column (``result_format`` COMPLETE with ``unexpected_index_column_names``). Data Docs
+are built, in this process, into ``site_dir`` (a ``TupleFilesystemStoreBackend``); the caller
+copies that tree to the batch's storage. GX is imported here, inside :func:`run_suite`, never
+when :mod:`tasks.validate` is imported.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.validate.suites import ExpectationSpec, SuiteSpec
+
+MAX_EXAMPLES = 5
+PARTIAL_UNEXPECTED = 20  # offending values GX keeps in the Data Docs page of an expectation
+# Severity as GX names it (shown in Data Docs); ours decides the suite's status.
+GX_SEVERITY = {"fail": "critical", "warn": "warning"}
+
+
+@dataclass(frozen=True)
+class ExpectationResult:
+    """What GX found for one expectation: success, rows checked and broken, a few offending ids, or its error."""
+
+    success: bool
+    checked: int
+    unexpected_count: int
+    examples: tuple[str, ...]
+    error: str | None
+
+    @property
+    def unexpected_rate(self) -> float | None:
+        return self.unexpected_count / self.checked if self.checked else None
+
+
+def start_import() -> None:
+    """Start importing GX and the custom expectations in a background thread (a few seconds of Python).
+
+    A stage calls this before it profiles (Arrow and Parquet work, mostly outside the GIL), so the
+    import overlaps it; :func:`run_suite`'s own import then waits for it, or raises its error.
+    """
+    threading.Thread(target=_import_gx, name="gx-import", daemon=True).start()
+
+
+def _import_gx() -> None:
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    import great_expectations  # noqa: F401
+
+    import tasks.validate.expectations  # noqa: F401  (registers the custom expectations)
+
+
+def run_suite(
+    suite: SuiteSpec, tables: Mapping[str, pa.Table], *, site_dir: Path, run_name: str
+) -> dict[str, ExpectationResult]:
+    """Validate every expectation of ``suite`` over ``tables`` (name → profile table) and build Data Docs.
+
+    Returns each expectation's result by name. An expectation that raises inside GX is a failed
+    result carrying the error message, never an exception here.
+    """
+    _import_gx()
+    import great_expectations as gx
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.expectations.registry import get_expectation_impl
+
+    context = gx.get_context(mode="ephemeral", project_config=_project_config(site_dir))
+    source = context.data_sources.add_pandas(suite.name)
+    run_id = RunIdentifier(run_name=run_name, run_time=datetime.datetime.now(datetime.UTC))
+    results: dict[str, ExpectationResult] = {}
+    for table in suite.tables:
+        specs = [spec for spec in suite.expectations if spec.table == table.name]
+        if not specs:
+            continue
+        gx_suite = context.suites.add(gx.ExpectationSuite(name=f"{suite.name}.{table.name}"))
+        for spec in specs:
+            gx_suite.add_expectation(get_expectation_impl(spec.expectation)(**_arguments(spec)))
+        batch = source.add_dataframe_asset(table.name).add_batch_definition_whole_dataframe(table.name)
+        definition = context.validation_definitions.add(
+            gx.ValidationDefinition(name=f"{suite.name}.{table.name}", data=batch, suite=gx_suite)
+        )
+        checkpoint = context.checkpoints.add(
+            gx.Checkpoint(
+                name=f"{suite.name}.{table.name}",
+                validation_definitions=[definition],
+                actions=[],
+                result_format={
+                    "result_format": "COMPLETE",
+                    "unexpected_index_column_names": [table.index_column],
+                    "partial_unexpected_count": PARTIAL_UNEXPECTED,
+                    "return_unexpected_index_query": False,
+                },
+            )
+        )
+        frame = tables[table.name].to_pandas()
+        outcome = checkpoint.run(batch_parameters={"dataframe": frame}, run_id=run_id)
+        for validation in outcome.run_results.values():
+            for found in validation.results:
+                name = found.expectation_config.meta["name"]
+                results[name] = _result(found, table.index_column)
+    context.build_data_docs(site_names=[_SITE])
+    missing = [spec.name for spec in suite.expectations if spec.name not in results]
+    if missing:
+        raise RuntimeError(f"suite {suite.name}: GX returned no result for {missing}")
+    return results
+
+
+_SITE = "rollout_ledger"
+
+
+def _project_config(site_dir: Path) -> Any:
+    """An in-memory context whose only Data Docs site is ``site_dir``; no progress bars, no analytics."""
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    site = {
+        "class_name": "SiteBuilder",
+        "show_how_to_buttons": False,
+        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(site_dir)},
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+    }
+    return DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        data_docs_sites={_SITE: site},
+        analytics_enabled=False,
+        progress_bars=ProgressBarsConfig(globally=False),
+    )
+
+
+def _arguments(spec: ExpectationSpec) -> dict[str, Any]:
+    """The GX expectation's arguments: the spec's, its severity (ours in ``meta``, GX's own too) and its rule.
+
+    The rule is the expectation's ``description``, which Data Docs show in place of GX's own
+    wording (a string template: rules never contain ``$``).
+    """
+    return {
+        **spec.kwargs,
+        "meta": {"name": spec.name, "severity": spec.severity, "threshold_field": spec.threshold_field},
+        "severity": GX_SEVERITY[spec.severity],
+        "description": f"{spec.name} [{spec.severity}]: {spec.rule}",
+        "catch_exceptions": True,
+    }
+
+
+def _result(found: Any, index_column: str) -> ExpectationResult:
+    """An :class:`ExpectationResult` from a GX ``ExpectationValidationResult``."""
+    info = found.exception_info or {}
+    error = info.get("exception_message") if info.get("raised_exception") else None
+    result = found.result or {}
+    checked = int(result.get("element_count", 0)) - int(result.get("missing_count", 0) or 0)
+    unexpected = int(result.get("unexpected_count", 0) or 0)
+    examples: dict[str, None] = {}
+    for row in result.get("unexpected_index_list") or ():
+        if len(examples) == MAX_EXAMPLES:
+            break
+        value = row.get(index_column) if isinstance(row, dict) else row
+        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+            examples[str(value)] = None
+    return ExpectationResult(
+        success=bool(found.success) and error is None,
+        checked=max(checked, 0),
+        unexpected_count=unexpected,
+        examples=tuple(examples),
+        error=error,
+    )

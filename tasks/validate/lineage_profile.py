@@ -1,0 +1,233 @@
+"""The lineage suite's profile: the committed ledger as small tables of scalars, computed with Arrow.
+
+Only what the shards' ``_COMMITTED.json`` name is read, through :class:`LedgerReader` (sizes,
+sha256 and record rules checked); a shard whose marker or ledger fails those checks is a row of
+the ``shards`` table with its error, and contributes no other row. Tables (see
+:data:`tasks.validate.suites.LINEAGE_TABLES`):
+
+* ``shards``: every planned shard: ``committed``, ``ledger_verified`` (null when not committed), ``error``;
+* ``calls``: every call record of the committed shards, with ``staging_key``, ``parent_resolves``
+  (a root, or its parent is a call record of its rollout) and the parent's ``cum_len`` /
+  ``weight_version`` (null for a root or an unresolved parent);
+* ``model_calls``: every call id of the call records and failure rows, ``failed`` when a failure row names it;
+* ``rollouts``: every planned rollout of the committed shards and every receipted one: ``planned``,
+  ``receipts`` (count), ``poisoned`` (status not ok; null without a receipt), ``capture_poisoned``
+  (finalize's rule, below; null for an unplanned receipt) and ``declared_terminal`` (ok receipts only).
+
+A rollout is capture-poisoned, as finalize's guards decide (:mod:`tasks.finalize.verify.guards`),
+when its receipt is poisoned for a reason other than terminal selection or a missing reward, or
+when its attempt left a failure row on it, except a tolerated one on a call without a call record
+(off the chain: the chain is made of call records).
+"""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.capture.records import CallRecord, FailureRow, Receipt
+from tasks.config import BatchConfig
+from tasks.finalize.verify.guards import OFF_CHAIN_TOLERATED_FAILURE, RECEIPT_REASONS
+from tasks.ids import shard_name
+from tasks.plan import read_shard_plan
+from tasks.storage import layout
+from tasks.storage.errors import StorageIntegrityError
+from tasks.storage.ledger_reader import LedgerReader, LedgerTables
+from tasks.storage.objects import ObjectStore, sha256_hex
+
+PARALLEL_SHARDS = 2
+_CALL_COLUMNS = (
+    "call_id",
+    "rollout_id",
+    "staging_segment",
+    "staging_row",
+    "parent_call_id",
+    "mode",
+    "prev_len",
+    "delta_len",
+    "cum_len",
+    "weight_version",
+    "digest",
+    "extras_digest",
+    "chain_hash",
+    "cumulative_hash",
+)
+
+
+@dataclass(frozen=True)
+class LedgerInputs:
+    """What a lineage run reads: the committed shards and the sha256 of the config and of each shard marker."""
+
+    committed: tuple[int, ...]
+    digests: dict[str, str]
+
+
+def lineage_inputs(store: ObjectStore, config: BatchConfig) -> LedgerInputs:
+    """The committed shards of the batch (those with a marker object) and the digests that identify the run's input."""
+    digests = {layout.plan_config(): sha256_hex(store.read_bytes(layout.plan_config()))}
+    committed = []
+    for shard in range(config.shards):
+        try:
+            digests[layout.shard_marker(shard)] = sha256_hex(store.read_bytes(layout.shard_marker(shard)))
+        except FileNotFoundError:
+            continue
+        committed.append(shard)
+    return LedgerInputs(committed=tuple(committed), digests=digests)
+
+
+def profile_lineage(store: ObjectStore, config: BatchConfig, inputs: LedgerInputs) -> dict[str, pa.Table]:
+    """The four profile tables of the batch's committed shards (``store`` rooted at the batch).
+
+    Shards are read :data:`PARALLEL_SHARDS` at a time (Parquet and Arrow work, mostly outside the GIL).
+    """
+    with ThreadPoolExecutor(PARALLEL_SHARDS, thread_name_prefix="lineage-profile") as pool:
+        profiled = pool.map(functools.partial(_shard, store, config), inputs.committed)
+        read = dict(zip(inputs.committed, profiled, strict=True))
+    profiles = [p for p in read.values() if isinstance(p, _ShardProfile)]
+    numbers = range(config.shards)
+    shards = pa.table(
+        {
+            "shard": [shard_name(s) for s in numbers],
+            "committed": [s in read for s in numbers],
+            "ledger_verified": [isinstance(read[s], _ShardProfile) if s in read else None for s in numbers],
+            "error": [read[s] if isinstance(read.get(s), str) else None for s in numbers],
+        },
+        schema=_SHARDS_SCHEMA,
+    )
+    empty = _empty()
+    return {
+        "shards": shards,
+        "calls": _concat([p.calls for p in profiles], _calls(empty)),
+        "model_calls": _concat([p.model_calls for p in profiles], _model_calls(empty)),
+        "rollouts": _rollouts(
+            pa.chunked_array([p.planned for p in profiles], pa.string()),
+            _concat([p.receipts for p in profiles], _receipts(empty)),
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class _ShardProfile:
+    """One committed shard's rows of the calls, model_calls and receipts tables, and its planned rollout ids."""
+
+    calls: pa.Table
+    model_calls: pa.Table
+    receipts: pa.Table
+    planned: pa.Array
+
+
+def _shard(store: ObjectStore, config: BatchConfig, shard: int) -> _ShardProfile | str:
+    """The profile of a committed shard, or why its marker or ledger cannot be trusted (reason: message)."""
+    try:
+        tables = LedgerReader(store, shard).tables
+    except StorageIntegrityError as exc:
+        return f"{exc.reason}: {exc}"
+    plan = read_shard_plan(store, config, shard)
+    return _ShardProfile(
+        calls=_calls(tables),
+        model_calls=_model_calls(tables),
+        receipts=_receipts(tables),
+        planned=pa.array([p.rollout_id for p in plan], pa.string()),
+    )
+
+
+_SHARDS_SCHEMA = pa.schema(
+    [("shard", pa.string()), ("committed", pa.bool_()), ("ledger_verified", pa.bool_()), ("error", pa.string())]
+)
+
+
+def _calls(tables: LedgerTables) -> pa.Table:
+    """One shard's call records with their staging keys and their parents' lengths and versions."""
+    calls = tables.calls.select(list(_CALL_COLUMNS))
+    keys = pc.binary_join_element_wise(calls["rollout_id"], calls["call_id"], "/")
+    parent_keys = pc.binary_join_element_wise(calls["rollout_id"], calls["parent_call_id"], "/")
+    parent = pc.index_in(parent_keys, value_set=keys)
+    resolves = pc.or_(pc.is_null(calls["parent_call_id"]), pc.is_valid(parent))
+    return (
+        calls.append_column("staging_key", keys)
+        .append_column("parent_resolves", resolves)
+        .append_column("parent_cum_len", pc.take(calls["cum_len"], parent))
+        .append_column("parent_weight_version", pc.take(calls["weight_version"], parent))
+    )
+
+
+def _model_calls(tables: LedgerTables) -> pa.Table:
+    """Every call id of one shard's call records and failure rows; ``failed`` when a failure row names it."""
+    failed_ids = tables.failures["call_id"]
+    ids = pc.unique(pa.chunked_array([*tables.calls["call_id"].chunks, *failed_ids.chunks], pa.string()))
+    return pa.table({"call_id": ids, "failed": pc.is_in(ids, value_set=failed_ids)})
+
+
+def _receipts(tables: LedgerTables) -> pa.Table:
+    """One shard's receipts with their flags: poisoned, capture-poisoned (module docstring), declared terminal."""
+    receipts = tables.receipts
+    failures = tables.failures
+    attempts = pa.array(tables.failure_attempts, pa.int64()).cast(pa.string())
+    poisoning = pc.or_(
+        pc.not_equal(failures["reason"], OFF_CHAIN_TOLERATED_FAILURE),
+        pc.is_in(failures["call_id"], value_set=tables.calls["call_id"]),
+    )
+    poisoned_keys = pc.filter(pc.binary_join_element_wise(attempts, failures["rollout_id"], "/"), poisoning)
+    receipt_keys = pc.binary_join_element_wise(receipts["attempt"].cast(pa.string()), receipts["rollout_id"], "/")
+    status = receipts["status"]
+    capture_reason = pc.and_(
+        pc.equal(status, "poisoned"),
+        pc.invert(
+            pc.fill_null(pc.is_in(receipts["failure_reason"], value_set=pa.array(sorted(RECEIPT_REASONS))), False)
+        ),
+    )
+    ok = pc.equal(status, "ok")
+    declared = pc.if_else(
+        ok, pc.fill_null(pc.equal(receipts["terminal_selection"], "declared"), False), pa.scalar(None, pa.bool_())
+    )
+    return pa.table(
+        {
+            "rollout_id": receipts["rollout_id"],
+            "poisoned": pc.invert(ok),
+            "capture_poisoned": pc.or_(capture_reason, pc.is_in(receipt_keys, value_set=poisoned_keys)),
+            "declared_terminal": declared,
+        }
+    )
+
+
+def _rollouts(planned: pa.ChunkedArray, receipts: pa.Table) -> pa.Table:
+    """Planned rollouts and receipted ones, one row each, with receipt counts and the flags of their receipt."""
+    ids = pc.unique(pa.chunked_array([*planned.chunks, *receipts["rollout_id"].chunks], pa.string()))
+    per_rollout = receipts.group_by("rollout_id", use_threads=False).aggregate(
+        [("rollout_id", "count"), ("poisoned", "first"), ("capture_poisoned", "first"), ("declared_terminal", "first")]
+    )
+    found = pc.index_in(ids, value_set=per_rollout["rollout_id"])
+    is_planned = pc.is_in(ids, value_set=planned)
+    capture = pc.take(per_rollout["capture_poisoned_first"], found)
+    return pa.table(
+        {
+            "rollout_id": ids,
+            "planned": is_planned,
+            "receipts": pc.fill_null(pc.take(per_rollout["rollout_id_count"], found), 0),
+            "poisoned": pc.take(per_rollout["poisoned_first"], found),
+            # Over planned rollouts: one without a receipt is not capture-poisoned, an unplanned one is left out.
+            "capture_poisoned": pc.if_else(is_planned, pc.fill_null(capture, False), pa.scalar(None, pa.bool_())),
+            "declared_terminal": pc.take(per_rollout["declared_terminal_first"], found),
+        }
+    )
+
+
+def _concat(tables: list[pa.Table], empty: pa.Table) -> pa.Table:
+    return pa.concat_tables(tables) if tables else empty
+
+
+@functools.cache
+def _empty() -> LedgerTables:
+    """A ledger without rows: the shape of each profile table when no shard could be read."""
+    return LedgerTables(
+        calls=CallRecord.arrow_schema().empty_table(),
+        call_attempts=np.zeros(0, np.int64),
+        failures=FailureRow.arrow_schema().empty_table(),
+        failure_attempts=np.zeros(0, np.int64),
+        receipts=Receipt.arrow_schema().empty_table(),
+    )

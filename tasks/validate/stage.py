@@ -1,0 +1,177 @@
+"""The two validation stages (ARCHITECTURE section 1): ``validate_lineage`` before finalize, ``validate_dataset`` after.
+
+Each stage reads what the batch's markers commit, profiles it with Arrow
+(:mod:`~tasks.validate.lineage_profile`, :mod:`~tasks.validate.dataset_profile`), runs its suite with
+Great Expectations (:mod:`~tasks.validate.gx_run`) and writes a run directory on the batch's storage
+(:mod:`~tasks.validate.suite_runs`): the Data Docs first, ``summary.json`` last. Re-running a stage
+with the same inputs and thresholds returns the current summary without running again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.config import BatchConfig, ValidationSpec
+from tasks.finalize.publish import read_staged_marker
+from tasks.plan import batch_store, read_batch_config
+from tasks.storage import layout
+from tasks.storage.objects import ObjectStore, sha256_hex
+from tasks.validate.dataset_profile import profile_dataset
+from tasks.validate.gx_run import run_suite, start_import
+from tasks.validate.lineage_profile import lineage_inputs, profile_lineage
+from tasks.validate.suite_runs import (
+    INDEX_NAME,
+    claim_run,
+    read_suite_summary,
+    run_dir,
+    summary_path,
+)
+from tasks.validate.suites import DATASET, LINEAGE, SuiteSpec, dataset_suite, lineage_suite
+from tasks.validate.summary import SuiteSummary, build_summary
+
+
+class NothingToValidateError(ValueError):
+    """The batch holds nothing the suite reads (no committed shard, no staged dataset); the message says what to run."""
+
+
+@dataclass(frozen=True)
+class SuiteOutcome:
+    """What a validation stage did: the run's summary, where it is, and whether this call ran the suite.
+
+    ``summary_path`` is batch-relative; ``report_url`` the full URL of the run's Data Docs index.
+    ``created`` is False when an earlier run with the same inputs and thresholds was returned.
+    """
+
+    summary: SuiteSummary
+    summary_path: str
+    report_url: str
+    created: bool
+
+    @property
+    def status(self) -> str:
+        """``passed``, ``warned`` or ``failed``."""
+        return self.summary.status
+
+    @property
+    def success(self) -> bool:
+        """True unless a ``fail`` expectation failed."""
+        return self.summary.success
+
+
+def validate_lineage(
+    root_url: str,
+    batch_id: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    thresholds: ValidationSpec | None = None,
+) -> SuiteOutcome:
+    """Run the lineage suite over the committed shards' ledgers; ``thresholds`` None: the batch config's.
+
+    Raises :class:`NothingToValidateError` when no shard is committed.
+    """
+    store = batch_store(root_url, batch_id, storage_options)
+    config = read_batch_config(store)
+    spec = thresholds or config.validation
+    inputs = lineage_inputs(store, config)
+    if not inputs.committed:
+        raise NothingToValidateError(
+            f"batch {batch_id}: none of its {config.shards} shard(s) has a commit marker; generate them first"
+        )
+    suite = lineage_suite(spec, weight_version=config.weight_version)
+    return _run(store, suite, spec, inputs.digests, lambda: profile_lineage(store, config, inputs), batch_id)
+
+
+def validate_dataset(
+    root_url: str,
+    batch_id: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    thresholds: ValidationSpec | None = None,
+) -> SuiteOutcome:
+    """Run the dataset suite over the staged dataset; ``thresholds`` None: the batch config's.
+
+    The suite reads the config finalize used (the manifest's: ``on_invalid`` may have been
+    overridden). Raises :class:`NothingToValidateError` when the batch has no staged dataset.
+    """
+    store = batch_store(root_url, batch_id, storage_options)
+    manifest = read_staged_marker(store)
+    if manifest is None:
+        raise NothingToValidateError(f"batch {batch_id} has no staged dataset; run `rollout-ledger finalize` first")
+    config = BatchConfig.from_dict(manifest.config, source=f"{store.url}/{layout.DATASET_STAGED}: config")
+    spec = thresholds or config.validation
+    inputs = {layout.DATASET_STAGED: sha256_hex(store.read_bytes(layout.DATASET_STAGED))}
+    suite = dataset_suite(spec, on_invalid=config.on_invalid)
+    return _run(store, suite, spec, inputs, lambda: profile_dataset(store, manifest, config), batch_id)
+
+
+def _run(
+    store: ObjectStore,
+    suite: SuiteSpec,
+    thresholds: ValidationSpec,
+    inputs: Mapping[str, str],
+    profile: Callable[[], dict[str, pa.Table]],
+    batch_id: str,
+) -> SuiteOutcome:
+    """Return the current run when its key matches; else profile, validate, copy Data Docs, write the summary."""
+    gx_version = version("great_expectations")
+    run_key = _run_key(suite.name, batch_id, inputs, thresholds, gx_version)
+    current = read_suite_summary(store, suite.name)
+    if current is not None and current.run_key == run_key:
+        return _outcome(store, current, created=False)
+    start_import()
+    tables = profile()
+    run = claim_run(store, suite.name, run_key=run_key, batch_id=batch_id)
+    with tempfile.TemporaryDirectory(prefix=f"rollout-ledger-{suite.name}-docs-") as tmp:
+        site = Path(tmp)
+        results = run_suite(suite, tables, site_dir=site, run_name=run)
+        for path in sorted(p for p in site.rglob("*") if p.is_file()):
+            store.write_once(f"{run_dir(suite.name, run)}/{path.relative_to(site).as_posix()}", path.read_bytes())
+    summary = build_summary(
+        suite,
+        results,
+        batch_id=batch_id,
+        rows=tables[suite.rows_table].num_rows,
+        thresholds=thresholds,
+        gx_version=gx_version,
+        report=f"{run_dir(suite.name, run)}/{INDEX_NAME}",
+        created_at=time.time(),
+        run=run,
+        run_key=run_key,
+        inputs=inputs,
+    )
+    store.write_once(summary_path(suite.name, run), summary.to_json().encode("utf-8"))
+    return _outcome(store, summary, created=True)
+
+
+def _outcome(store: ObjectStore, summary: SuiteSummary, *, created: bool) -> SuiteOutcome:
+    return SuiteOutcome(
+        summary=summary,
+        summary_path=summary_path(summary.suite, summary.run),
+        report_url=f"{store.url}/{summary.report}",
+        created=created,
+    )
+
+
+def _run_key(suite: str, batch_id: str, inputs: Mapping[str, str], thresholds: ValidationSpec, gx: str) -> str:
+    """sha256 of what identifies a run's outcome: suite, batch, input digests, thresholds, GX version."""
+    material = {
+        "suite": suite,
+        "batch_id": batch_id,
+        "inputs": dict(inputs),
+        "thresholds": asdict(thresholds),
+        "gx": gx,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+__all__ = ["DATASET", "LINEAGE", "NothingToValidateError", "SuiteOutcome", "validate_dataset", "validate_lineage"]

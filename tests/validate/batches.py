@@ -1,0 +1,85 @@
+"""Batches the validation tests run on: generated with the fake scripted engine, copied per test, corrupted on disk.
+
+:class:`Batch` is a local batch directory. :func:`copy_batch` hands a test its own copy, so a
+batch is generated (and finalized) once however many tests corrupt or validate it.
+:class:`StagedDataset` rewrites rows of the staged dataset and reseals its manifest (a writer
+bug: the manifest vouches for the bad bytes, so only the dataset suite can catch them); ledger
+objects are corrupted with :class:`tests.finalize.tamper.BatchFiles`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.config import BatchConfig
+from tasks.finalize.dataset_schema import DatasetRow
+from tasks.plan import batch_store
+from tasks.storage import layout
+from tasks.storage.objects import ObjectStore
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch under a local root: its config and its directory."""
+
+    root: Path
+    config: BatchConfig
+
+    @property
+    def batch_id(self) -> str:
+        return self.config.batch_id
+
+    @property
+    def dir(self) -> Path:
+        return self.root / "batches" / self.batch_id
+
+    @property
+    def store(self) -> ObjectStore:
+        return batch_store(str(self.root), self.batch_id)
+
+
+def copy_batch(batch: Batch, target: Path) -> Batch:
+    """A private copy of ``batch`` under ``target`` that a test may corrupt or validate."""
+    shutil.copytree(batch.root, target / "root")
+    return Batch(root=target / "root", config=batch.config)
+
+
+class StagedDataset:
+    """The staged dataset of a local batch, editable row by row (its manifest resealed after each edit)."""
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        self.manifest_path = batch.dir / layout.DATASET_STAGED
+
+    def rows(self, part: int = 0) -> list[Row]:
+        return pq.read_table(self.batch.dir / layout.dataset_part(part)).to_pylist()
+
+    def edit(self, edit: Callable[[list[Row]], None], part: int = 0) -> None:
+        """Apply ``edit`` to the rows of ``part``, rewrite it, and reseal the manifest's size, sha256 and counts."""
+        rows = self.rows(part)
+        edit(rows)
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_pylist(rows, schema=DatasetRow.arrow_schema()), sink)
+        data = sink.getvalue().to_pybytes()
+        (self.batch.dir / layout.dataset_part(part)).write_bytes(data)
+        manifest = json.loads(self.manifest_path.read_text())
+        entry = manifest["parts"][part]
+        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest(), rows=len(rows))
+        manifest["rows"] = sum(p["rows"] for p in manifest["parts"])
+        manifest["trainable_rows"] = sum(r["sample_mask"] for i in range(len(manifest["parts"])) for r in self.rows(i))
+        self.manifest_path.write_text(json.dumps(manifest, sort_keys=True, indent=2) + "\n")
+
+
+def row_of(rows: list[Row], rollout_id: str) -> Row:
+    return next(row for row in rows if row["rollout_id"] == rollout_id)

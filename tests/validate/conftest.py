@@ -1,0 +1,67 @@
+"""Validation fixtures: one guess_number batch generated with the fake scripted engine, and its finalized copy.
+
+Both are built once per test session (real tokenizer, real storage, real finalize); tests take
+private copies (:func:`tests.validate.batches.copy_batch`) to corrupt or validate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+
+from tasks.config import BatchConfig, ModelSpec
+from tasks.engines.base import SamplingSettings
+from tasks.finalize.stage import finalize_batch
+from tasks.generate import generate_shards
+from tasks.plan import plan_batch
+
+from .batches import Batch, copy_batch
+
+WEIGHT_VERSION = 2  # the batch's planned weight version: a call admitted below it can be forged
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _gx_analytics_off() -> None:
+    os.environ["GX_ANALYTICS_ENABLED"] = "False"
+
+
+def validation_config(**overrides: Any) -> BatchConfig:
+    """Two shards of three guess_number groups of three rollouts, several turns each."""
+    fields = {
+        "batch_id": "b-validate",
+        "environment": "guess_number",
+        "environment_options": {"lo": 1, "hi": 8},
+        "num_tasks": 6,
+        "group_size": 3,
+        "shards": 2,
+        "model": ModelSpec(reference="fake-model"),
+        "sampling": SamplingSettings(temperature=1.0, max_tokens=16),
+        "max_turns": 4,
+        "max_in_flight": 9,
+        "weight_version": WEIGHT_VERSION,
+    } | overrides
+    return BatchConfig(**fields)
+
+
+@pytest.fixture(scope="session")
+def generated_batch(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Batch:
+    """Both shards generated and committed, not finalized."""
+    from tests.generation.fakes import FakeScriptedEngine
+
+    root = tmp_path_factory.mktemp("validate-generated")
+    config = validation_config()
+    plan_batch(str(root), config)
+    engine = FakeScriptedEngine(tokenizer, reply=lambda r: str(r.seed % 8 + 1), weight_version=WEIGHT_VERSION)
+    generate_shards(str(root), config.batch_id, [0, 1], engine=engine, run=asyncio.run, progress=False)
+    return Batch(root=root, config=config)
+
+
+@pytest.fixture(scope="session")
+def finalized_batch(generated_batch: Batch, tmp_path_factory: pytest.TempPathFactory) -> Batch:
+    """The generated batch, finalized: its dataset is staged (not validated, not published)."""
+    batch = copy_batch(generated_batch, tmp_path_factory.mktemp("validate-finalized"))
+    finalize_batch(str(batch.root), batch.batch_id)
+    return batch

@@ -1,0 +1,135 @@
+"""The dataset suite fails each expectation on a staged dataset corrupted to violate it, naming the offending rows.
+
+One finalized batch has its first part rewritten (manifest resealed: the writer vouches for the
+bad rows) with one corruption per rollout or group, and is validated once; the drop-mode group
+rule is shown on a corrupted profile. The per-row profile is checked against hand-made rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tasks.config import ValidationSpec
+from tasks.finalize.dataset_schema import DatasetRow
+from tasks.finalize.publish import read_staged_marker
+from tasks.validate import SuiteOutcome, validate_dataset
+from tasks.validate.dataset_profile import profile_dataset, row_profile
+from tasks.validate.gx_run import run_suite
+from tasks.validate.suites import dataset_suite
+
+from .batches import Batch, StagedDataset, copy_batch, row_of
+
+THRESHOLDS = ValidationSpec(max_invalid_row_rate=0.0, reward_min=0.0, reward_max=1.0)
+EXPECTED = {
+    "token_list_lengths_equal": {"r000000-00"},
+    "trainable_rows_have_sampled_tokens": {"r000001-00"},
+    "logprobs_finite": {"r000001-01"},
+    "sampled_logprobs_not_positive": {"r000002-00"},
+    "carried_logprobs_zero": {"r000002-01"},
+    "rewards_within_bounds": {"r000002-02"},
+    "advantages_finite": {"r000003-00"},
+    "group_rows_equal_group_size": {"g000003"},
+    "group_advantage_mean_near_zero": {"g000004"},
+    "masked_rows_have_zero_advantage": {"r000005-00"},
+    "mask_reason_iff_masked": {"r000005-01"},
+    "invalid_row_rate": {"r000003-01", "r000005-00"},
+}
+
+
+def corrupt(rows: list[dict]) -> None:
+    """One violation per rollout (or group) of EXPECTED; groups 3-5 get rewards that leave their means unchecked."""
+    for row in rows:
+        if row["group_id"] in ("g000003", "g000005"):
+            row["reward"] = 1.0  # equal rewards: no signal, the group mean is not checked
+    row_of(rows, "r000000-00")["loss_mask"].pop()
+    no_sample = row_of(rows, "r000001-00")
+    no_sample["loss_mask"] = [0] * len(no_sample["loss_mask"])
+    no_sample["logprobs"] = [0.0] * len(no_sample["logprobs"])
+    sampled = row_of(rows, "r000001-01")["loss_mask"].index(1)
+    row_of(rows, "r000001-01")["logprobs"][sampled] = math.nan
+    sampled = row_of(rows, "r000002-00")["loss_mask"].index(1)
+    row_of(rows, "r000002-00")["logprobs"][sampled] = 0.5
+    row_of(rows, "r000002-01")["logprobs"][0] = -0.1  # the first token is the carried prompt
+    row_of(rows, "r000002-02")["reward"] = 5.0
+    row_of(rows, "r000003-00")["advantage"] = math.inf
+    rows.remove(row_of(rows, "r000003-01"))
+    for rollout, reward in (("r000004-00", 0.0), ("r000004-01", 1.0), ("r000004-02", 1.0)):
+        row_of(rows, rollout).update(reward=reward, advantage=1.0)
+    row_of(rows, "r000005-00").update(sample_mask=0, mask_reason="capture_poisoned", advantage=0.5)
+    row_of(rows, "r000005-01").update(mask_reason="rollout_failed")
+
+
+@pytest.fixture(scope="module")
+def corrupted(finalized_batch: Batch, tmp_path_factory: pytest.TempPathFactory) -> SuiteOutcome:
+    batch = copy_batch(finalized_batch, tmp_path_factory.mktemp("dataset-corrupted"))
+    StagedDataset(batch).edit(corrupt)
+    return validate_dataset(str(batch.root), batch.batch_id, thresholds=THRESHOLDS)
+
+
+def test_the_corrupted_dataset_fails_exactly_the_violated_expectations(corrupted):
+    assert {e.name for e in corrupted.summary.expectations if not e.success} == set(EXPECTED)
+    assert [e.name for e in corrupted.summary.expectations if e.success] == ["dataset_complete"]
+    assert corrupted.status == "failed" and corrupted.summary.counts.failed == len(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_violated_expectation_names_its_offending_rows(corrupted, name):
+    (found,) = [e for e in corrupted.summary.expectations if e.name == name]
+    assert not found.success and found.error is None
+    assert set(found.examples) == EXPECTED[name]
+    assert found.unexpected_count == len(EXPECTED[name])
+
+
+def test_the_invalid_row_rate_is_observed_over_planned_rollouts(corrupted, finalized_batch):
+    (rate,) = [e for e in corrupted.summary.expectations if e.name == "invalid_row_rate"]
+    assert rate.observed == pytest.approx(2 / finalized_batch.config.num_rollouts)
+    assert rate.threshold == 0.0
+
+
+def test_drop_mode_refuses_a_group_with_more_rows_than_planned(finalized_batch, tmp_path):
+    store, config = finalized_batch.store, finalized_batch.config
+    tables = profile_dataset(store, read_staged_marker(store), config)
+    groups = tables["groups"].to_pylist()
+    groups[1]["rows"] = config.group_size + 1
+    tables["groups"] = pa.Table.from_pylist(groups, schema=tables["groups"].schema)
+    results = run_suite(
+        dataset_suite(ValidationSpec(), on_invalid="drop"), tables, site_dir=tmp_path / "docs", run_name="run-000"
+    )
+    assert {name for name, r in results.items() if not r.success} == {"group_rows_within_group_size"}
+    assert results["group_rows_within_group_size"].examples == (groups[1]["group_id"],)
+
+
+def test_row_profile_counts_tokens_per_row_and_leaves_unpaired_rows_unmeasured():
+    rows = [
+        # rollout, loss_mask, logprobs, advantage
+        ("r0", [0, 0, 1, 1], [0.0, 0.0, -0.5, -0.25], 0.5),
+        ("r1", [0, 1, 1], [0.3, np.nan, 0.2], math.inf),
+        ("r2", [0, 1], [0.0], 0.0),  # lengths differ: no token pairs them
+        ("r3", [], [], 0.0),
+    ]
+    schema = DatasetRow.arrow_schema()
+    part = pa.table(
+        {
+            "rollout_id": [r[0] for r in rows],
+            "group_id": ["g0"] * len(rows),
+            "input_ids": pa.array([list(range(len(r[1]))) for r in rows], schema.field("input_ids").type),
+            "loss_mask": pa.array([r[1] for r in rows], schema.field("loss_mask").type),
+            "logprobs": pa.array([r[2] for r in rows], schema.field("logprobs").type),
+            "sample_mask": pa.array([1, 1, 1, 0], pa.uint8()),
+            "mask_reason": [None, None, None, "missing_receipt"],
+            "advantage": [r[3] for r in rows],
+            "reward": [1.0, 0.0, 0.0, None],
+            "group_size": pa.array([4] * len(rows), pa.int32()),
+        }
+    )
+    profile = row_profile(part).to_pydict()
+    assert profile["input_ids_len"] == [4, 3, 2, 0] and profile["logprobs_len"] == [4, 3, 1, 0]
+    assert profile["sampled_tokens"] == [2, 2, None, 0]
+    assert profile["nonfinite_logprobs"] == [0, 1, None, 0]
+    assert profile["positive_sampled_logprobs"] == [0, 1, None, 0]
+    assert profile["nonzero_carried_logprobs"] == [0, 1, None, 0]
+    assert profile["advantage_finite"] == [True, False, True, True]
