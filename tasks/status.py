@@ -16,7 +16,6 @@ writes nothing for longer than ``active_within_s`` looks abandoned.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 import time
 from collections import Counter
@@ -29,20 +28,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.config import BatchConfig
-from tasks.finalize.publish import read_dataset_marker
+from tasks.finalize.publish import read_dataset_marker, read_staged_marker
 from tasks.plan import batch_store, read_batch_config
+from tasks.publish import PUBLISHABLE
+from tasks.publish import SUITES as PUBLISH_SUITES
 from tasks.storage import layout
 from tasks.storage.claims import AttemptClaim, MalformedClaimError, read_claims
 from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import SHARD_FILE_KINDS, ShardCounts, parse_shard_object
 from tasks.storage.objects import ObjectStore
+from tasks.validate import read_suite_summary
 
 ACTIVE_WITHIN_S = 600.0  # an attempt that wrote nothing for this long is taken as abandoned
-STAGED_MARKER = f"{layout.DATASET_DIR}/_STAGED.json"
-REPORTS_DIR = "reports"
-REPORTS_INDEX = f"{REPORTS_DIR}/index.html"
-SUITES = ("lineage", "dataset")
+REPORTS_INDEX = f"{layout.REPORTS_DIR}/index.html"
 SHARD_STATES = ("committed", "in_progress", "abandoned", "not_started", "unreadable")
 DATASET_STATES = ("none", "staged", "validation_failed", "validated", "published", "unreadable")
 
@@ -139,11 +138,10 @@ class Totals:
 
 @dataclass(frozen=True)
 class DatasetStatus:
-    """The dataset's state; counts are the published marker's (None before publish).
+    """The dataset's state; counts and partiality from the committed manifest, else the staged one.
 
-    ``suites`` maps each validation suite with a ``reports/{suite}/summary.json`` to
-    ``passed``, ``failed`` or ``unreadable``. ``partial``/``missing_shards`` come from the
-    published marker, else from ``_STAGED.json`` when it records them.
+    ``suites`` maps each validation suite that has run to its current run's status (``passed``,
+    ``warned``, ``failed``) or ``unreadable``.
     """
 
     state: str
@@ -202,7 +200,7 @@ def batch_status(
     now = time.time() if now is None else now
     shards = tuple(_shard_status(store, shard, now - active_within_s) for shard in range(config.shards))
     reports = _reports_status(store)
-    dataset = _dataset_status(store, reports)
+    dataset = _dataset_status(store)
     return BatchStatus(
         batch_id=batch_id,
         root_url=root_url,
@@ -343,68 +341,50 @@ def _totals(committed: Iterable[CommittedShard]) -> Totals:
 
 
 def _reports_status(store: ObjectStore) -> ReportsStatus:
-    objects = tuple(store.list_files(REPORTS_DIR))
+    objects = tuple(store.list_files(layout.REPORTS_DIR))
     return ReportsStatus(objects=objects, index=REPORTS_INDEX if REPORTS_INDEX in objects else None)
 
 
-def _dataset_status(store: ObjectStore, reports: ReportsStatus) -> DatasetStatus:
-    """Published (a valid dataset marker) wins over staged; a staged dataset is judged by its suites."""
-    suites = _suite_outcomes(store, reports)
+def _dataset_status(store: ObjectStore) -> DatasetStatus:
+    """Published (a valid committed manifest) wins over staged; a staged dataset is judged by its suites."""
+    suites = _suite_outcomes(store)
     try:
-        marker = read_dataset_marker(store)
-        staged = None if marker is not None else _read_json(store, STAGED_MARKER)
+        marker = read_dataset_marker(store) or read_staged_marker(store)
     except (StorageIntegrityError, ValueError, OSError) as exc:
         return DatasetStatus(state="unreadable", suites=suites, error=f"{type(exc).__name__}: {exc}")
-    if marker is not None:
-        return DatasetStatus(
-            state="published",
-            partial=marker.partial,
-            missing_shards=tuple(marker.missing_shards),
-            rows=marker.rows,
-            trainable_rows=marker.trainable_rows,
-            groups=marker.groups,
-            suites=suites,
-        )
-    if staged is None:
+    if marker is None:
         return DatasetStatus(state="none", suites=suites)
-    outcomes = [suites.get(suite) for suite in SUITES]
-    if any(o in ("failed", "unreadable") for o in outcomes):
+    if marker.validation is not None:
+        state = "published"
+    elif any(suites.get(suite) in ("failed", "unreadable") for suite in PUBLISH_SUITES):
         state = "validation_failed"
+    elif all(suites.get(suite) in PUBLISHABLE for suite in PUBLISH_SUITES):
+        state = "validated"
     else:
-        state = "validated" if all(o == "passed" for o in outcomes) else "staged"
-    missing = staged.get("missing_shards")
+        state = "staged"
     return DatasetStatus(
         state=state,
-        partial=staged.get("partial") if isinstance(staged.get("partial"), bool) else None,
-        missing_shards=tuple(missing) if isinstance(missing, list) else (),
+        partial=marker.partial,
+        missing_shards=tuple(marker.missing_shards),
+        rows=marker.rows,
+        trainable_rows=marker.trainable_rows,
+        groups=marker.groups,
         suites=suites,
     )
 
 
-def _suite_outcomes(store: ObjectStore, reports: ReportsStatus) -> dict[str, str]:
-    """``passed``/``failed`` per suite from ``reports/{suite}/summary.json``'s ``success``; absent suites left out."""
+def _suite_outcomes(store: ObjectStore) -> dict[str, str]:
+    """Each suite's status in its current run (``passed``/``warned``/``failed``/``unreadable``); unrun ones left out."""
     outcomes = {}
-    for suite in SUITES:
-        path = f"{REPORTS_DIR}/{suite}/summary.json"
-        if path not in reports.objects:
-            continue
+    for suite in PUBLISH_SUITES:
         try:
-            success = (_read_json(store, path) or {}).get("success")
+            summary = read_suite_summary(store, suite)
         except (ValueError, OSError):
-            success = None
-        outcomes[suite] = "passed" if success is True else "failed" if success is False else "unreadable"
+            outcomes[suite] = "unreadable"
+            continue
+        if summary is not None:
+            outcomes[suite] = summary.status
     return outcomes
-
-
-def _read_json(store: ObjectStore, path: str) -> dict[str, Any] | None:
-    """The JSON object at ``path``, None when absent; ValueError when it is not a JSON object."""
-    try:
-        data = json.loads(store.read_bytes(path))
-    except FileNotFoundError:
-        return None
-    if not isinstance(data, dict):
-        raise ValueError(f"{store.url}/{path} is not a JSON object")
-    return data
 
 
 # --- next step and text ---------------------------------------------------------------------
@@ -426,7 +406,7 @@ def _next_step(
             "if it cannot be repaired, re-plan under a new batch id"
         )
     if dataset.state == "validation_failed":
-        where = reports.index or f"{REPORTS_DIR}/"
+        where = reports.index or f"{layout.REPORTS_DIR}/"
         return f"read the validation reports ({where}): validation failed, so nothing was published"
     if dataset.state in ("staged", "validated"):
         return f"run `rollout-ledger finalize {target}` to validate and publish the staged dataset"
@@ -526,7 +506,7 @@ def _dataset_lines(dataset: DatasetStatus) -> list[str]:
 def _reports_lines(url: str, reports: ReportsStatus) -> list[str]:
     if not reports.objects:
         return ["reports: none"]
-    head = f"reports: {len(reports.objects)} object(s) under {url}/{REPORTS_DIR}/"
+    head = f"reports: {len(reports.objects)} object(s) under {url}/{layout.REPORTS_DIR}/"
     key = [p for p in reports.objects if p == reports.index or p.endswith("/summary.json")]
     return [head, *(f"  {url}/{path}" for path in key)]
 

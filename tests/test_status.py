@@ -9,10 +9,11 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from tasks.config import BatchConfig, ConfigError, ModelSpec
+from tasks.config import BatchConfig, ConfigError, ModelSpec, ValidationSpec
 from tasks.engines.base import EngineError, SamplingSettings
-from tasks.finalize.stage import FinalizeOptions, finalize_batch
+from tasks.finalize.stage import FinalizeOptions
 from tasks.generate import generate_shard
+from tasks.pipeline import finalize_and_publish, run_suite
 from tasks.plan import batch_store, plan_batch
 from tasks.status import AttemptStatus, batch_status, render_status
 from tasks.storage import layout
@@ -156,7 +157,10 @@ def test_a_finalized_batch_is_published_and_needs_nothing_more(root, tokenizer):
     plan_batch(root.url, make_config(), root.options)
     for shard in (0, 1):
         generate(root, shard, tokenizer)
-    published = finalize_batch(root.url, BATCH, FinalizeOptions(audit=False), storage_options=root.options)
+    published = finalize_and_publish(
+        root.url, BATCH, FinalizeOptions(audit=False), storage_options=root.options
+    ).published
+    assert published is not None
 
     status = batch_status(root.url, BATCH, root.options)
 
@@ -178,10 +182,11 @@ def test_a_partial_dataset_names_its_missing_shards(tmp_path, tokenizer):
     root = Root(str(tmp_path / "runs"), {})
     plan_batch(root.url, make_config(), root.options)
     generate(root, 0, tokenizer)
-    finalize_batch(root.url, BATCH, FinalizeOptions(audit=False, allow_partial=True))
+    finalize_and_publish(root.url, BATCH, FinalizeOptions(audit=False, allow_partial=True))
 
     status = batch_status(root.url, BATCH)
 
+    assert status.dataset.suites == {"lineage": "warned", "dataset": "warned"}  # partial: a warning, not a failure
     assert [s.state for s in status.shards] == ["committed", "not_started"]
     assert (status.dataset.state, status.dataset.partial, status.dataset.missing_shards) == ("published", True, (1,))
     assert status.next_step == "nothing to run: the dataset is published without shard(s) [1]"
@@ -215,13 +220,11 @@ def test_corrupt_markers_and_claims_are_reported_not_raised(tmp_path, tokenizer)
     assert "shard 2   unreadable MalformedClaimError: " in text
 
 
-def test_a_staged_dataset_is_judged_by_its_validation_summaries(tmp_path, tokenizer):
+def test_a_staged_dataset_is_judged_by_its_validation_runs(tmp_path, tokenizer):
     root = Root(str(tmp_path / "runs"), {})
     plan_batch(root.url, make_config(shards=1), root.options)
     generate(root, 0, tokenizer)
-    store = root.store()
-    store.write_once("dataset/_STAGED.json", json.dumps({"partial": False, "missing_shards": []}).encode())
-    store.write_once("reports/lineage/summary.json", json.dumps({"success": True}).encode())
+    finalize_and_publish(root.url, BATCH, FinalizeOptions(audit=False), publish=False)
 
     staged = batch_status(root.url, BATCH)
     assert (staged.dataset.state, staged.dataset.suites, staged.dataset.partial) == (
@@ -232,23 +235,21 @@ def test_a_staged_dataset_is_judged_by_its_validation_summaries(tmp_path, tokeni
     finalize = f"run `rollout-ledger finalize --root {root.url} --batch-id {BATCH}`"
     assert staged.next_step == f"{finalize} to validate and publish the staged dataset"
 
-    store.write_once("reports/dataset/summary.json", json.dumps({"success": False}).encode())
-    store.write_once("reports/index.html", b"<html></html>")
+    impossible = ValidationSpec(reward_min=5.0)  # every reward is below: the dataset suite fails the batch
+    assert run_suite("dataset", root.url, BATCH, thresholds=impossible).status == "failed"
     failed = batch_status(root.url, BATCH)
     assert (failed.dataset.state, failed.dataset.suites) == (
         "validation_failed",
         {"lineage": "passed", "dataset": "failed"},
     )
     assert failed.reports.index == "reports/index.html"
-    assert failed.reports.objects == (
-        "reports/dataset/summary.json",
-        "reports/index.html",
-        "reports/lineage/summary.json",
-    )
     assert (
         failed.next_step
         == "read the validation reports (reports/index.html): validation failed, so nothing was published"
     )
     text = render_status(failed)
-    assert "dataset: validation_failed; validation lineage passed, dataset failed" in text
-    assert f"reports: 3 object(s) under {failed.url}/reports/\n  {failed.url}/reports/dataset/summary.json" in text
+    assert (
+        "dataset: validation_failed; 8 rows (8 trainable) in 4 groups; validation lineage passed, dataset failed"
+        in text
+    )
+    assert f"{failed.url}/reports/index.html" in text
