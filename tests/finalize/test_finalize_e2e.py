@@ -1,5 +1,6 @@
-"""Finalizing shards the REAL engine generated: the dataset loads with `datasets` and the collator,
-and every trainable row's input_ids are the engine's exact prompt + completion tokens."""
+"""Finalizing shards the REAL engine generated, through both validation suites and publish: the
+dataset loads with `datasets` and the collator, and every trainable row's input_ids are the
+engine's exact prompt + completion tokens."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tasks.engines.base import Engine, GenerationRequest, GenerationResult, Samp
 from tasks.finalize.stage import FinalizeOptions, UncommittedShardsError, finalize_batch
 from tasks.generate import generate_shard
 from tasks.models.provenance import model_provenance
+from tasks.pipeline import finalize_and_publish
 from tasks.plan import plan_batch
 from tasks.trainer.collate import GrpoCollator, PublishedDataset
 from tests.generation.fakes import DelegatingEngine
@@ -54,11 +56,17 @@ def test_finalized_real_shards_load_and_are_token_exact(vllm_engine, tmp_path):
         finalize_batch(root, config.batch_id)
     generate_shard(root, config.batch_id, 1, engine=recording, run=loop.run, progress=False)
 
-    published = finalize_batch(root, config.batch_id, FinalizeOptions(audit=True, audit_sample_size=4))
-    assert published.created
-    assert published.marker.rows == 6
-    again = finalize_batch(root, config.batch_id)
-    assert not again.created and again.marker == published.marker
+    result = finalize_and_publish(root, config.batch_id, FinalizeOptions(audit=True, audit_sample_size=4))
+    assert {suite: outcome.status for suite, outcome in result.suites.items()} == {
+        "lineage": "passed",
+        "dataset": "passed",
+    }
+    published = result.published
+    assert published is not None and published.created and published.marker.rows == 6
+    assert published.marker.validation["dataset"]["status"] == "passed"
+    again = finalize_and_publish(root, config.batch_id)
+    assert again.published is not None and not again.published.created
+    assert again.published.marker == published.marker
 
     data = PublishedDataset.from_url(published.url)
     trainable = [data[i] for i in range(len(data)) if int(data[i]["sample_mask"]) == 1]
