@@ -14,7 +14,7 @@ from tasks.finalize.stage import FinalizeOptions, UncommittedShardsError, finali
 from tasks.generate import generate_shard
 from tasks.models.provenance import model_provenance
 from tasks.pipeline import finalize_and_publish
-from tasks.plan import plan_batch
+from tasks.plan import batch_store, plan_batch
 from tasks.trainer.collate import GrpoCollator, PublishedDataset
 from tests.generation.fakes import DelegatingEngine
 
@@ -64,6 +64,9 @@ def test_finalized_real_shards_load_and_are_token_exact(vllm_engine, tmp_path):
     published = result.published
     assert published is not None and published.created and published.marker.rows == 6
     assert published.marker.validation["dataset"]["status"] == "passed"
+    store = batch_store(root, config.batch_id)
+    assert store.exists("reports/index.html")
+    assert all(store.exists(outcome.summary.report) for outcome in result.suites.values())  # both Data Docs
     again = finalize_and_publish(root, config.batch_id)
     assert again.published is not None and not again.published.created
     assert again.published.marker == published.marker
