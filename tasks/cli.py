@@ -31,6 +31,7 @@ from tasks.storage.options import aws_variables_read, is_s3_url, storage_options
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICT = 0, 1, 2, 3
 EXIT_SIGNAL_BASE = 128
+QUIET_LIBRARIES = ("great_expectations",)
 log = logging.getLogger("rollout_ledger")
 USAGE_ERRORS = (
     ConfigError,
@@ -503,6 +504,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # libraries that narrate their internals at INFO
+        for name in QUIET_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return COMMANDS[args.command](args)
     except (Exception, KeyboardInterrupt) as exc:
