@@ -6,7 +6,7 @@ size. This runs two shards of the same per-rollout shape (``guess_number``, ever
 playing all ``--turns`` turns, ``max_in_flight`` fixed) through the real generate stage
 (``generate_shard``: claim, staging, ledger, receipts, commit marker, sweep) on local disk in a
 temp dir, each in a fresh subprocess so each peak RSS (``ru_maxrss``, the kernel's high-water
-mark) is its own. The engine is a FAKE (``FakeInstantEngine``): no inference, it answers every
+mark) is its own. The engine is the tests' FAKE (``FakeScriptedEngine``): no inference, it answers every
 request at once with scripted text tokenized by the real bundled tokenizer.
 
 Prints per shard: rollouts, calls, tokens, wall time, RSS before the shard (after imports and
@@ -35,12 +35,11 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.config import BatchConfig, ModelSpec
-from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings, next_weight_version
+from tasks.engines.base import SamplingSettings
+from tests.generation.fakes import FakeScriptedEngine
 
 TARGET_RATIO = 1.5
 GROUP_SIZE = 4
@@ -49,67 +48,20 @@ WARMUP_ROLLOUTS = 2 * GROUP_SIZE
 WORDS = ("the", "secret", "is", "probably", "above", "below", "middle", "so", "I", "try", "next", "guess")
 
 
-class FakeInstantEngine(Engine):
-    """A FAKE engine (no inference): answers every request at once with scripted text.
+def scripted_guess(seed: int, hi: int) -> str:
+    """~60 words chosen by ``seed``, ending in a guess above the game's range.
 
-    The reply is ~60 words chosen by the request's seed, ending in a guess above the game's range
-    (so ``guess_number`` answers "Lower." and every rollout plays every turn: one shape for all),
-    tokenized by the real tokenizer, plus eos. Counts prompt and generated tokens; keeps nothing else.
+    ``guess_number`` answers "Lower." to it, so every rollout plays every turn: one shape for all.
     """
+    words = " ".join(WORDS[(seed >> (2 * i)) % len(WORDS)] for i in range(60))
+    return f"{words}. My guess is {hi + 1 + seed % 1000}."
 
-    name = "fake-instant"
 
-    def __init__(self, tokenizer: Any, *, hi: int, max_model_len: int = 4096) -> None:
-        self._tokenizer = tokenizer
-        self._hi = hi
-        self._max_model_len = max_model_len
-        self._version = 0
-        self.prompt_tokens = 0
-        self.generated_tokens = 0
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def eos_token_id(self) -> int:
-        return int(self._tokenizer.eos_token_id)
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    def script(self, seed: int) -> str:
-        words = " ".join(WORDS[(seed >> (2 * i)) % len(WORDS)] for i in range(60))
-        return f"{words}. My guess is {self._hi + 1 + seed % 1000}."
-
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        text = self.script(request.seed)
-        ids = [*self._tokenizer.encode(text, add_special_tokens=False), self.eos_token_id]
-        limit = request.max_tokens or request.sampling.max_tokens
-        finish = "length" if len(ids) > limit else "stop"
-        ids = ids[:limit]
-        self.prompt_tokens += len(request.prompt_token_ids)
-        self.generated_tokens += len(ids)
-        return GenerationResult(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            token_ids=tuple(ids),
-            logprobs=-np.linspace(0.01, 1.0, len(ids), dtype=np.float32),
-            finish_reason=finish,
-            text=text,
-        )
-
-    async def update_weights(self, model_path: str, *, version: int | None = None) -> int:
-        self._version = next_weight_version(self._version, version)
-        return self._version
-
-    async def close(self) -> None:
-        return None
+def fake_engine(tokenizer: Any, *, hi: int) -> FakeScriptedEngine:
+    """The FAKE engine of the tests (no inference, instant scripted replies), keeping no requests."""
+    return FakeScriptedEngine(
+        tokenizer, reply=lambda request: scripted_guess(request.seed, hi), max_model_len=4096, record=False
+    )
 
 
 def shard_config(batch_id: str, rollouts: int, turns: int, max_in_flight: int) -> BatchConfig:
@@ -128,13 +80,13 @@ def shard_config(batch_id: str, rollouts: int, turns: int, max_in_flight: int) -
     )
 
 
-def run_shard(root: str, config: BatchConfig, tokenizer: Any) -> tuple[Any, FakeInstantEngine, float]:
+def run_shard(root: str, config: BatchConfig, tokenizer: Any) -> tuple[Any, FakeScriptedEngine, float]:
     """Plan ``config`` and generate its one shard on a fresh fake engine; (summary, engine, seconds)."""
     from tasks.generate import generate_shard
     from tasks.plan import plan_batch
 
     plan_batch(root, config)
-    engine = FakeInstantEngine(tokenizer, hi=int(config.environment_options["hi"]))
+    engine = fake_engine(tokenizer, hi=int(config.environment_options["hi"]))
     started = time.perf_counter()
     summary = generate_shard(root, config.batch_id, 0, engine=engine, run=asyncio.run, progress=False)
     return summary, engine, time.perf_counter() - started
@@ -261,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < GROUP_SIZE or getattr(args, name) % GROUP_SIZE:
             parser.error(f"--{name.replace('_', '-')} must be a positive multiple of the group size {GROUP_SIZE}")
     print(
-        f"FAKE engine ({FakeInstantEngine.name}: no inference, scripted replies, real tokenizer); guess_number, "
+        f"FAKE engine ({FakeScriptedEngine.name}: no inference, scripted replies, real tokenizer); guess_number, "
         f"{args.turns} turns per rollout, max_in_flight {args.max_in_flight}, local disk; each shard in a fresh process"
     )
     small = in_subprocess(args.rollouts_small, args)

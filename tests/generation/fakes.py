@@ -22,6 +22,13 @@ class FatalEngineCrash(BaseException):
 
 
 class FakeScriptedEngine(Engine):
+    """Answers every request at once with ``reply(request)`` tokenized by the real tokenizer, plus eos.
+
+    A reply longer than the request's ``max_tokens`` is cut there (finish reason ``length``).
+    Keeps every request and result for tests to compare with what was staged, unless ``record``
+    is False (the memory benchmark); counts prompt and generated tokens either way.
+    """
+
     name = "fake-scripted"
 
     def __init__(
@@ -32,14 +39,18 @@ class FakeScriptedEngine(Engine):
         fail: Callable[[GenerationRequest], BaseException | None] = lambda request: None,
         max_model_len: int = 2048,
         weight_version: int = 0,
+        record: bool = True,
     ) -> None:
         self._tokenizer = tokenizer
         self._reply = reply
         self._fail = fail
         self._max_model_len = max_model_len
         self._version = weight_version
+        self._record = record
         self.requests: list[GenerationRequest] = []
         self.results: dict[str, GenerationResult] = {}
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
 
     @property
     def weight_version(self) -> int:
@@ -59,22 +70,28 @@ class FakeScriptedEngine(Engine):
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         await asyncio.sleep(0)
-        self.requests.append(request)
+        if self._record:
+            self.requests.append(request)
         failure = self._fail(request)
         if failure is not None:
             raise failure
         text = self._reply(request)
         ids = [*self._tokenizer.encode(text, add_special_tokens=False), self.eos_token_id]
-        logprobs = -np.linspace(0.01, 1.0, len(ids), dtype=np.float32)
+        limit = request.max_tokens or request.sampling.max_tokens
+        finish = "length" if len(ids) > limit else "stop"
+        ids = ids[:limit]
+        self.prompt_tokens += len(request.prompt_token_ids)
+        self.generated_tokens += len(ids)
         result = GenerationResult(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
             token_ids=tuple(ids),
-            logprobs=logprobs,
-            finish_reason="stop",
+            logprobs=-np.linspace(0.01, 1.0, len(ids), dtype=np.float32),
+            finish_reason=finish,
             text=text,
         )
-        self.results[request.request_id] = result
+        if self._record:
+            self.results[request.request_id] = result
         return result
 
     async def update_weights(self, model_path: str, *, version: int | None = None) -> int:
