@@ -1,8 +1,8 @@
 """The dataset suite's profile: the staged dataset as small tables of scalars, computed part by part with Arrow.
 
 Token lists never leave Arrow and numpy: each part the manifest names is read (size and sha256
-checked), reduced to one row of counts and flags per dataset row, and released, so memory holds
-:data:`PARALLEL_PARTS` parts plus the profile. Tables (see :data:`tasks.validate.suites.DATASET_TABLES`):
+checked), reduced to one row of counts and flags per dataset row, and released before the next,
+so memory holds one part plus the profile. Tables (see :data:`tasks.validate.suites.DATASET_TABLES`):
 
 * ``shards``: every planned shard, ``in_dataset`` unless the manifest lists it as missing;
 * ``rows``: per dataset row its three list lengths; ``sampled_tokens`` (loss_mask sum);
@@ -18,8 +18,6 @@ checked), reduced to one row of counts and flags per dataset row, and released, 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,7 +29,6 @@ from tasks.ids import shard_name
 from tasks.plan import read_shard_plan
 from tasks.storage.objects import ObjectStore
 
-PARALLEL_PARTS = 2
 _SCALARS = ("rollout_id", "group_id", "sample_mask", "mask_reason", "advantage", "reward", "group_size")
 _TOKEN_COUNTS = ("sampled_tokens", "nonfinite_logprobs", "positive_sampled_logprobs", "nonzero_carried_logprobs")
 
@@ -40,11 +37,9 @@ def profile_dataset(store: ObjectStore, manifest: DatasetMarker, config: BatchCo
     """The four profile tables of the dataset ``manifest`` names (``store`` rooted at the batch).
 
     ``config`` is the config finalize used (the manifest's), for the shards and their plans. Parts
-    are read and profiled :data:`PARALLEL_PARTS` at a time (Parquet decoding, outside the GIL): at
-    most that many parts are held at once.
+    are read one at a time: decoding one already keeps every core busy.
     """
-    with ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="dataset-profile") as pool:
-        rows = pa.concat_tables(pool.map(lambda part: row_profile(read_dataset_part(store, part)), manifest.parts))
+    rows = pa.concat_tables([row_profile(read_dataset_part(store, part)) for part in manifest.parts])
     present = [shard for shard in range(config.shards) if shard not in manifest.missing_shards]
     planned = pa.array([p.rollout_id for s in present for p in read_shard_plan(store, config, s)], pa.string())
     trainable_ids = pc.filter(rows["rollout_id"], pc.equal(rows["sample_mask"], 1))

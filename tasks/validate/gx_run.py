@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime
 import math
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,22 +44,6 @@ class ExpectationResult:
         return self.unexpected_count / self.checked if self.checked else None
 
 
-def start_import() -> None:
-    """Start importing GX and the custom expectations in a background thread (a few seconds of Python).
-
-    A stage calls this before it profiles (Arrow and Parquet work, mostly outside the GIL), so the
-    import overlaps it; :func:`run_suite`'s own import then waits for it, or raises its error.
-    """
-    threading.Thread(target=_import_gx, name="gx-import", daemon=True).start()
-
-
-def _import_gx() -> None:
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
-    import great_expectations  # noqa: F401
-
-    import tasks.validate.expectations  # noqa: F401  (registers the custom expectations)
-
-
 def run_suite(
     suite: SuiteSpec, tables: Mapping[str, pa.Table], *, site_dir: Path, run_name: str
 ) -> dict[str, ExpectationResult]:
@@ -69,10 +52,12 @@ def run_suite(
     Returns each expectation's result by name. An expectation that raises inside GX is a failed
     result carrying the error message, never an exception here.
     """
-    _import_gx()
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.expectations.registry import get_expectation_impl
+
+    import tasks.validate.expectations  # noqa: F401  (registers the custom expectations)
 
     context = gx.get_context(mode="ephemeral", project_config=_project_config(site_dir))
     source = context.data_sources.add_pandas(suite.name)
@@ -157,8 +142,7 @@ def _arguments(spec: ExpectationSpec) -> dict[str, Any]:
 
 def _result(found: Any, index_column: str) -> ExpectationResult:
     """An :class:`ExpectationResult` from a GX ``ExpectationValidationResult``."""
-    info = found.exception_info or {}
-    error = info.get("exception_message") if info.get("raised_exception") else None
+    error = _error_of(found.exception_info or {})
     result = found.result or {}
     checked = int(result.get("element_count", 0)) - int(result.get("missing_count", 0) or 0)
     unexpected = int(result.get("unexpected_count", 0) or 0)
@@ -176,3 +160,11 @@ def _result(found: Any, index_column: str) -> ExpectationResult:
         examples=tuple(examples),
         error=error,
     )
+
+
+def _error_of(info: dict[str, Any]) -> str | None:
+    """The message of an exception GX caught: ``exception_info`` is flat, or keyed by the metric that raised."""
+    if "raised_exception" in info:
+        return info["exception_message"] if info["raised_exception"] else None
+    messages = [v.get("exception_message") for v in info.values() if isinstance(v, dict)]
+    return "; ".join(dict.fromkeys(m for m in messages if m)) or None

@@ -6,9 +6,10 @@ the ``shards`` table with its error, and contributes no other row. Tables (see
 :data:`tasks.validate.suites.LINEAGE_TABLES`):
 
 * ``shards``: every planned shard: ``committed``, ``ledger_verified`` (null when not committed), ``error``;
-* ``calls``: every call record of the committed shards, with ``staging_key``, ``parent_resolves``
-  (a root, or its parent is a call record of its rollout) and the parent's ``cum_len`` /
-  ``weight_version`` (null for a root or an unresolved parent);
+* ``call_keys``, ``calls``, ``call_digests``: every call record of the committed shards, in three
+  narrow tables: its ``staging_key`` and staged row; its lengths, mode and weight version with
+  ``parent_resolves`` (a root, or its parent is a call record of its rollout) and the parent's
+  ``cum_len`` / ``weight_version`` (null for a root or an unresolved parent); its four digests;
 * ``model_calls``: every call id of the call records and failure rows, ``failed`` when a failure row names it;
 * ``rollouts``: every planned rollout of the committed shards and every receipted one: ``planned``,
   ``receipts`` (count), ``poisoned`` (status not ok; null without a receipt), ``capture_poisoned``
@@ -41,6 +42,23 @@ from tasks.storage.ledger_reader import LedgerReader, LedgerTables
 from tasks.storage.objects import ObjectStore, sha256_hex
 
 PARALLEL_SHARDS = 2
+# The columns of each call-record table the suite reads (see the module docstring).
+_CALL_TABLES = {
+    "call_keys": ("call_id", "staging_key", "staging_segment", "staging_row"),
+    "calls": (
+        "call_id",
+        "parent_call_id",
+        "mode",
+        "prev_len",
+        "delta_len",
+        "cum_len",
+        "parent_resolves",
+        "parent_cum_len",
+        "weight_version",
+        "parent_weight_version",
+    ),
+    "call_digests": ("call_id", "digest", "extras_digest", "chain_hash", "cumulative_hash"),
+}
 _CALL_COLUMNS = (
     "call_id",
     "rollout_id",
@@ -81,7 +99,7 @@ def lineage_inputs(store: ObjectStore, config: BatchConfig) -> LedgerInputs:
 
 
 def profile_lineage(store: ObjectStore, config: BatchConfig, inputs: LedgerInputs) -> dict[str, pa.Table]:
-    """The four profile tables of the batch's committed shards (``store`` rooted at the batch).
+    """The six profile tables of the batch's committed shards (``store`` rooted at the batch).
 
     Shards are read :data:`PARALLEL_SHARDS` at a time (Parquet and Arrow work, mostly outside the GIL).
     """
@@ -102,7 +120,7 @@ def profile_lineage(store: ObjectStore, config: BatchConfig, inputs: LedgerInput
     empty = _empty()
     return {
         "shards": shards,
-        "calls": _concat([p.calls for p in profiles], _calls(empty)),
+        **_split_calls(_concat([p.calls for p in profiles], _calls(empty))),
         "model_calls": _concat([p.model_calls for p in profiles], _model_calls(empty)),
         "rollouts": _rollouts(
             pa.chunked_array([p.planned for p in profiles], pa.string()),
@@ -154,6 +172,16 @@ def _calls(tables: LedgerTables) -> pa.Table:
         .append_column("parent_cum_len", pc.take(calls["cum_len"], parent))
         .append_column("parent_weight_version", pc.take(calls["weight_version"], parent))
     )
+
+
+def _split_calls(calls: pa.Table) -> dict[str, pa.Table]:
+    """The call records as the three narrow tables of :data:`_CALL_TABLES`, low-cardinality text dictionary-encoded.
+
+    GX filters whole frames per expectation: narrow frames, and categories instead of strings, keep that cheap.
+    """
+    for name in ("staging_segment", "mode"):
+        calls = calls.set_column(calls.schema.get_field_index(name), name, pc.dictionary_encode(calls[name]))
+    return {name: calls.select(list(columns)) for name, columns in _CALL_TABLES.items()}
 
 
 def _model_calls(tables: LedgerTables) -> pa.Table:

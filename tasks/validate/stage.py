@@ -27,7 +27,7 @@ from tasks.plan import batch_store, read_batch_config
 from tasks.storage import layout
 from tasks.storage.objects import ObjectStore, sha256_hex
 from tasks.validate.dataset_profile import profile_dataset
-from tasks.validate.gx_run import run_suite, start_import
+from tasks.validate.gx_run import run_suite
 from tasks.validate.lineage_profile import lineage_inputs, profile_lineage
 from tasks.validate.suite_runs import (
     INDEX_NAME,
@@ -36,7 +36,7 @@ from tasks.validate.suite_runs import (
     run_dir,
     summary_path,
 )
-from tasks.validate.suites import DATASET, LINEAGE, SuiteSpec, dataset_suite, lineage_suite
+from tasks.validate.suites import SuiteSpec, dataset_suite, lineage_suite
 from tasks.validate.summary import SuiteSummary, build_summary
 
 
@@ -128,7 +128,6 @@ def _run(
     current = read_suite_summary(store, suite.name)
     if current is not None and current.run_key == run_key:
         return _outcome(store, current, created=False)
-    start_import()
     tables = profile()
     run = claim_run(store, suite.name, run_key=run_key, batch_id=batch_id)
     with tempfile.TemporaryDirectory(prefix=f"rollout-ledger-{suite.name}-docs-") as tmp:
@@ -172,6 +171,3 @@ def _run_key(suite: str, batch_id: str, inputs: Mapping[str, str], thresholds: V
         "gx": gx,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode("utf-8")).hexdigest()
-
-
-__all__ = ["DATASET", "LINEAGE", "NothingToValidateError", "SuiteOutcome", "validate_dataset", "validate_lineage"]

@@ -91,7 +91,7 @@ def _rate_at_most(flag: str, bad: object, maximum: float) -> dict[str, Any]:
 def _hex(name: str, column: str) -> ExpectationSpec:
     return ExpectationSpec(
         name=name,
-        table="calls",
+        table="call_digests",
         expectation="expect_column_values_to_match_regex",
         kwargs={"column": column, "regex": HEX_DIGEST_REGEX},
         severity="fail",
@@ -101,7 +101,9 @@ def _hex(name: str, column: str) -> ExpectationSpec:
 
 LINEAGE_TABLES = (
     TableSpec("shards", "shard", "one row per planned shard: committed? ledger verified?"),
-    TableSpec("calls", "call_id", "one row per call record of the committed shards, with its parent's lengths"),
+    TableSpec("call_keys", "call_id", "one row per call record of the committed shards: its ids and staged row"),
+    TableSpec("calls", "call_id", "one row per call record: lengths, mode, weight version, and its parent's"),
+    TableSpec("call_digests", "call_id", "one row per call record: its four digests"),
     TableSpec("model_calls", "call_id", "one row per model call (call records and failure rows): failed?"),
     TableSpec("rollouts", "rollout_id", "one row per planned rollout of the committed shards and per receipt"),
 )
@@ -129,7 +131,7 @@ def lineage_suite(thresholds: ValidationSpec, *, weight_version: int) -> SuiteSp
         ),
         ExpectationSpec(
             name="call_ids_unique",
-            table="calls",
+            table="call_keys",
             expectation="expect_column_values_to_be_unique",
             kwargs={"column": "call_id"},
             severity="fail",
@@ -137,7 +139,7 @@ def lineage_suite(thresholds: ValidationSpec, *, weight_version: int) -> SuiteSp
         ),
         ExpectationSpec(
             name="staging_keys_unique",
-            table="calls",
+            table="call_keys",
             expectation="expect_column_values_to_be_unique",
             kwargs={"column": "staging_key"},
             severity="fail",
@@ -145,7 +147,7 @@ def lineage_suite(thresholds: ValidationSpec, *, weight_version: int) -> SuiteSp
         ),
         ExpectationSpec(
             name="staged_rows_unique",
-            table="calls",
+            table="call_keys",
             expectation="expect_compound_columns_to_be_unique",
             kwargs={"column_list": ["staging_segment", "staging_row"]},
             severity="fail",

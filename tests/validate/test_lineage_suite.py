@@ -157,22 +157,23 @@ def test_rates_report_the_observed_rate_against_the_threshold(corrupted):
 
 
 def test_rules_the_ledger_reader_enforces_fail_on_a_corrupted_profile(generated_batch, tmp_path):
-    tables = profile_lineage(
-        generated_batch.store, generated_batch.config, lineage_inputs(generated_batch.store, generated_batch.config)
-    )
-    calls = tables["calls"].to_pylist()
+    store, config = generated_batch.store, generated_batch.config
+    tables = profile_lineage(store, config, lineage_inputs(store, config))
+    rows = {name: tables[name].to_pylist() for name in ("calls", "call_digests")}
+    calls, digests = rows["calls"], rows["call_digests"]
     roots = [c for c in calls if c["parent_call_id"] is None]
     edits = {
         "cum_len_is_prev_len_plus_delta_len": (calls[0], {"cum_len": calls[0]["cum_len"] + 1}),
         "root_iff_no_parent": (roots[1], {"mode": "token_in"}),
-        "digests_well_formed": (calls[2], {"digest": calls[2]["digest"].upper()}),
-        "extras_digests_well_formed": (calls[3], {"extras_digest": calls[3]["extras_digest"][:63]}),
-        "chain_hashes_well_formed": (calls[4], {"chain_hash": "not-a-digest"}),
-        "cumulative_hashes_well_formed": (calls[5], {"cumulative_hash": ""}),
+        "digests_well_formed": (digests[2], {"digest": digests[2]["digest"].upper()}),
+        "extras_digests_well_formed": (digests[3], {"extras_digest": digests[3]["extras_digest"][:63]}),
+        "chain_hashes_well_formed": (digests[4], {"chain_hash": "not-a-digest"}),
+        "cumulative_hashes_well_formed": (digests[5], {"cumulative_hash": ""}),
     }
     for row, change in edits.values():
         row.update(change)
-    tables["calls"] = pa.Table.from_pylist(calls, schema=tables["calls"].schema)
+    for name, edited in rows.items():
+        tables[name] = pa.Table.from_pylist(edited, schema=tables[name].schema)
     suite = lineage_suite(ValidationSpec(), weight_version=WEIGHT_VERSION)
     results = run_suite(suite, tables, site_dir=tmp_path / "docs", run_name="run-000")
     assert {name for name, r in results.items() if not r.success} == set(edits)
