@@ -28,6 +28,7 @@ from tasks.models.reference import ModelMismatchError, ModelReferenceError
 from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
 from tasks.storage.objects import ObjectConflictError
 from tasks.storage.options import aws_variables_read, is_s3_url, storage_options_from_env
+from tasks.validate import NothingToValidateError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICT = 0, 1, 2, 3
 EXIT_SIGNAL_BASE = 128
@@ -40,6 +41,7 @@ USAGE_ERRORS = (
     ModelReferenceError,
     ModelFolderError,
     UncommittedShardError,
+    NothingToValidateError,
 )
 CONFLICT_ERRORS = (ObjectConflictError, ModelMismatchError, StorageIntegrityError)
 

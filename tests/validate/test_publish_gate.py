@@ -118,3 +118,10 @@ def test_the_whole_pipeline_validates_and_publishes_a_batch_in_s3(generated_batc
     assert read_dataset_marker(store) == result.published.marker
     assert store.exists(f"{layout.REPORTS_DIR}/index.html")
     assert len(PublishedDataset.from_url(result.published.url, storage_options=options)) == 18
+
+
+def test_validating_a_batch_that_was_never_finalized_is_a_usage_error(generated_batch: Batch, tmp_path, capsys):
+    batch = copy_batch(generated_batch, tmp_path)
+    code = main(["validate", "--root", str(batch.root), "--batch-id", batch.batch_id, "--suite", "dataset"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no staged dataset; run `rollout-ledger finalize` first" in err and "Traceback" not in err
