@@ -408,9 +408,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from tasks.publish import publish_batch
+    from tasks.pipeline import publish_and_report
 
-    published = publish_batch(args.root, args.batch_id, storage_options=_storage(args))
+    published = publish_and_report(args.root, args.batch_id, storage_options=_storage(args))
     verb = "published" if published.created else "already published"
     _say(f"{verb}: {published.url}/dataset ({published.marker.rows} rows)")
     print(json.dumps({"batch_id": args.batch_id, "dataset": f"{published.url}/dataset", "created": published.created}))

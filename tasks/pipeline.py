@@ -4,7 +4,7 @@ What ``rollout-ledger finalize`` runs (the Airflow DAG runs each step as its own
 is idempotent, so running this again after a failure or a crash picks up where it stopped. A
 failed suite stops the run with :class:`ValidationFailedError`: nothing after it runs, its
 reports stay, and no ``dataset/_COMMITTED.json`` is written. The overview page
-``reports/index.html`` is rewritten after each suite.
+``reports/index.html`` is rewritten after each suite and after publish.
 """
 
 from __future__ import annotations
@@ -85,8 +85,19 @@ def finalize_and_publish(
     if not publish:
         return PipelineResult(staged=staged, suites=suites, published=None)
     suites["dataset"] = _passed("dataset", root_url, batch_id, thresholds, storage_options)
-    published = publish_batch(root_url, batch_id, storage_options=storage_options)
+    published = publish_and_report(root_url, batch_id, storage_options=storage_options)
     return PipelineResult(staged=staged, suites=suites, published=published)
+
+
+def publish_and_report(
+    root_url: str, batch_id: str, *, storage_options: StorageOptions | None = None
+) -> PublishedBatch:
+    """Publish, then rewrite the overview page so it says the dataset is published."""
+    from tasks.validate.report import write_report_index
+
+    published = publish_batch(root_url, batch_id, storage_options=storage_options)
+    write_report_index(root_url, batch_id, storage_options=storage_options)
+    return published
 
 
 def _passed(

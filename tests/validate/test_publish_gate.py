@@ -33,7 +33,9 @@ def test_a_clean_batch_is_validated_published_and_loadable(generated_batch: Batc
     assert committed is not None and committed.validation is not None
     assert {s: v["status"] for s, v in committed.validation.items()} == {"lineage": "passed", "dataset": "passed"}
     assert committed.parts == read_staged_marker(store).parts  # type: ignore[union-attr]
-    assert store.exists(f"{layout.REPORTS_DIR}/index.html")
+    page = store.read_bytes(f"{layout.REPORTS_DIR}/index.html").decode()
+    header = page[page.index("<header>") : page.index("</header>")]
+    assert ">published<" in header and ">staged<" not in header  # rewritten after publish
     assert len(PublishedDataset.from_url(published.url)) == batch.config.num_rollouts
     again = finalize_and_publish(str(batch.root), batch.batch_id, NO_AUDIT)
     assert again.published is not None and not again.published.created
