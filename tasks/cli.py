@@ -29,6 +29,7 @@ from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
 from tasks.storage.objects import ObjectConflictError
 from tasks.storage.options import aws_variables_read, is_s3_url, storage_options_from_env
 from tasks.validate import NothingToValidateError
+from tasks.validate.suites import SUITES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICT = 0, 1, 2, 3
 EXIT_SIGNAL_BASE = 128
@@ -158,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = command("validate", "run the validation suites; write their reports and the overview page")
     _root_and_batch(validate)
-    validate.add_argument("--suite", choices=("lineage", "dataset", "all"), default="all", help="which suite")
+    validate.add_argument("--suite", choices=(*SUITES, "all"), default="all", help="which suite")
     _threshold_flag(validate)
 
     publish = command("publish", "commit the staged dataset (dataset/_COMMITTED.json) if both suites passed")
@@ -365,7 +366,7 @@ def _finalize(args: argparse.Namespace) -> int:
         _say(f"  {line}")
     for suite, outcome in result.suites.items():
         _say(f"{suite} suite: {outcome.status} (report: {outcome.report_url})")
-    _say(f"overview: {store.url}/{layout.REPORTS_DIR}/index.html")
+    _say(f"overview: {store.url}/{layout.REPORTS_INDEX}")
     if result.published is not None:
         _say(f"published: {store.url}/{layout.DATASET_MARKER}")
     print(
@@ -390,11 +391,11 @@ def _finalize(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from tasks.pipeline import SUITE_NAMES, describe_failure, run_suite, thresholds_with
+    from tasks.pipeline import describe_failure, run_suite, thresholds_with
 
     storage = _storage(args)
     thresholds = thresholds_with(args.root, args.batch_id, _options(args.threshold, "--threshold"), storage)
-    suites = SUITE_NAMES if args.suite == "all" else (args.suite,)
+    suites = SUITES if args.suite == "all" else (args.suite,)
     outcomes = {}
     for suite in suites:
         outcomes[suite] = outcome = run_suite(

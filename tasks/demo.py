@@ -68,7 +68,7 @@ def run_demo(root: str, *, batch_id: str | None = None, size: DemoSize | None = 
     summary = {
         "batch_id": batch_id,
         "dataset": f"{published.url}/dataset",
-        "reports": f"{store.url}/{layout.REPORTS_DIR}/index.html",
+        "reports": f"{store.url}/{layout.REPORTS_INDEX}",
         "rollouts": metrics["planned_rollouts"],
         "trainable_rows": metrics["trainable_rows"],
         "masked_rows": metrics["masked_rows"],

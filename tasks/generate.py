@@ -34,7 +34,7 @@ from typing import Any
 
 from tasks.capture.calls import CallCapture, RolloutCapture
 from tasks.capture.prefix_cache import ChainPrefixCache
-from tasks.capture.records import Receipt, canonical_json
+from tasks.capture.records import CallRecord, Receipt, canonical_json
 from tasks.capture.terminal import attribute_terminal
 from tasks.config import BatchConfig, ConfigError
 from tasks.engines.base import Engine, EngineDeadError
@@ -364,7 +364,9 @@ async def _run_attempt(batch: _Batch, claim: AttemptClaim, engine: Engine) -> Sh
 
     async def run_one(planned: PlannedRollout) -> None:
         async with limit:
-            done = await _run_rollout(planned, config, attempt, batch.environment, capture, ledger, progress)
+            done = await _run_rollout(
+                planned, config, attempt, batch.environment, capture, ledger if batch.capture else None, progress
+            )
         finished.append(done)
         progress.rollout_done()
         if batch.capture and time.monotonic() - last_flush[0] >= LEDGER_FLUSH_SECONDS:
@@ -402,7 +404,7 @@ async def _run_attempt(batch: _Batch, claim: AttemptClaim, engine: Engine) -> Sh
             swept=0,
             **extra,
         )
-    outcomes = [*(f.outcome for f in finished), *(_adopted_outcome(b) for b in recovery.rollouts)]
+    outcomes = [*(f.outcome for f in finished), *(_outcome(b.receipt, b.manifest) for b in recovery.rollouts)]
     try:
         marker = await asyncio.to_thread(ledger.commit, staging_segments=staging.segments)
     except ObjectConflictError:
@@ -492,7 +494,8 @@ async def _run_rollout(
     )
 
 
-def _outcome(receipt: Receipt, manifest: Sequence[Any]) -> RolloutOutcome:
+def _outcome(receipt: Receipt, manifest: Sequence[CallRecord]) -> RolloutOutcome:
+    """What the training-signal summary needs of a receipted rollout (truncated: its terminal hit max_tokens)."""
     terminal = next((c for c in manifest if c.call_id == receipt.terminal_call_id), None)
     return RolloutOutcome(
         group_id=receipt.group_id,
@@ -501,10 +504,6 @@ def _outcome(receipt: Receipt, manifest: Sequence[Any]) -> RolloutOutcome:
         failure_reason=receipt.failure_reason,
         truncated=terminal is not None and terminal.finish_reason == "length",
     )
-
-
-def _adopted_outcome(bundle: Any) -> RolloutOutcome:
-    return _outcome(bundle.receipt, bundle.manifest)
 
 
 def _receipt(

@@ -21,8 +21,6 @@ from tasks.plan import batch_store, read_batch_config
 from tasks.publish import PublishedBatch, publish_batch
 from tasks.storage.options import StorageOptions
 
-SUITE_NAMES = ("lineage", "dataset")
-
 
 class ValidationFailedError(RuntimeError):
     """A suite failed the batch: its failing expectations and report are in the message."""

@@ -20,8 +20,8 @@ from tasks.plan import batch_store
 from tasks.storage import layout
 from tasks.storage.objects import ObjectConflictError, ObjectStore
 from tasks.storage.options import StorageOptions
+from tasks.validate.suites import SUITES
 
-SUITES = ("lineage", "dataset")
 PUBLISHABLE = ("passed", "warned")
 
 
@@ -74,7 +74,7 @@ def validation_outcomes(store: ObjectStore, batch_id: str) -> dict[str, Any]:
             failed = ", ".join(e.name for e in summary.expectations if not e.success and e.severity == "fail")
             raise PublishRefusedError(
                 f"batch {batch_id} is not published: the {suite} suite failed ({failed}); "
-                f"see {store.url}/{summary.report} and {store.url}/{layout.REPORTS_DIR}/index.html"
+                f"see {store.url}/{summary.report} and {store.url}/{layout.REPORTS_INDEX}"
             )
         outcomes[suite] = {
             "status": summary.status,

@@ -31,7 +31,6 @@ from tasks.config import BatchConfig
 from tasks.finalize.publish import read_dataset_marker, read_staged_marker
 from tasks.plan import batch_store, read_batch_config
 from tasks.publish import PUBLISHABLE
-from tasks.publish import SUITES as PUBLISH_SUITES
 from tasks.storage import layout
 from tasks.storage.claims import AttemptClaim, MalformedClaimError, read_claims
 from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
@@ -39,9 +38,9 @@ from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import SHARD_FILE_KINDS, ShardCounts, parse_shard_object
 from tasks.storage.objects import ObjectStore
 from tasks.validate import read_suite_summary
+from tasks.validate.suites import SUITES
 
 ACTIVE_WITHIN_S = 600.0  # an attempt that wrote nothing for this long is taken as abandoned
-REPORTS_INDEX = f"{layout.REPORTS_DIR}/index.html"
 SHARD_STATES = ("committed", "in_progress", "abandoned", "not_started", "unreadable")
 DATASET_STATES = ("none", "staged", "validation_failed", "validated", "published", "unreadable")
 
@@ -342,7 +341,7 @@ def _totals(committed: Iterable[CommittedShard]) -> Totals:
 
 def _reports_status(store: ObjectStore) -> ReportsStatus:
     objects = tuple(store.list_files(layout.REPORTS_DIR))
-    return ReportsStatus(objects=objects, index=REPORTS_INDEX if REPORTS_INDEX in objects else None)
+    return ReportsStatus(objects=objects, index=layout.REPORTS_INDEX if layout.REPORTS_INDEX in objects else None)
 
 
 def _dataset_status(store: ObjectStore) -> DatasetStatus:
@@ -356,9 +355,9 @@ def _dataset_status(store: ObjectStore) -> DatasetStatus:
         return DatasetStatus(state="none", suites=suites)
     if marker.validation is not None:
         state = "published"
-    elif any(suites.get(suite) in ("failed", "unreadable") for suite in PUBLISH_SUITES):
+    elif any(suites.get(suite) in ("failed", "unreadable") for suite in SUITES):
         state = "validation_failed"
-    elif all(suites.get(suite) in PUBLISHABLE for suite in PUBLISH_SUITES):
+    elif all(suites.get(suite) in PUBLISHABLE for suite in SUITES):
         state = "validated"
     else:
         state = "staged"
@@ -376,7 +375,7 @@ def _dataset_status(store: ObjectStore) -> DatasetStatus:
 def _suite_outcomes(store: ObjectStore) -> dict[str, str]:
     """Each suite's status in its current run (``passed``/``warned``/``failed``/``unreadable``); unrun ones left out."""
     outcomes = {}
-    for suite in PUBLISH_SUITES:
+    for suite in SUITES:
         try:
             summary = read_suite_summary(store, suite)
         except (ValueError, OSError):

@@ -9,7 +9,7 @@ advantage of the group is then 0.
 from __future__ import annotations
 
 import statistics
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +46,7 @@ class TrainingSignal:
     def of(cls, outcomes: Iterable[RolloutOutcome]) -> TrainingSignal:
         outcomes = list(outcomes)
         usable = [o for o in outcomes if o.usable]
-        rewards_of: dict[str, list[float]] = defaultdict(list)
-        for outcome in outcomes:
-            rewards_of[outcome.group_id]  # every receipted group counts, usable or not
+        rewards_of: dict[str, list[float]] = {o.group_id: [] for o in outcomes}  # every receipted group counts
         for outcome in usable:
             rewards_of[outcome.group_id].append(float(outcome.reward))  # type: ignore[arg-type]
         flat = sum(1 for rewards in rewards_of.values() if len(rewards) < 2 or len(set(rewards)) == 1)

@@ -12,6 +12,7 @@ from tasks.ids import attempt_name, check_id, shard_name
 
 MARKER_NAME = "_COMMITTED.json"
 REPORTS_DIR = "reports"
+REPORTS_INDEX = f"{REPORTS_DIR}/index.html"  # the overview page, rewritten after each validation run
 CLAIM_NAME = "_CLAIM.json"
 _ATTEMPT_IN_PATH = re.compile(r"/attempt-(\d+)/")
 

@@ -61,7 +61,7 @@ from tasks.validate import read_suite_summary
 from tasks.validate.suites import SUITES
 from tasks.validate.summary import ExpectationOutcome, SuiteSummary
 
-INDEX = f"{layout.REPORTS_DIR}/index.html"
+INDEX = layout.REPORTS_INDEX
 MAX_GROUPS_SHOWN = 48  # the reward plot draws an evenly spaced sample of groups beyond this
 MAX_REASONS_SHOWN = 12  # per section of the failure-reasons plot; the rest are summed as "other"
 MAX_VERSION_BARS = 40  # weight versions beyond this are bucketed into ranges
