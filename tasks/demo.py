@@ -1,57 +1,36 @@
-"""``make demo``: a whole batch on the embedded defaults — plan, generate every shard, finalize.
+"""``rollout-ledger demo``: the demo batch without Airflow — plan, generate every shard, finalize.
 
-Local storage, the bundled SmolLM2-135M-Instruct, vLLM on this machine; sized to finish in a few
-minutes on 2 CPU cores. One engine serves every shard (``generate_shards``). Prints where the dataset is and a summary.
+The batch form's defaults (the same batch ``make demo`` runs through the Airflow DAG): local
+storage, the bundled SmolLM2-135M-Instruct, vLLM on this machine, a few minutes on 2 CPU cores.
+One engine serves every shard (``generate_shards``). Prints where the dataset is and a summary.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.config import BatchConfig, EngineSpec, ModelSpec
-from tasks.engines.base import SamplingSettings
 from tasks.generate import generate_shards
 from tasks.models.provenance import model_provenance
-from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+from tasks.models.reference import model_reference, resolve_model_reference
+from tasks.orchestration.form import batch_config_from_form, form_defaults
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import batch_store, plan_batch
 from tasks.storage import layout
-from tasks.version import code_version
+from tasks.storage.options import StorageOptions
+
+STORAGE_FIELDS = ("batch_id", "storage_url", "storage_conn_id")
 
 
-@dataclass(frozen=True)
-class DemoSize:
-    environment: str = "guess_number"
-    environment_options: tuple[tuple[str, int], ...] = (("lo", 1), ("hi", 10))  # small enough to be won
-    num_tasks: int = 8
-    group_size: int = 4
-    shards: int = 2
-    max_turns: int = 5
-    max_tokens: int = 32
-    temperature: float = 1.0
-
-
-def run_demo(root: str, *, batch_id: str | None = None, size: DemoSize | None = None) -> dict:
-    """Run the batch and return its summary (also printed)."""
-    size = size or DemoSize()
+def run_demo(root: str, *, batch_id: str | None = None) -> dict:
+    """Run the batch the form's defaults describe (what ``make demo`` runs through Airflow) and return its summary."""
     batch_id = batch_id or time.strftime("demo-%Y%m%d-%H%M%S")
     started = time.monotonic()
-    config = BatchConfig(
-        batch_id=batch_id,
-        environment=size.environment,
-        environment_options=dict(size.environment_options),
-        num_tasks=size.num_tasks,
-        group_size=size.group_size,
-        shards=size.shards,
-        model=ModelSpec(reference=BUNDLED_REFERENCE, **model_provenance(resolve_model_reference(BUNDLED_REFERENCE))),
-        engine=EngineSpec(name="vllm", options={"max_model_len": 2048}),
-        sampling=SamplingSettings(temperature=size.temperature, max_tokens=size.max_tokens),
-        max_turns=size.max_turns,
-        code_version=code_version(),
-    )
+    values = {k: v for k, v in form_defaults().items() if k not in STORAGE_FIELDS}
+    reference = model_reference(values["model"])
+    provenance = model_provenance(resolve_model_reference(reference))
+    config = batch_config_from_form({**values, "model": reference}, batch_id=batch_id, provenance=provenance)
     print(f"[1/3] plan: batch {batch_id}, {config.num_rollouts} rollouts in {config.shards} shards", flush=True)
     plan_batch(root, config)
     print("[2/3] generate: every shard on one vLLM engine serving the bundled SmolLM2-135M-Instruct", flush=True)
@@ -62,12 +41,21 @@ def run_demo(root: str, *, batch_id: str | None = None, size: DemoSize | None = 
             flush=True,
         )
     print("[3/3] finalize: lineage suite, verify and linearize, advantages, logprob audit, dataset suite, publish")
-    published = finalize_and_publish(root, batch_id).published
-    store = batch_store(root, batch_id)
+    finalize_and_publish(root, batch_id)
+    summary = batch_summary(root, batch_id, wall_seconds=time.monotonic() - started)
+    print_summary(summary)
+    return summary
+
+
+def batch_summary(
+    root: str, batch_id: str, storage_options: StorageOptions | None = None, *, wall_seconds: float
+) -> dict:
+    """The headline numbers of a published batch: where it is, rows, reasons, reward, tokens, audit."""
+    store = batch_store(root, batch_id, storage_options)
     metrics = json.loads(store.read_bytes(layout.DATASET_METRICS))
-    summary = {
+    return {
         "batch_id": batch_id,
-        "dataset": f"{published.url}/dataset",
+        "dataset": f"{store.url}/dataset",
         "reports": f"{store.url}/{layout.REPORTS_INDEX}",
         "rollouts": metrics["planned_rollouts"],
         "trainable_rows": metrics["trainable_rows"],
@@ -77,10 +65,8 @@ def run_demo(root: str, *, batch_id: str | None = None, size: DemoSize | None = 
         "tokens": metrics["tokens"],
         "sampled_tokens": metrics["sampled_tokens"],
         "audit_mean_abs_logprob_diff": (metrics.get("audit") or {}).get("mean_abs_diff"),
-        "wall_seconds": round(time.monotonic() - started, 1),
+        "wall_seconds": round(wall_seconds, 1),
     }
-    print_summary(summary)
-    return summary
 
 
 def print_summary(summary: dict) -> None:

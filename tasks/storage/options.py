@@ -2,8 +2,9 @@
 
 Stage functions take a root URL plus ``storage_options`` (a plain mapping handed to fsspec);
 nothing about credentials is ever written into a batch. The CLI fills the options from the
-standard AWS environment variables (:func:`storage_options_from_env`); the Airflow DAG from a
-connection. Error messages and logs name which variables were read, never their values.
+standard AWS environment variables (:func:`storage_options_from_env`), or all at once from
+``ROLLOUT_LEDGER_STORAGE_OPTIONS`` (a JSON object: how an Airflow task hands a connection's
+options to the process it starts); the Airflow DAG from a connection. Error messages and logs name which variables were read, never their values.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ AWS_VARIABLES = {
     "AWS_ENDPOINT_URL_S3": "endpoint_url",
 }
 AWS_REGION_VARIABLES = ("AWS_REGION", "AWS_DEFAULT_REGION")
+STORAGE_OPTIONS_VARIABLE = "ROLLOUT_LEDGER_STORAGE_OPTIONS"
 
 
 def is_s3_url(url: str) -> bool:
@@ -28,10 +30,13 @@ def is_s3_url(url: str) -> bool:
 
 
 def storage_options_from_env(url: str, environ: Mapping[str, str]) -> dict[str, Any]:
-    """s3fs options for ``url`` from the AWS variables set in ``environ``; ``{}`` for other schemes.
+    """fsspec options for ``url``: ``$ROLLOUT_LEDGER_STORAGE_OPTIONS`` when set, else s3fs options from the
+    AWS variables set in ``environ`` (``{}`` for other schemes).
 
     ``AWS_ENDPOINT_URL_S3`` wins over ``AWS_ENDPOINT_URL`` (botocore's own precedence).
     """
+    if environ.get(STORAGE_OPTIONS_VARIABLE):
+        return _options_variable(environ[STORAGE_OPTIONS_VARIABLE])
     if not is_s3_url(url):
         return {}
     options: dict[str, Any] = {}
@@ -45,5 +50,15 @@ def storage_options_from_env(url: str, environ: Mapping[str, str]) -> dict[str, 
 
 
 def aws_variables_read(environ: Mapping[str, str]) -> list[str]:
-    """Names (never values) of the AWS variables that are set: what an S3 error message cites."""
-    return [v for v in (*AWS_VARIABLES, *AWS_REGION_VARIABLES) if environ.get(v)]
+    """Names (never values) of the storage variables that are set: what an S3 error message cites."""
+    return [v for v in (STORAGE_OPTIONS_VARIABLE, *AWS_VARIABLES, *AWS_REGION_VARIABLES) if environ.get(v)]
+
+
+def _options_variable(text: str) -> dict[str, Any]:
+    from tasks.config import ConfigError
+    from tasks.strict_json import parse_json
+
+    options = parse_json(text, source=f"${STORAGE_OPTIONS_VARIABLE}", error=ConfigError)
+    if not isinstance(options, dict):
+        raise ConfigError(f"${STORAGE_OPTIONS_VARIABLE} must be a JSON object of fsspec options")
+    return options

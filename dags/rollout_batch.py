@@ -1,0 +1,111 @@
+"""
+### rollout_batch: one batch of multi-turn rollouts, from plan to a published GRPO dataset
+
+Trigger it with the form (every field has a description); each run is one batch whose id derives
+from the run. `plan` writes the batch config; `generate` runs once per shard on the `gpu` pool
+(a retry is a new attempt that adopts what the last one completed); the lineage suite checks the
+ledger; `finalize` builds the dataset; the dataset suite checks it; `publish` commits it and
+emits the `grpo_dataset` asset event. A failing suite fails the run and its log names the
+failing expectations and the report. `sweep_orphans` cleans up as a teardown, whatever happened.
+Reports: `reports/index.html` under the batch's URL, which the plan task logs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk import DAG, Asset, Param, dag, get_current_context, task
+
+from tasks.orchestration import steps
+from tasks.orchestration.form import form_fields
+
+GRPO_DATASET = Asset(steps.GRPO_DATASET_ASSET)
+DEFAULT_ARGS = {
+    "owner": "rollout-ledger",
+    "retries": 1,
+    "retry_delay": dt.timedelta(seconds=30),
+    "execution_timeout": dt.timedelta(hours=1),
+}
+MANUAL_MAX_ACTIVE_RUNS = 16  # scheduled profiles run one at a time
+
+
+def rollout_batch_dag(
+    dag_id: str = "rollout_batch",
+    *,
+    schedule: Any = None,
+    defaults: Mapping[str, Any] | None = None,
+    description: str = "Multi-turn rollouts -> token-exact GRPO dataset, validated and published",
+    tags: tuple[str, ...] = (),
+    paused: bool | None = None,
+) -> DAG:
+    """The batch DAG; periodic profiles (``rollout_profiles.py``) build theirs with other ids, schedules, defaults."""
+    params = {
+        name: Param((defaults or {}).get(name, spec["default"]), **{k: v for k, v in spec.items() if k != "default"})
+        for name, spec in form_fields().items()
+    }
+
+    @dag(
+        dag_id=dag_id,
+        description=description,
+        doc_md=__doc__,
+        schedule=schedule,
+        start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        catchup=False,
+        max_active_runs=1 if schedule is not None else MANUAL_MAX_ACTIVE_RUNS,
+        params=params,
+        default_args=DEFAULT_ARGS,
+        tags=["rollout-ledger", "grpo", *tags],
+        is_paused_upon_creation=paused,
+        auto_register=False,  # profiles import this factory: each file registers only its own DAGs
+    )
+    def rollout_batch() -> None:
+        @task
+        def plan(params: dict | None = None, dag_run: Any = None) -> list[int]:
+            return steps.plan(params, dag_run)
+
+        @task(
+            pool="gpu",
+            retries=3,
+            retry_delay=dt.timedelta(seconds=30),
+            retry_exponential_backoff=2.0,
+            max_retry_delay=dt.timedelta(minutes=10),
+            execution_timeout=dt.timedelta(hours=6),
+            map_index_template="{{ shard_label }}",
+        )
+        def generate(shard: int, params: dict | None = None, dag_run: Any = None, ti: Any = None) -> dict:
+            get_current_context()["shard_label"] = f"shard {shard}"  # type: ignore[typeddict-unknown-key]
+            return steps.generate(params, dag_run, shard, try_number=ti.try_number)
+
+        @task
+        def validate_lineage(params: dict | None = None, dag_run: Any = None) -> dict:
+            return steps.validate("lineage", params, dag_run)
+
+        @task(execution_timeout=dt.timedelta(hours=2))
+        def finalize(params: dict | None = None, dag_run: Any = None) -> dict:
+            return steps.finalize(params, dag_run)
+
+        @task
+        def validate_dataset(params: dict | None = None, dag_run: Any = None) -> dict:
+            return steps.validate("dataset", params, dag_run)
+
+        @task(outlets=[GRPO_DATASET])
+        def publish(params: dict | None = None, dag_run: Any = None, outlet_events: Any = None) -> dict:
+            event = steps.publish(params, dag_run)
+            outlet_events[GRPO_DATASET].extra = event
+            return event
+
+        @task
+        def sweep_orphans(params: dict | None = None, dag_run: Any = None) -> dict:
+            return steps.sweep(params, dag_run)
+
+        planned = plan()
+        generated = generate.expand(shard=planned)
+        published = generated >> validate_lineage() >> finalize() >> validate_dataset() >> publish()
+        published >> sweep_orphans().as_teardown(setups=planned)
+
+    return rollout_batch()
+
+
+rollout_batch = rollout_batch_dag()

@@ -1,0 +1,132 @@
+"""Generate one shard in a child process: how a long-lived Airflow worker runs an engine cleanly.
+
+The task process starts the ``rollout-ledger generate`` command for its shard (the CLI's exit
+codes, messages and signal handling: ARCHITECTURE section 10) through this module's ``__main__``,
+and streams the child's log lines into the task log. The engine lives and dies with the child,
+so nothing of it outlives the task: on any exit of the task (success, exception, Airflow's
+timeout or kill) the child is stopped with SIGTERM (it flushes the receipts of completed
+rollouts and closes the engine) and killed if it does not stop within
+:data:`STOP_GRACE_SECONDS`; if the task process itself dies, Linux sends the child SIGTERM
+(``PR_SET_PDEATHSIG``, set by the child itself: no ``preexec_fn`` in a threaded parent).
+``$ROLLOUT_LEDGER_GENERATE_PYTHON`` names the interpreter of a separate GPU environment (the
+Docker image's); by default it is this one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.orchestration.storage import StorageLocation
+from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
+
+GENERATE_PYTHON_VARIABLE = "ROLLOUT_LEDGER_GENERATE_PYTHON"
+STOP_GRACE_SECONDS = 120.0
+# CLI exit codes that a retry cannot fix: a usage/input error (2) or a conflict with storage (3).
+PERMANENT_EXIT_CODES = {2: "usage or input error", 3: "conflict with what storage holds"}
+_PR_SET_PDEATHSIG = 1
+
+
+class GenerateProcessError(RuntimeError):
+    """The child exited non-zero; ``permanent`` when retrying the same command cannot succeed."""
+
+    def __init__(self, returncode: int, message: str) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.permanent = returncode in PERMANENT_EXIT_CODES
+
+
+@dataclass(frozen=True)
+class GenerateCommand:
+    """One shard's generate run: what the child is told (credentials go in its environment, not its argv)."""
+
+    location: StorageLocation
+    batch_id: str
+    shard: int
+    try_number: int | None = None
+
+    def argv(self, python: str) -> list[str]:
+        argv = [python, "-m", __name__, "generate", "--root", self.location.root_url, "--batch-id", self.batch_id]
+        argv += ["--shard", str(self.shard), "--no-progress"]
+        return argv + ([] if self.try_number is None else ["--try-number", str(self.try_number)])
+
+    def environment(self, base: Mapping[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in base.items() if k != STORAGE_OPTIONS_VARIABLE}
+        return {**env, **self.location.environment()}
+
+
+def generate_python(environ: Mapping[str, str] = os.environ) -> str:
+    return environ.get(GENERATE_PYTHON_VARIABLE) or sys.executable
+
+
+def run_generate(command: GenerateCommand, *, log: Callable[[str], Any], python: str | None = None) -> dict[str, Any]:
+    """Run the shard in a child process and return its summary (the CLI's JSON for this shard).
+
+    Raises :class:`GenerateProcessError` when the child fails; any exception raised while waiting
+    (a timeout, a kill) stops the child first and then propagates.
+    """
+    process = subprocess.Popen(
+        command.argv(python or generate_python()),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=command.environment(os.environ),
+    )
+    stderr_tail: list[str] = []
+    pump = threading.Thread(target=_pump, args=(process.stderr, log, stderr_tail), daemon=True)
+    pump.start()
+    try:
+        stdout = process.stdout.read() if process.stdout else ""
+        returncode = process.wait()
+    finally:
+        stop(process, log=log)
+        pump.join(timeout=5)
+    if returncode != 0:
+        why = PERMANENT_EXIT_CODES.get(returncode, "stopped by a signal" if returncode > 128 else "failed")
+        last = stderr_tail[-1] if stderr_tail else "(no output)"
+        raise GenerateProcessError(returncode, f"generate shard {command.shard} exited {returncode} ({why}): {last}")
+    (summary,) = json.loads(stdout)
+    return summary
+
+
+def stop(process: subprocess.Popen, *, log: Callable[[str], Any], grace: float = STOP_GRACE_SECONDS) -> None:
+    """Stop a child still running: SIGTERM, then SIGKILL after ``grace`` seconds (no-op once it has exited)."""
+    if process.poll() is not None:
+        return
+    log(f"stopping generate (pid {process.pid}): SIGTERM, SIGKILL after {grace:.0f} s")
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _pump(stream: Any, log: Callable[[str], Any], tail: list[str]) -> None:
+    for raw in stream:
+        line = raw.rstrip("\n")
+        log(line)
+        tail[:] = [*tail[-19:], line]
+
+
+def _stop_with_parent() -> None:
+    """In the child: SIGTERM when the parent (the task process) dies; exit now if it already has."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:
+        raise SystemExit("generate: the task process that started this one is gone")
+
+
+if __name__ == "__main__":
+    from tasks.cli import main
+
+    _stop_with_parent()
+    raise SystemExit(main(sys.argv[1:]))

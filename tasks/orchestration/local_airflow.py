@@ -1,0 +1,68 @@
+"""A local Airflow for this checkout: one folder holds its config, SQLite metadata DB and logs.
+
+Used by ``make demo`` (a ``dag.test()`` run), ``make airflow`` (``airflow standalone`` with the
+UI) and the tests. Airflow reads its settings when it is first imported, so
+:func:`airflow_environment` is applied to ``os.environ`` (or a child's environment) before
+anything imports ``airflow``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from tasks.orchestration.form import STORAGE_URL_VARIABLE
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+DAGS_FOLDER = CHECKOUT / "dags"
+PLUGINS_FOLDER = CHECKOUT / "plugins"
+GPU_POOL = "gpu"
+LOGIN = ("admin", "admin")  # the simple auth manager's user for `make airflow` (local use only)
+
+
+def airflow_environment(home: Path, *, storage_url: str | None = None, gpu_slots: int = 1) -> dict[str, str]:
+    """Variables that point Airflow at ``home`` (SQLite DB, logs) and this checkout's dags and plugins.
+
+    Parallelism 2 fits this project's 2-core machines; the simple auth manager gets the
+    :data:`LOGIN` user from a passwords file in ``home``.
+    """
+    home = home.resolve()
+    return {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS_FOLDER),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__PARALLELISM": "2",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{LOGIN[0]}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "simple_auth_manager_passwords.json"),
+        "ROLLOUT_LEDGER_GPU_SLOTS": str(gpu_slots),
+        "GX_ANALYTICS_ENABLED": "False",
+        STORAGE_URL_VARIABLE: storage_url or f"file://{home.parent / 'runs'}",
+    }
+
+
+def prepare(home: Path, environ: Mapping[str, str]) -> None:
+    """Create ``home``, the login's passwords file, the metadata DB (``airflow db migrate``) and the ``gpu`` pool."""
+    home.mkdir(parents=True, exist_ok=True)
+    passwords = Path(environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"])
+    if not passwords.exists():
+        passwords.write_text(json.dumps({LOGIN[0]: LOGIN[1]}))
+    airflow = [sys.executable, "-m", "airflow"]
+    subprocess.run([*airflow, "db", "migrate"], env=dict(environ), check=True, capture_output=True, text=True)
+    slots = environ.get("ROLLOUT_LEDGER_GPU_SLOTS", "1")
+    description = "generate tasks: one engine per slot (set it to the GPUs of your workers)"
+    subprocess.run(
+        [*airflow, "pools", "set", GPU_POOL, slots, description], env=dict(environ), check=True, capture_output=True
+    )
+
+
+def apply(environment: Mapping[str, str]) -> None:
+    """Set the variables in this process (before ``airflow`` is imported)."""
+    if "airflow" in sys.modules and os.environ.get("AIRFLOW_HOME") != environment["AIRFLOW_HOME"]:
+        raise RuntimeError("airflow was imported before its environment was set: it read other settings")
+    os.environ.update(environment)

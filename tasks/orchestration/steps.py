@@ -1,0 +1,217 @@
+"""The bodies of the ``rollout_batch`` DAG's tasks: each calls one stage function with the run's storage.
+
+Every step takes the run's params (the batch form, :mod:`tasks.orchestration.form`) and the DAG
+run (anything with ``dag_id`` and ``run_id``), and returns a small dict of URIs and counts for
+XCom. The batch id is a pure function of the two (:func:`run_batch_id`), so every task of a run,
+on every try, on any worker, names the same batch without asking another task; plan returns the
+shard numbers that generate maps over. Storage credentials are resolved from the params in each
+step and never returned. Errors a retry cannot fix (bad params, a batch planned differently, a model whose
+hashes differ, a failing validation suite) raise ``AirflowFailException``, so Airflow fails the
+task at once with the reason in its log instead of retrying it; anything else propagates and the
+task's retries apply.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from tasks.ids import MAX_ID_LENGTH
+from tasks.orchestration.form import batch_config_from_form, form_fields
+from tasks.orchestration.storage import StorageLocation, storage_location
+
+log = logging.getLogger("rollout_ledger.airflow")
+GRPO_DATASET_ASSET = "grpo_dataset"  # the asset publish updates; its events' extra is publish's return value
+_NOT_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class DagRunRef(Protocol):
+    """What a step needs of the DAG run (Airflow's ``DagRun`` has both)."""
+
+    dag_id: str
+    run_id: str
+
+
+def batch_id_for_run(dag_id: str, run_id: str) -> str:
+    """A valid batch id naming the DAG run: the same on every try of every task of that run.
+
+    ``rollout_batch`` + ``manual__2026-12-01T10:00:00+00:00`` -> ``rollout_batch.manual__2026-12-01T10-00-00-00-00``;
+    an id longer than the limit keeps its head and a digest of the whole.
+    """
+    import hashlib
+
+    text = _NOT_ID_CHARS.sub("-", f"{dag_id}.{run_id}").strip("-.") or "run"
+    if len(text) > MAX_ID_LENGTH:
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        text = f"{text[: MAX_ID_LENGTH - 13]}-{digest}"
+    return text
+
+
+def run_batch_id(params: Mapping[str, Any], run: DagRunRef) -> str:
+    """The run's batch: the form's ``batch_id`` when set, else :func:`batch_id_for_run`."""
+    return params.get("batch_id") or batch_id_for_run(run.dag_id, run.run_id)
+
+
+def location(params: Mapping[str, Any]) -> StorageLocation:
+    """The run's storage (credentials from its connection)."""
+    with _permanent("storage", params.get("storage_url")):
+        return storage_location(params["storage_url"], params.get("storage_conn_id"))
+
+
+def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:
+    """Plan the batch the params describe and return its shard numbers (the same config again is a no-op)."""
+    from tasks.models.provenance import model_provenance
+    from tasks.models.reference import model_reference, resolve_model_reference
+    from tasks.plan import plan_batch
+
+    where = location(params)
+    values = {name: params[name] for name in form_fields() if name in params}
+    values.pop("batch_id", None)
+    batch_id = run_batch_id(params, run)
+    with _permanent("plan", where.root_url):
+        reference = model_reference(values["model"])
+        provenance = model_provenance(resolve_model_reference(reference))
+        config = batch_config_from_form({**values, "model": reference}, batch_id=batch_id, provenance=provenance)
+        summary = plan_batch(where.root_url, config, where.storage_options)
+    log.info(
+        "%s batch %s: %d rollouts in %d shards at %s",
+        "planned" if summary.created else "already planned (same config)",
+        summary.batch_id,
+        summary.rollouts,
+        len(summary.shards),
+        summary.batch_url,
+    )
+    return list(summary.shards)
+
+
+def generate(params: Mapping[str, Any], run: DagRunRef, shard: int, *, try_number: int) -> dict[str, Any]:
+    """Generate one shard in a child process (a retry is a new attempt that adopts the last one's receipts)."""
+    from tasks.orchestration.generate_process import GenerateCommand, GenerateProcessError, run_generate
+
+    command = GenerateCommand(location(params), run_batch_id(params, run), shard, try_number=try_number)
+    try:
+        summary = run_generate(command, log=log.info)
+    except GenerateProcessError as exc:
+        if exc.permanent:
+            _fail(str(exc), exc)
+        raise
+    return {
+        k: summary[k] for k in ("shard", "attempt", "ok", "poisoned", "failed", "adopted", "calls", "generated_tokens")
+    }
+
+
+def validate(suite: str, params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
+    """Run one suite; a suite that fails the batch fails the task with the failing expectations and the report."""
+    from tasks.pipeline import describe_failure, run_suite
+
+    where = location(params)
+    with _permanent(f"validate {suite}", where.root_url):
+        outcome = run_suite(suite, where.root_url, run_batch_id(params, run), storage_options=where.storage_options)
+    if outcome.status == "failed":
+        _fail(describe_failure(suite, outcome))
+    log.info("%s suite: %s; report: %s", suite, outcome.status, outcome.report_url)
+    return {"suite": suite, "status": outcome.status, "report": outcome.report_url}
+
+
+def finalize(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
+    """Build the staged dataset (verify, linearize, advantages, audit); a no-op once it exists."""
+    from tasks.finalize.stage import finalize_batch
+
+    where = location(params)
+    with _permanent("finalize", where.root_url):
+        staged = finalize_batch(where.root_url, run_batch_id(params, run), storage_options=where.storage_options)
+    marker = staged.marker
+    log.info(
+        "staged %d rows (%d trainable) in %d parts at %s/dataset",
+        marker.rows,
+        marker.trainable_rows,
+        len(marker.parts),
+        staged.url,
+    )
+    return {"dataset": f"{staged.url}/dataset", "rows": marker.rows, "trainable_rows": marker.trainable_rows}
+
+
+def publish(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
+    """Commit the dataset both suites passed; return the Asset event's extra (URI, batch id, counts, version)."""
+    from tasks.pipeline import publish_and_report
+
+    where = location(params)
+    with _permanent("publish", where.root_url):
+        published = publish_and_report(where.root_url, run_batch_id(params, run), storage_options=where.storage_options)
+    marker = published.marker
+    log.info("published %s/dataset (%d rows)", published.url, marker.rows)
+    return {
+        "dataset": f"{published.url}/dataset",
+        "batch_id": marker.batch_id,
+        "rows": marker.rows,
+        "trainable_rows": marker.trainable_rows,
+        "groups": marker.groups,
+        "partial": marker.partial,
+        "weight_version": marker.config["weight_version"],
+        "storage_conn_id": params.get("storage_conn_id"),
+    }
+
+
+def published_dataset(event: Mapping[str, Any]) -> dict[str, Any]:
+    """What a ``grpo_dataset`` event announces, checked against the committed manifest it names.
+
+    Raises when the dataset is not published (no ``_COMMITTED.json``) or its batch id differs.
+    """
+    from tasks.finalize.publish import read_dataset_marker
+    from tasks.storage.objects import ObjectStore
+
+    where = storage_location(event["dataset"], event.get("storage_conn_id"))
+    store = ObjectStore(where.root_url.removesuffix("/dataset"), **where.storage_options)
+    marker = read_dataset_marker(store)
+    if marker is None or marker.batch_id != event["batch_id"]:
+        raise ValueError(f"{event['dataset']}: no published dataset of batch {event['batch_id']} (no _COMMITTED.json)")
+    log.info(
+        "batch %s: %d rows (%d trainable) at weight version %s, validated: %s",
+        marker.batch_id,
+        marker.rows,
+        marker.trainable_rows,
+        marker.config["weight_version"],
+        ", ".join(f"{suite} {outcome.get('status')}" for suite, outcome in (marker.validation or {}).items()),
+    )
+    return {"dataset": event["dataset"], "batch_id": marker.batch_id, "parts": [p.path for p in marker.parts]}
+
+
+def sweep(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
+    """Delete the orphans of every committed shard (a shard without a marker is left for its retry)."""
+    from tasks.plan import batch_store, read_batch_config
+    from tasks.storage.marker import read_marker
+    from tasks.storage.sweep import sweep_orphans
+
+    where = location(params)
+    store = batch_store(where.root_url, run_batch_id(params, run), where.storage_options)
+    swept, uncommitted = 0, []
+    for shard in range(read_batch_config(store).shards):
+        if read_marker(store, shard) is None:
+            uncommitted.append(shard)
+            continue
+        swept += len(sweep_orphans(store, shard).deleted)
+    log.info("deleted %d orphan object(s); uncommitted shards left alone: %s", swept, uncommitted or "none")
+    return {"deleted": swept, "uncommitted_shards": uncommitted}
+
+
+@contextmanager
+def _permanent(stage: str, root: str | None) -> Iterator[None]:
+    """Turn input errors and conflicts with storage (the CLI's exit 2 and 3) into a failure without retry.
+
+    Errors reaching storage are left to the retries: on a worker they are often transient.
+    """
+    from tasks.cli import CONFLICT_ERRORS, USAGE_ERRORS, classify_error
+
+    try:
+        yield
+    except USAGE_ERRORS + CONFLICT_ERRORS as exc:
+        _fail(classify_error(exc, stage, root)[1], exc)
+
+
+def _fail(message: str, cause: BaseException | None = None) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    raise AirflowFailException(message) from cause

@@ -1,0 +1,76 @@
+"""Where a DAG run's batches live: an Airflow ``ObjectStoragePath`` turned into a root URL + storage options.
+
+Stage functions take a plain fsspec root URL and storage options (ARCHITECTURE section 12). In
+Airflow the storage is named like any Object Storage path — ``file:///data/batches``,
+``s3://bucket/prefix``, or ``s3://conn_id@bucket/prefix`` / a separate connection id — and the
+connection's credentials become the options. They are resolved in each task from the run's
+params and never cross XCom, logs or the batch itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.config import ConfigError
+from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
+
+S3_PROTOCOLS = ("s3", "s3a")
+
+
+@dataclass(frozen=True)
+class StorageLocation:
+    """A root URL every stage accepts, and the fsspec options that reach it (credentials: keep private)."""
+
+    root_url: str
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def environment(self) -> dict[str, str]:
+        """The options as the variable a ``rollout-ledger`` process reads them from (``{}`` when there are none)."""
+        return {STORAGE_OPTIONS_VARIABLE: json.dumps(self.storage_options)} if self.storage_options else {}
+
+
+def storage_location(url: str, conn_id: str | None = None) -> StorageLocation:
+    """Resolve ``url`` (and ``conn_id``, which wins over one in the URL) through Airflow's Object Storage."""
+    from airflow.sdk import ObjectStoragePath
+
+    try:
+        path = ObjectStoragePath(url, conn_id=conn_id or None)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"storage_url {url!r}: {exc}") from None
+    protocol = path.protocol or "file"
+    if protocol in ("file", "local"):
+        return StorageLocation(f"file://{path.path}")
+    if protocol not in S3_PROTOCOLS:
+        raise ConfigError(f"storage_url {url!r}: scheme {protocol!r} is not supported; use file:// or s3://")
+    return StorageLocation(f"s3://{path.path}", _s3_options(path.fs))
+
+
+def _s3_options(fs: Any) -> dict[str, Any]:
+    """Plain s3fs options from the filesystem Airflow built for the connection (its botocore session)."""
+    built = fs.storage_options
+    options: dict[str, Any] = {}
+    session = built.get("session")
+    if session is not None:
+        credentials = asyncio.run(_frozen_credentials(session))
+        if credentials is not None:
+            options.update(key=credentials.access_key, secret=credentials.secret_key)
+            if credentials.token:
+                options["token"] = credentials.token
+        region = session.get_config_variable("region")
+        if region:
+            options["client_kwargs"] = {"region_name": region}
+    if built.get("endpoint_url"):
+        options["endpoint_url"] = built["endpoint_url"]
+    if built.get("anon"):
+        options["anon"] = True
+    if built.get("config_kwargs"):
+        options["config_kwargs"] = dict(built["config_kwargs"])
+    return options
+
+
+async def _frozen_credentials(session: Any) -> Any:
+    credentials = await session.get_credentials()
+    return None if credentials is None else await credentials.get_frozen_credentials()
