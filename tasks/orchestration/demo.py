@@ -25,9 +25,7 @@ DAG_ID = "rollout_batch"
 
 def run_dag(conf: dict[str, Any]) -> Any:
     """Run ``rollout_batch`` once with ``dag.test(run_conf=conf)``; the Airflow environment must be applied."""
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(local_airflow.DAGS_FOLDER / "rollout_batch.py"))
+    bag = local_airflow.dag_bag("rollout_batch.py")
     if bag.import_errors:
         raise RuntimeError(f"the DAG file does not import: {bag.import_errors}")
     return bag.dags[DAG_ID].test(run_conf=conf)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tasks.orchestration.form import STORAGE_URL_VARIABLE
 
@@ -58,6 +59,16 @@ def prepare(home: Path, environ: Mapping[str, str]) -> None:
     description = "generate tasks: one engine per slot (set it to the GPUs of your workers)"
     subprocess.run(
         [*airflow, "pools", "set", GPU_POOL, slots, description], env=dict(environ), check=True, capture_output=True
+    )
+
+
+def dag_bag(dag_file: str | None = None) -> Any:
+    """This checkout's DAGs parsed as the DAG processor parses them (a DAG bundle: its folder is on ``sys.path``)."""
+    from airflow.dag_processing.dagbag import BundleDagBag
+
+    folder = str(DAGS_FOLDER)
+    return BundleDagBag(
+        dag_folder=str(DAGS_FOLDER / dag_file) if dag_file else folder, bundle_path=folder, bundle_name="dags-folder"
     )
 
 

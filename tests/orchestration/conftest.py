@@ -1,0 +1,35 @@
+"""One local Airflow per test run (SQLite metadata DB in a temporary folder), set up before anything imports airflow.
+
+Airflow reads its settings when first imported, so the variables are applied when pytest loads
+this file; the ``airflow_db`` fixture migrates the DB and creates the ``gpu`` pool once.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tasks.orchestration import local_airflow
+
+AIRFLOW_TEST_HOME = Path(tempfile.mkdtemp(prefix="rollout-ledger-airflow-")) / "airflow"
+local_airflow.apply(local_airflow.airflow_environment(AIRFLOW_TEST_HOME))
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Iterator[Path]:
+    """The migrated metadata DB and the ``gpu`` pool of this run's Airflow home."""
+    local_airflow.prepare(AIRFLOW_TEST_HOME, os.environ)
+    from airflow import settings
+
+    settings.configure_orm()
+    yield AIRFLOW_TEST_HOME
+
+
+@pytest.fixture(scope="session")
+def dag_bag():
+    """Every DAG file of ``dags/``, parsed the way the DAG processor parses them."""
+    return local_airflow.dag_bag()
