@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,13 @@ local_airflow.apply(local_airflow.airflow_environment(AIRFLOW_TEST_HOME))
 
 
 @pytest.fixture(scope="session")
-def airflow_db() -> Iterator[Path]:
+def airflow_db() -> Path:
     """The migrated metadata DB and the ``gpu`` pool of this run's Airflow home."""
     local_airflow.prepare(AIRFLOW_TEST_HOME, os.environ)
     from airflow import settings
 
     settings.configure_orm()
-    yield AIRFLOW_TEST_HOME
+    return AIRFLOW_TEST_HOME
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ def test_an_unsupported_scheme_is_named():
 
 @pytest.fixture
 def s3_connection(s3_endpoint, s3_bucket, monkeypatch):
-    """An Airflow AWS connection to the moto server; the AWS variables removed so only the connection has credentials."""
+    """An Airflow AWS connection to moto; the AWS variables removed, so only the connection has credentials."""
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
     extra = {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}
