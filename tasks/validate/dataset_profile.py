@@ -1,8 +1,10 @@
 """The dataset suite's profile: the staged dataset as small tables of scalars, computed part by part with Arrow.
 
 Token lists never leave Arrow and numpy: each part the manifest names is read (size and sha256
-checked), reduced to one row of counts and flags per dataset row, and released before the next,
-so memory holds one part plus the profile. Tables (see :data:`tasks.validate.suites.DATASET_TABLES`):
+checked), decoded :data:`BATCH_ROWS` rows at a time (schema checked), and each record batch is
+reduced to one row of counts and flags per dataset row before the next is decoded, so memory
+holds one part's bytes, one batch and the profile (decoding a part whole allocated, and faulted
+in, hundreds of MB per part). Tables (see :data:`tasks.validate.suites.DATASET_TABLES`):
 
 * ``shards``: every planned shard, ``in_dataset`` unless the manifest lists it as missing;
 * ``rows``: per dataset row its three list lengths; ``sampled_tokens`` (loss_mask sum);
@@ -18,16 +20,24 @@ so memory holds one part plus the profile. Tables (see :data:`tasks.validate.sui
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from tasks.config import BatchConfig
-from tasks.finalize.publish import DatasetMarker, read_dataset_part
+from tasks.finalize.dataset_schema import DatasetRow
+from tasks.finalize.publish import DatasetMarker
 from tasks.finalize.ragged import offsets, owners_of, run_sums
 from tasks.ids import shard_name
 from tasks.plan import read_shard_plan
-from tasks.storage.objects import ObjectStore
+from tasks.storage.errors import SegmentChecksumMismatchError
+from tasks.storage.marker import MarkedFile
+from tasks.storage.objects import ObjectStore, sha256_hex
+
+BATCH_ROWS = 512  # dataset rows decoded and profiled at once (~1 M tokens at 2 k tokens a row)
 
 _SCALARS = ("rollout_id", "group_id", "sample_mask", "mask_reason", "advantage", "reward", "group_size")
 _TOKEN_COUNTS = ("sampled_tokens", "nonfinite_logprobs", "positive_sampled_logprobs", "nonzero_carried_logprobs")
@@ -39,7 +49,8 @@ def profile_dataset(store: ObjectStore, manifest: DatasetMarker, config: BatchCo
     ``config`` is the config finalize used (the manifest's), for the shards and their plans. Parts
     are read one at a time: decoding one already keeps every core busy.
     """
-    rows = pa.concat_tables([row_profile(read_dataset_part(store, part)) for part in manifest.parts])
+    empty = row_profile(DatasetRow.arrow_schema().empty_table())  # the profile's schema, whatever the parts hold
+    rows = pa.concat_tables([empty, *(row_profile(b) for part in manifest.parts for b in part_batches(store, part))])
     present = [shard for shard in range(config.shards) if shard not in manifest.missing_shards]
     planned = pa.array([p.rollout_id for s in present for p in read_shard_plan(store, config, s)], pa.string())
     trainable_ids = pc.filter(rows["rollout_id"], pc.equal(rows["sample_mask"], 1))
@@ -54,6 +65,28 @@ def profile_dataset(store: ObjectStore, manifest: DatasetMarker, config: BatchCo
         "groups": group_profile(rows),
         "rollouts": pa.table({"rollout_id": planned, "trainable": pc.is_in(planned, value_set=trainable_ids)}),
     }
+
+
+def part_batches(store: ObjectStore, part: MarkedFile) -> Iterator[pa.Table]:
+    """The rows of a part the marker names, :data:`BATCH_ROWS` at a time; its size, sha256 and schema checked first.
+
+    The checks are :func:`tasks.finalize.publish.read_dataset_part`'s: the file's schema is checked
+    before any row is decoded, and each batch's nulls as it is.
+    """
+    data = store.read_bytes(part.path)
+    digest = sha256_hex(data)
+    if len(data) != part.size or digest != part.sha256:
+        raise SegmentChecksumMismatchError(
+            f"{store.url}/{part.path}: {len(data)} bytes with sha256 {digest[:12]}, "
+            f"the marker names {part.size} bytes with sha256 {part.sha256[:12]}"
+        )
+    file = pq.ParquetFile(pa.BufferReader(data))
+    source = f"{store.url}/{part.path}"
+    DatasetRow.check_table(file.schema_arrow.empty_table(), source=source)
+    for batch in file.iter_batches(batch_size=BATCH_ROWS):
+        table = pa.Table.from_batches([batch])
+        DatasetRow.check_table(table, source=source)
+        yield table
 
 
 def row_profile(part: pa.Table) -> pa.Table:

@@ -69,13 +69,17 @@ class StagedDataset:
         """Apply ``edit`` to the rows of ``part``, rewrite it, and reseal the manifest's size, sha256 and counts."""
         rows = self.rows(part)
         edit(rows)
+        self.write(pa.Table.from_pylist(rows, schema=DatasetRow.arrow_schema()), part)
+
+    def write(self, table: pa.Table, part: int = 0) -> None:
+        """Write ``table`` as ``part`` (whatever its schema) and reseal the manifest's size, sha256 and counts."""
         sink = pa.BufferOutputStream()
-        pq.write_table(pa.Table.from_pylist(rows, schema=DatasetRow.arrow_schema()), sink)
+        pq.write_table(table, sink)
         data = sink.getvalue().to_pybytes()
         (self.batch.dir / layout.dataset_part(part)).write_bytes(data)
         manifest = json.loads(self.manifest_path.read_text())
         entry = manifest["parts"][part]
-        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest(), rows=len(rows))
+        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest(), rows=table.num_rows)
         manifest["rows"] = sum(p["rows"] for p in manifest["parts"])
         manifest["trainable_rows"] = sum(r["sample_mask"] for i in range(len(manifest["parts"])) for r in self.rows(i))
         self.manifest_path.write_text(json.dumps(manifest, sort_keys=True, indent=2) + "\n")

@@ -16,8 +16,11 @@ import pytest
 from tasks.config import ValidationSpec
 from tasks.finalize.dataset_schema import DatasetRow
 from tasks.finalize.publish import read_staged_marker
-from tasks.validate import SuiteOutcome, validate_dataset
-from tasks.validate.dataset_profile import profile_dataset, row_profile
+from tasks.schema import SchemaMismatchError
+from tasks.storage import layout
+from tasks.storage.errors import SegmentChecksumMismatchError
+from tasks.validate import SuiteOutcome, dataset_profile, validate_dataset
+from tasks.validate.dataset_profile import part_batches, profile_dataset, row_profile
 from tasks.validate.gx_run import run_suite
 from tasks.validate.suites import dataset_suite
 
@@ -101,6 +104,32 @@ def test_drop_mode_refuses_a_group_with_more_rows_than_planned(finalized_batch, 
     )
     assert {name for name, r in results.items() if not r.success} == {"group_rows_within_group_size"}
     assert results["group_rows_within_group_size"].examples == (groups[1]["group_id"],)
+
+
+def test_the_profile_is_the_same_whatever_the_batch_size(finalized_batch, monkeypatch):
+    store = finalized_batch.store
+    manifest = read_staged_marker(store)
+    whole = profile_dataset(store, manifest, finalized_batch.config)
+    monkeypatch.setattr(dataset_profile, "BATCH_ROWS", 2)
+    assert [len(b) for b in part_batches(store, manifest.parts[0])][:2] == [2, 2]
+    assert profile_dataset(store, manifest, finalized_batch.config)["rows"].equals(whole["rows"])
+
+
+def test_a_part_whose_bytes_the_manifest_does_not_name_is_refused(finalized_batch, tmp_path):
+    batch = copy_batch(finalized_batch, tmp_path)
+    path = batch.dir / layout.dataset_part(0)
+    path.write_bytes(path.read_bytes()[:-1] + b"\0")
+    with pytest.raises(SegmentChecksumMismatchError, match="the marker names"):
+        next(part_batches(batch.store, read_staged_marker(batch.store).parts[0]))
+
+
+def test_a_part_whose_schema_is_not_the_dataset_row_schema_is_refused(finalized_batch, tmp_path):
+    batch = copy_batch(finalized_batch, tmp_path)
+    dataset = StagedDataset(batch)
+    rows = pa.Table.from_pylist(dataset.rows(), schema=DatasetRow.arrow_schema())
+    dataset.write(rows.drop_columns(["num_turns"]))  # resealed: only the schema is wrong
+    with pytest.raises(SchemaMismatchError, match="num_turns"):
+        next(part_batches(batch.store, read_staged_marker(batch.store).parts[0]))
 
 
 def test_row_profile_counts_tokens_per_row_and_leaves_unpaired_rows_unmeasured():
