@@ -49,14 +49,14 @@ class FollowsRootRules(MulticolumnMapMetricProvider):
 
     @multicolumn_condition_partial(engine=PandasExecutionEngine)
     def _pandas(cls, column_list: pd.DataFrame, **kwargs: Any) -> pd.Series:
-        parent, prev_len, mode = (column_list.iloc[:, i] for i in range(3))
-        root = parent.isna() & (prev_len == 0) & (mode == "text")
-        child = parent.notna() & (prev_len > 0) & (mode == "token_in")
+        has_parent, prev_len, mode = (column_list.iloc[:, i] for i in range(3))
+        root = ~has_parent & (prev_len == 0) & (mode == "text")
+        child = has_parent & (prev_len > 0) & (mode == "token_in")
         return root | child
 
 
 class ExpectCallsToFollowRootRules(MulticolumnMapExpectation):
-    """A call is a root or a token_in child, never a mix (column_list: parent_call_id, prev_len, mode)."""
+    """A call is a root or a token_in child, never a mix (column_list: has_parent, prev_len, mode)."""
 
     map_metric = FollowsRootRules.condition_metric_name
     success_keys: ClassVar[tuple[str, ...]] = ("mostly",)

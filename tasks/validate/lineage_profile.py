@@ -6,10 +6,12 @@ the ``shards`` table with its error, and contributes no other row. Tables (see
 :data:`tasks.validate.suites.LINEAGE_TABLES`):
 
 * ``shards``: every planned shard: ``committed``, ``ledger_verified`` (null when not committed), ``error``;
-* ``call_keys``, ``calls``, ``call_digests``: every call record of the committed shards, in three
-  narrow tables: its ``staging_key`` and staged row; its lengths, mode and weight version with
-  ``parent_resolves`` (a root, or its parent is a call record of its rollout) and the parent's
-  ``cum_len`` / ``weight_version`` (null for a root or an unresolved parent); its four digests;
+* ``call_keys``, ``calls``: every call record of the committed shards, in two narrow tables: its
+  ``staging_key`` and staged row; its lengths, mode, weight version and ``has_parent``, with
+  ``parent_resolves`` (a root, or its parent is a call record of its rollout), the parent's
+  ``cum_len`` / ``weight_version`` (null for a root or an unresolved parent), and per digest
+  ``{digest}_well_formed`` (:data:`HEX_DIGEST_REGEX`, matched with Arrow: the 64-character digests
+  themselves never reach pandas, where GX's batch fingerprint hashed every one of them);
 * ``model_calls``: every call id of the call records and failure rows, ``failed`` when a failure row names it;
 * ``rollouts``: every planned rollout of the committed shards and every receipted one: ``planned``,
   ``receipts`` (count), ``poisoned`` (status not ok; null without a receipt), ``capture_poisoned``
@@ -42,12 +44,14 @@ from tasks.storage.ledger_reader import LedgerReader, LedgerTables
 from tasks.storage.objects import ObjectStore, sha256_hex
 
 PARALLEL_SHARDS = 2
+HEX_DIGEST_REGEX = r"^[0-9a-f]{64}$"
+DIGESTS = ("digest", "extras_digest", "chain_hash", "cumulative_hash")
 # The columns of each call-record table the suite reads (see the module docstring).
 _CALL_TABLES = {
     "call_keys": ("call_id", "staging_key", "staging_segment", "staging_row"),
     "calls": (
         "call_id",
-        "parent_call_id",
+        "has_parent",
         "mode",
         "prev_len",
         "delta_len",
@@ -56,25 +60,9 @@ _CALL_TABLES = {
         "parent_cum_len",
         "weight_version",
         "parent_weight_version",
+        *(f"{name}_well_formed" for name in DIGESTS),
     ),
-    "call_digests": ("call_id", "digest", "extras_digest", "chain_hash", "cumulative_hash"),
 }
-_CALL_COLUMNS = (
-    "call_id",
-    "rollout_id",
-    "staging_segment",
-    "staging_row",
-    "parent_call_id",
-    "mode",
-    "prev_len",
-    "delta_len",
-    "cum_len",
-    "weight_version",
-    "digest",
-    "extras_digest",
-    "chain_hash",
-    "cumulative_hash",
-)
 
 
 @dataclass(frozen=True)
@@ -160,22 +148,27 @@ _SHARDS_SCHEMA = pa.schema(
 
 
 def _calls(tables: LedgerTables) -> pa.Table:
-    """One shard's call records with their staging keys and their parents' lengths and versions."""
-    calls = tables.calls.select(list(_CALL_COLUMNS))
+    """One shard's call records as the columns of :data:`_CALL_TABLES`: keys, lengths, parents, digest flags."""
+    calls = tables.calls
     keys = pc.binary_join_element_wise(calls["rollout_id"], calls["call_id"], "/")
     parent_keys = pc.binary_join_element_wise(calls["rollout_id"], calls["parent_call_id"], "/")
     parent = pc.index_in(parent_keys, value_set=keys)
-    resolves = pc.or_(pc.is_null(calls["parent_call_id"]), pc.is_valid(parent))
-    return (
-        calls.append_column("staging_key", keys)
-        .append_column("parent_resolves", resolves)
-        .append_column("parent_cum_len", pc.take(calls["cum_len"], parent))
-        .append_column("parent_weight_version", pc.take(calls["weight_version"], parent))
-    )
+    has_parent = pc.is_valid(calls["parent_call_id"])
+    columns = {name: calls[name] for name in ("call_id", "staging_segment", "staging_row", "mode")}
+    columns |= {name: calls[name] for name in ("prev_len", "delta_len", "cum_len", "weight_version")}
+    columns |= {
+        "staging_key": keys,
+        "has_parent": has_parent,
+        "parent_resolves": pc.or_(pc.invert(has_parent), pc.is_valid(parent)),
+        "parent_cum_len": pc.take(calls["cum_len"], parent),
+        "parent_weight_version": pc.take(calls["weight_version"], parent),
+    }
+    columns |= {f"{name}_well_formed": pc.match_substring_regex(calls[name], HEX_DIGEST_REGEX) for name in DIGESTS}
+    return pa.table(columns)
 
 
 def _split_calls(calls: pa.Table) -> dict[str, pa.Table]:
-    """The call records as the three narrow tables of :data:`_CALL_TABLES`, low-cardinality text dictionary-encoded.
+    """The call records as the two narrow tables of :data:`_CALL_TABLES`, low-cardinality text dictionary-encoded.
 
     GX filters whole frames per expectation: narrow frames, and categories instead of strings, keep that cheap.
     """

@@ -27,7 +27,6 @@ SUITES = (LINEAGE, DATASET)
 SEVERITIES = ("fail", "warn")
 # What ``observed`` reports: the share of checked rows that broke the rule, or that kept it.
 OBSERVED = ("unexpected_rate", "expected_rate")
-HEX_DIGEST_REGEX = r"^[0-9a-f]{64}$"
 
 
 @dataclass(frozen=True)
@@ -89,11 +88,12 @@ def _rate_at_most(flag: str, bad: object, maximum: float) -> dict[str, Any]:
 
 
 def _hex(name: str, column: str) -> ExpectationSpec:
+    """Every call record's ``column`` is well formed: its ``{column}_well_formed`` flag (the profile's regex match)."""
     return ExpectationSpec(
         name=name,
-        table="call_digests",
-        expectation="expect_column_values_to_match_regex",
-        kwargs={"column": column, "regex": HEX_DIGEST_REGEX},
+        table="calls",
+        expectation="expect_column_values_to_be_in_set",
+        kwargs={"column": f"{column}_well_formed", "value_set": [True]},
         severity="fail",
         rule=f"Every call record's {column} is a SHA-256 digest: 64 lowercase hex digits.",
     )
@@ -102,8 +102,9 @@ def _hex(name: str, column: str) -> ExpectationSpec:
 LINEAGE_TABLES = (
     TableSpec("shards", "shard", "one row per planned shard: committed? ledger verified?"),
     TableSpec("call_keys", "call_id", "one row per call record of the committed shards: its ids and staged row"),
-    TableSpec("calls", "call_id", "one row per call record: lengths, mode, weight version, and its parent's"),
-    TableSpec("call_digests", "call_id", "one row per call record: its four digests"),
+    TableSpec(
+        "calls", "call_id", "one row per call record: lengths, mode, weight version, its parent's, digests well formed?"
+    ),
     TableSpec("model_calls", "call_id", "one row per model call (call records and failure rows): failed?"),
     TableSpec("rollouts", "rollout_id", "one row per planned rollout of the committed shards and per receipt"),
 )
@@ -181,7 +182,7 @@ def lineage_suite(thresholds: ValidationSpec, *, weight_version: int) -> SuiteSp
             name="root_iff_no_parent",
             table="calls",
             expectation="expect_calls_to_follow_root_rules",
-            kwargs={"column_list": ["parent_call_id", "prev_len", "mode"]},
+            kwargs={"column_list": ["has_parent", "prev_len", "mode"]},
             severity="fail",
             rule="A call is a root (mode text, prev_len 0, no parent) or a token_in child (a parent, prev_len > 0).",
         ),

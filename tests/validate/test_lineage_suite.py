@@ -3,10 +3,13 @@
 One batch carries every corruption the committed-ledger reader lets through (each on its own
 rollouts, so each expectation's examples are exactly its own rows) and is validated once with
 strict thresholds. Rules the reader itself enforces on every record (lengths, root rules,
-digests) are shown to fail on the suite's profile tables, corrupted directly.
+digests) are shown to fail on corrupted profile tables, or (digests, which the profile matches)
+on corrupted ledger tables read through a lenient reader.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pyarrow as pa
 import pytest
@@ -15,7 +18,9 @@ from tasks.capture.calls import ENGINE_ERROR, STAGING_FAILED
 from tasks.config import ValidationSpec
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.storage import layout
-from tasks.validate import SuiteOutcome, validate_dataset, validate_lineage
+from tasks.storage.ledger_reader import LedgerReader
+from tasks.storage.objects import ObjectStore
+from tasks.validate import SuiteOutcome, lineage_profile, validate_dataset, validate_lineage
 from tasks.validate.gx_run import run_suite
 from tasks.validate.lineage_profile import lineage_inputs, profile_lineage
 from tasks.validate.suites import lineage_suite
@@ -156,28 +161,42 @@ def test_rates_report_the_observed_rate_against_the_threshold(corrupted):
     assert rates["weight_versions_at_least_planned"].threshold == WEIGHT_VERSION
 
 
-def test_rules_the_ledger_reader_enforces_fail_on_a_corrupted_profile(generated_batch, tmp_path):
+def test_rules_the_ledger_reader_enforces_fail_on_a_corrupted_profile(generated_batch, tmp_path, monkeypatch):
+    """Digests are corrupted in the ledger tables the profile reads (a reader letting them through); lengths and
+    root rules in the profile itself."""
     store, config = generated_batch.store, generated_batch.config
+    calls = LedgerReader(store, 0).tables.calls.to_pylist()
+    digest_edits = {
+        "digests_well_formed": (calls[2], {"digest": calls[2]["digest"].upper()}),
+        "extras_digests_well_formed": (calls[3], {"extras_digest": calls[3]["extras_digest"][:63]}),
+        "chain_hashes_well_formed": (calls[4], {"chain_hash": "not-a-digest"}),
+        "cumulative_hashes_well_formed": (calls[5], {"cumulative_hash": calls[5]["cumulative_hash"] + "\n"}),
+    }
+    for row, change in digest_edits.values():
+        row.update(change)
+
+    class LenientReader(LedgerReader):
+        def __init__(self, store: ObjectStore, shard: int) -> None:
+            super().__init__(store, shard)
+            if shard == 0:
+                forged = pa.Table.from_pylist(calls, schema=self.tables.calls.schema)
+                self.tables = dataclasses.replace(self.tables, calls=forged)
+
+    monkeypatch.setattr(lineage_profile, "LedgerReader", LenientReader)
     tables = profile_lineage(store, config, lineage_inputs(store, config))
-    rows = {name: tables[name].to_pylist() for name in ("calls", "call_digests")}
-    calls, digests = rows["calls"], rows["call_digests"]
-    roots = [c for c in calls if c["parent_call_id"] is None]
+    rows = tables["calls"].to_pylist()
+    roots = [c for c in rows if not c["has_parent"]]
     edits = {
-        "cum_len_is_prev_len_plus_delta_len": (calls[0], {"cum_len": calls[0]["cum_len"] + 1}),
+        "cum_len_is_prev_len_plus_delta_len": (rows[0], {"cum_len": rows[0]["cum_len"] + 1}),
         "root_iff_no_parent": (roots[1], {"mode": "token_in"}),
-        "digests_well_formed": (digests[2], {"digest": digests[2]["digest"].upper()}),
-        "extras_digests_well_formed": (digests[3], {"extras_digest": digests[3]["extras_digest"][:63]}),
-        "chain_hashes_well_formed": (digests[4], {"chain_hash": "not-a-digest"}),
-        "cumulative_hashes_well_formed": (digests[5], {"cumulative_hash": ""}),
     }
     for row, change in edits.values():
         row.update(change)
-    for name, edited in rows.items():
-        tables[name] = pa.Table.from_pylist(edited, schema=tables[name].schema)
+    tables["calls"] = pa.Table.from_pylist(rows, schema=tables["calls"].schema)
     suite = lineage_suite(ValidationSpec(), weight_version=WEIGHT_VERSION)
     results = run_suite(suite, tables, site_dir=tmp_path / "docs", run_name="run-000")
-    assert {name for name, r in results.items() if not r.success} == set(edits)
-    for name, (row, _) in edits.items():
+    assert {name for name, r in results.items() if not r.success} == set(edits) | set(digest_edits)
+    for name, (row, _) in (edits | digest_edits).items():
         assert results[name].examples == (row["call_id"],), name
     assert (tmp_path / "docs" / "index.html").is_file()
 
