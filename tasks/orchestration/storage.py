@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from tasks.config import ConfigError
 from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
@@ -33,19 +35,27 @@ class StorageLocation:
 
 
 def storage_location(url: str, conn_id: str | None = None) -> StorageLocation:
-    """Resolve ``url`` (and ``conn_id``, which wins over one in the URL) through Airflow's Object Storage."""
+    """Resolve ``url`` (and ``conn_id``, which wins over one in the URL) through Airflow's Object Storage.
+
+    The root URL is ``url`` without its connection id; the options come from the filesystem
+    Airflow builds for the connection.
+    """
     from airflow.sdk import ObjectStoragePath
 
+    parts = urlsplit(url)
+    protocol = parts.scheme or "file"
+    if protocol in ("file", "local"):
+        return StorageLocation(f"file://{os.path.abspath(parts.path)}")
+    if protocol not in S3_PROTOCOLS:
+        raise ConfigError(f"storage_url {url!r}: scheme {protocol!r} is not supported; use file:// or s3://")
+    if not parts.hostname:
+        raise ConfigError(f"storage_url {url!r} names no bucket; use s3://bucket/prefix")
+    root = f"{protocol}://{parts.hostname}{parts.path}".rstrip("/")
     try:
         path = ObjectStoragePath(url, conn_id=conn_id or None)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"storage_url {url!r}: {exc}") from None
-    protocol = path.protocol or "file"
-    if protocol in ("file", "local"):
-        return StorageLocation(f"file://{path.path}")
-    if protocol not in S3_PROTOCOLS:
-        raise ConfigError(f"storage_url {url!r}: scheme {protocol!r} is not supported; use file:// or s3://")
-    return StorageLocation(f"s3://{path.path}", _s3_options(path.fs))
+    return StorageLocation(root, _s3_options(path.fs))
 
 
 def _s3_options(fs: Any) -> dict[str, Any]:

