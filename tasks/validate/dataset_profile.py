@@ -3,8 +3,9 @@
 Token lists never leave Arrow and numpy: each part the manifest names is read (size and sha256
 checked), decoded :data:`BATCH_ROWS` rows at a time (schema checked), and each record batch is
 reduced to one row of counts and flags per dataset row before the next is decoded, so memory
-holds one part's bytes, one batch and the profile (decoding a part whole allocated, and faulted
-in, hundreds of MB per part). Tables (see :data:`tasks.validate.suites.DATASET_TABLES`):
+holds, per part being read (:data:`PARALLEL_PARTS` at a time), its bytes and one batch, plus the
+profile (decoding a part whole allocated, and faulted in, hundreds of MB per part). Tables (see
+:data:`tasks.validate.suites.DATASET_TABLES`):
 
 * ``shards``: every planned shard, ``in_dataset`` unless the manifest lists it as missing;
 * ``rows``: per dataset row its three list lengths; ``sampled_tokens`` (loss_mask sum);
@@ -21,6 +22,7 @@ in, hundreds of MB per part). Tables (see :data:`tasks.validate.suites.DATASET_T
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +39,7 @@ from tasks.storage.errors import SegmentChecksumMismatchError
 from tasks.storage.marker import MarkedFile
 from tasks.storage.objects import ObjectStore, sha256_hex
 
+PARALLEL_PARTS = 2  # parts read at once: decoding one batch at a time leaves a core idle
 BATCH_ROWS = 512  # dataset rows decoded and profiled at once (~1 M tokens at 2 k tokens a row)
 
 _SCALARS = ("rollout_id", "group_id", "sample_mask", "mask_reason", "advantage", "reward", "group_size")
@@ -46,11 +49,13 @@ _TOKEN_COUNTS = ("sampled_tokens", "nonfinite_logprobs", "positive_sampled_logpr
 def profile_dataset(store: ObjectStore, manifest: DatasetMarker, config: BatchConfig) -> dict[str, pa.Table]:
     """The four profile tables of the dataset ``manifest`` names (``store`` rooted at the batch).
 
-    ``config`` is the config finalize used (the manifest's), for the shards and their plans. Parts
-    are read one at a time: decoding one already keeps every core busy.
+    ``config`` is the config finalize used (the manifest's), for the shards and their plans. Rows
+    keep the manifest's part order.
     """
     empty = row_profile(DatasetRow.arrow_schema().empty_table())  # the profile's schema, whatever the parts hold
-    rows = pa.concat_tables([empty, *(row_profile(b) for part in manifest.parts for b in part_batches(store, part))])
+    with ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="dataset-profile") as pool:
+        parts = list(pool.map(lambda part: [row_profile(b) for b in part_batches(store, part)], manifest.parts))
+    rows = pa.concat_tables([empty, *(batch for part in parts for batch in part)])
     present = [shard for shard in range(config.shards) if shard not in manifest.missing_shards]
     planned = pa.array([p.rollout_id for s in present for p in read_shard_plan(store, config, s)], pa.string())
     trainable_ids = pc.filter(rows["rollout_id"], pc.equal(rows["sample_mask"], 1))

@@ -3,7 +3,8 @@
 One ephemeral context per run (nothing is written to a ``gx/`` folder; analytics off), one
 pandas data source with a dataframe asset per profile table, one GX suite per table
 (``lineage.calls``, ...), and one checkpoint per table so each reports its offending rows by that
-table's id column (``result_format`` COMPLETE with ``unexpected_index_column_names``). Data Docs
+table's id column (``result_format`` SUMMARY with ``unexpected_index_column_names``: the first
+:data:`PARTIAL_UNEXPECTED` of them, so a rate broken by many rows keeps results and Data Docs small). Data Docs
 are built, in this process, into ``site_dir`` (a ``TupleFilesystemStoreBackend``); the caller
 copies that tree to the batch's storage. GX is imported here, inside :func:`run_suite`, never
 when :mod:`tasks.validate` is imported.
@@ -24,7 +25,7 @@ import pyarrow as pa
 from tasks.validate.suites import ExpectationSpec, SuiteSpec
 
 MAX_EXAMPLES = 5
-PARTIAL_UNEXPECTED = 20  # offending values GX keeps in the Data Docs page of an expectation
+PARTIAL_UNEXPECTED = 20  # offending rows GX keeps per expectation (the examples are the first of them)
 # Severity as GX names it (shown in Data Docs); ours decides the suite's status.
 GX_SEVERITY = {"fail": "critical", "warn": "warning"}
 
@@ -81,7 +82,7 @@ def run_suite(
                 validation_definitions=[definition],
                 actions=[],
                 result_format={
-                    "result_format": "COMPLETE",
+                    "result_format": "SUMMARY",
                     "unexpected_index_column_names": [table.index_column],
                     "partial_unexpected_count": PARTIAL_UNEXPECTED,
                     "return_unexpected_index_query": False,
@@ -148,7 +149,7 @@ def _result(found: Any, index_column: str) -> ExpectationResult:
     checked = int(result.get("element_count", 0)) - int(result.get("missing_count", 0) or 0)
     unexpected = int(result.get("unexpected_count", 0) or 0)
     examples: dict[str, None] = {}
-    for row in result.get("unexpected_index_list") or ():
+    for row in result.get("partial_unexpected_index_list") or ():
         if len(examples) == MAX_EXAMPLES:
             break
         value = row.get(index_column) if isinstance(row, dict) else row

@@ -1,10 +1,10 @@
-"""The GX runner turns an expectation that raises into a failed result carrying GX's message."""
+"""The GX runner: an expectation that raises is a failed result carrying GX's message; offending rows are capped."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from tasks.validate.gx_run import run_suite
+from tasks.validate.gx_run import MAX_EXAMPLES, run_suite
 from tasks.validate.suites import ExpectationSpec, SuiteSpec, TableSpec
 
 
@@ -37,3 +37,21 @@ def test_an_expectation_that_raises_fails_with_its_error_and_the_others_still_ru
         2,
     )
     assert results["unique"].error is None
+
+
+def test_a_rule_broken_by_many_rows_counts_them_all_and_names_the_first_few(tmp_path):
+    table = TableSpec("model_calls", "call_id", "model calls")
+    rate = ExpectationSpec(
+        name="failure_row_rate",
+        table="model_calls",
+        expectation="expect_column_values_to_be_in_set",
+        kwargs={"column": "failed", "value_set": [False], "mostly": 0.9},
+        severity="warn",
+        rule="At most a tenth of the model calls failed.",
+    )
+    suite = SuiteSpec(name="lineage", tables=(table,), expectations=(rate,), rows_table="model_calls")
+    ids = [f"c{i:03d}" for i in range(100)]
+    profile = pa.table({"call_id": ids, "failed": [i % 2 == 1 for i in range(100)]})
+    (result,) = run_suite(suite, {"model_calls": profile}, site_dir=tmp_path, run_name="run-000").values()
+    assert (result.success, result.checked, result.unexpected_count) == (False, 100, 50)
+    assert result.examples == tuple(ids[1 : 2 * MAX_EXAMPLES : 2])
