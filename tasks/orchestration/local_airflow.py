@@ -77,3 +77,28 @@ def apply(environment: Mapping[str, str]) -> None:
     if "airflow" in sys.modules and os.environ.get("AIRFLOW_HOME") != environment["AIRFLOW_HOME"]:
         raise RuntimeError("airflow was imported before its environment was set: it read other settings")
     os.environ.update(environment)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``env``: print ``export`` lines for a shell; ``standalone``: prepare and run ``airflow standalone`` (the UI)."""
+    import argparse
+    import shlex
+
+    parser = argparse.ArgumentParser(prog="python -m tasks.orchestration.local_airflow", description=__doc__)
+    parser.add_argument("command", choices=("env", "standalone"))
+    parser.add_argument("--home", type=Path, default=Path(".demo/airflow"), help="the local Airflow's folder")
+    args = parser.parse_args(argv)
+    environment = airflow_environment(args.home)
+    if args.command == "env":
+        print("\n".join(f"export {key}={shlex.quote(value)}" for key, value in environment.items()))
+        return 0
+    full = {**os.environ, **environment}
+    prepare(args.home.resolve(), full)
+    print(f"Airflow UI on http://localhost:8080 once started; login {LOGIN[0]} / {LOGIN[1]}", flush=True)
+    print(f"batches are written under {environment[STORAGE_URL_VARIABLE]}", flush=True)
+    os.execve(sys.executable, [sys.executable, "-m", "airflow", "standalone"], full)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
