@@ -38,7 +38,7 @@ def rollout_batch_dag(
     defaults: Mapping[str, Any] | None = None,
     description: str = "Multi-turn rollouts -> token-exact GRPO dataset, validated and published",
     tags: tuple[str, ...] = (),
-    paused: bool | None = None,
+    paused: bool = False,
 ) -> DAG:
     """The batch DAG; periodic profiles (``rollout_profiles.py``) build theirs with other ids, schedules, defaults."""
     params = {

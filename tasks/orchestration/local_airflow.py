@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "env":
         print("\n".join(f"export {key}={shlex.quote(value)}" for key, value in environment.items()))
         return 0
-    full = {**os.environ, **environment}
+    bin_dir = str(Path(sys.executable).parent)  # standalone starts its components as `airflow ...` from PATH
+    full = {**os.environ, **environment, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
     prepare(args.home.resolve(), full)
     print(f"Airflow UI on http://localhost:8080 once started; login {LOGIN[0]} / {LOGIN[1]}", flush=True)
     print(f"batches are written under {environment[STORAGE_URL_VARIABLE]}", flush=True)
