@@ -22,3 +22,10 @@ def test_finalization_doc_lists_every_reason_and_column():
 def test_generation_doc_lists_every_capture_failure_reason():
     text = (DOCS / "generation.md").read_text()
     assert not [r for r in FAILURE_REASONS if f"`{r}`" not in text]
+
+
+def test_airflow_doc_lists_every_trigger_form_field():
+    from tasks.orchestration.form import form_fields
+
+    text = (DOCS / "airflow.md").read_text()
+    assert not [name for name in form_fields() if f"`{name}`" not in text]
