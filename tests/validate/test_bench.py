@@ -25,5 +25,6 @@ def test_finalize_bench_prints_validation_time_share_and_peak_memory(tmp_path):
     assert completed.returncode in (0, 1), completed.stderr  # 1: a target missed (fixed costs dominate toy sizes)
     out = completed.stdout
     assert "validate:         " in out and "lineage " in out and "(passed)" in out
+    assert out.count("(cpu ") == 2  # finalize's and validation's CPU seconds beside their wall times
     assert "validate / finalize = " in out
     assert "validate peak RSS   = " in out
