@@ -212,6 +212,8 @@ def _permanent(stage: str, root: str | None) -> Iterator[None]:
 
 
 def _fail(message: str, cause: BaseException | None = None) -> None:
+    """Log ``message`` as the task's error line, then fail the task without retries."""
     from airflow.sdk.exceptions import AirflowFailException
 
+    log.error(message)
     raise AirflowFailException(message) from cause

@@ -121,3 +121,34 @@ def test_a_generate_attempt_stopped_midway_is_retried_and_the_retry_adopts(rollo
     assert sorted((c.attempt, c.try_number) for c in claims) == [(0, 1), (1, 2)]
     rollouts = table.column("rollout_id").to_pylist()
     assert len(rollouts) == len(set(rollouts)) == 8 == marker.rows
+
+
+def test_a_failing_suite_fails_the_run_with_its_report_in_the_log_and_publishes_nothing(
+    rollout_batch, tmp_path, caplog
+):
+    from tasks.finalize.publish import read_staged_marker
+
+    conf = {
+        **SMALL,
+        "environment": "arithmetic",
+        "environment_options": {},
+        "max_turns": 1,
+        "reward_max": -1.0,  # every reward is above it: the dataset suite's rewards_within_bounds fails
+        "storage_url": f"file://{tmp_path}",
+    }
+    dag_run = rollout_batch.test(run_conf=conf)
+    assert str(dag_run.state) == "failed"
+    assert states(dag_run) == {
+        "plan": "success",
+        "generate[shard 0]": "success",
+        "validate_lineage": "success",
+        "finalize": "success",
+        "validate_dataset": "failed",
+        "publish": "upstream_failed",
+        "sweep_orphans": "success",
+    }
+    store = batch_store(f"file://{tmp_path}", steps.run_batch_id(conf, dag_run))
+    assert read_staged_marker(store) is not None and read_dataset_marker(store) is None
+    assert read_suite_summary(store, "dataset").status == "failed"
+    failure = next(r.getMessage() for r in caplog.records if "the dataset suite failed the batch" in r.getMessage())
+    assert "rewards_within_bounds" in failure and f"report: {store.url}/reports/dataset/run-000/index.html" in failure
