@@ -61,7 +61,7 @@ def rollout_batch_dag(
         auto_register=False,  # profiles import this factory: each file registers only its own DAGs
     )
     def rollout_batch() -> None:
-        @task
+        @task(multiple_outputs=False)
         def plan(params: dict | None = None, dag_run: Any = None) -> list[int]:
             return steps.plan(params, dag_run)
 
@@ -73,30 +73,31 @@ def rollout_batch_dag(
             max_retry_delay=dt.timedelta(minutes=10),
             execution_timeout=dt.timedelta(hours=6),
             map_index_template="{{ shard_label }}",
+            multiple_outputs=False,
         )
         def generate(shard: int, params: dict | None = None, dag_run: Any = None, ti: Any = None) -> dict:
             get_current_context()["shard_label"] = f"shard {shard}"  # type: ignore[typeddict-unknown-key]
             return steps.generate(params, dag_run, shard, try_number=ti.try_number)
 
-        @task
+        @task(multiple_outputs=False)
         def validate_lineage(params: dict | None = None, dag_run: Any = None) -> dict:
             return steps.validate("lineage", params, dag_run)
 
-        @task(execution_timeout=dt.timedelta(hours=2))
+        @task(execution_timeout=dt.timedelta(hours=2), multiple_outputs=False)
         def finalize(params: dict | None = None, dag_run: Any = None) -> dict:
             return steps.finalize(params, dag_run)
 
-        @task
+        @task(multiple_outputs=False)
         def validate_dataset(params: dict | None = None, dag_run: Any = None) -> dict:
             return steps.validate("dataset", params, dag_run)
 
-        @task(outlets=[GRPO_DATASET])
+        @task(outlets=[GRPO_DATASET], multiple_outputs=False)
         def publish(params: dict | None = None, dag_run: Any = None, outlet_events: Any = None) -> dict:
             event = steps.publish(params, dag_run)
             outlet_events[GRPO_DATASET].extra = event
             return event
 
-        @task
+        @task(multiple_outputs=False)
         def sweep_orphans(params: dict | None = None, dag_run: Any = None) -> dict:
             return steps.sweep(params, dag_run)
 

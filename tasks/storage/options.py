@@ -4,7 +4,8 @@ Stage functions take a root URL plus ``storage_options`` (a plain mapping handed
 nothing about credentials is ever written into a batch. The CLI fills the options from the
 standard AWS environment variables (:func:`storage_options_from_env`), or all at once from
 ``ROLLOUT_LEDGER_STORAGE_OPTIONS`` (a JSON object: how an Airflow task hands a connection's
-options to the process it starts); the Airflow DAG from a connection. Error messages and logs name which variables were read, never their values.
+options to the process it starts); the Airflow DAG from a connection. Error messages and logs
+name which variables were read, never their values.
 """
 
 from __future__ import annotations
