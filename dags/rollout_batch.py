@@ -2,7 +2,7 @@
 ### rollout_batch: one batch of multi-turn rollouts, from plan to a published GRPO dataset
 
 Trigger it with the form (every field has a description); each run is one batch whose id derives
-from the run. `plan` writes the batch config; `generate` runs once per shard on the `gpu` pool
+from the run. `plan` writes the batch config; `generate` runs once per shard on the `gpu` pool and queue
 (a retry is a new attempt that adopts what the last one completed); the lineage suite checks the
 ledger; `finalize` builds the dataset; the dataset suite checks it; `publish` commits it and
 emits the `grpo_dataset` asset event. A failing suite fails the run and its log names the
@@ -67,6 +67,7 @@ def rollout_batch_dag(
 
         @task(
             pool="gpu",
+            queue="gpu",  # Celery: only workers started with `-q gpu` take it; other executors ignore it
             retries=3,
             retry_delay=dt.timedelta(seconds=30),
             retry_exponential_backoff=2.0,

@@ -32,7 +32,8 @@ def test_the_batch_graph_mapping_pool_retries_and_teardown(dag_bag, dag_id):
     assert {t.task_id: set(t.upstream_task_ids) for t in dag.tasks} == BATCH_GRAPH
     assert {"rollout-ledger", "grpo"} <= set(dag.tags)
     generate = dag.get_task("generate")
-    assert generate.is_mapped and generate.pool == "gpu"
+    assert generate.is_mapped and generate.pool == "gpu" and generate.queue == "gpu"
+    assert {t.queue for t in dag.tasks if t.task_id != "generate"} == {"default"}
     assert generate.partial_kwargs["map_index_template"] == "{{ shard_label }}"
     assert generate.partial_kwargs["retries"] >= 2 and generate.partial_kwargs["retry_exponential_backoff"]
     assert generate.partial_kwargs["execution_timeout"] >= dt.timedelta(hours=1)
