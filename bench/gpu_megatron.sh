@@ -42,7 +42,11 @@ folder = ensure_bundled_model()
 print(f"bundled model converted here: {folder}")
 import json
 from tasks.models.bundled import load_tokenizer
-eos, stop = load_tokenizer(folder).eos_token_id, json.loads((folder / "generation_config.json").read_text())["eos_token_id"]
+from tasks.models.provenance import model_provenance
+tokenizer = load_tokenizer(folder)
+eos, stop = tokenizer.eos_token_id, json.loads((folder / "generation_config.json").read_text())["eos_token_id"]
+print(f"converted tokenizer: eos {tokenizer.eos_token!r} ({eos}), bos {tokenizer.bos_token!r}, "
+      f"pad {tokenizer.pad_token!r}; generation_config eos {stop}; {model_provenance(folder)}")
 if eos != stop:  # transformers 5.17 converts SmolLM2's GGUF with eos <|im_start|> (1); 5.19 with <|im_end|> (2)
     sys.exit(f"the converted tokenizer's eos is {eos} but the model stops at {stop}: fix the conversion first")
 EOF
@@ -56,5 +60,5 @@ python3 -m pytest tests/engines/test_megatron_gpu.py -m gpu -v -s -p no:cachepro
 python3 bench/megatron_capture_overhead.py "${STANDIN[@]}" "$@" 2>&1 | tee "$OUT/bench.log" || status=1
 echo "== summary"
 grep -E "PARITY|passed|failed|error" "$OUT/gpu-tests.log" | tail -n 6 || true
-grep -E "tok/s capture|capture on / off|attention:|identical work" "$OUT/bench.log" || true
+grep -E "tok/s capture|capture on / off|per-pair|spread|attention:|identical work" "$OUT/bench.log" || true
 exit $status

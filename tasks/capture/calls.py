@@ -17,6 +17,7 @@ With ``capture=False`` the same path runs minus staging and ledger (the overhead
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tasks import ids
-from tasks.capture.prefix_cache import Admission, ChainPrefixCache, PrefixMismatchError, resolve_admission
+from tasks.capture.prefix_cache import (
+    Admission,
+    ChainPrefixCache,
+    PrefixMismatchError,
+    resolve_admission,
+    resolve_cached_admission,
+)
 from tasks.capture.records import CallRecord, FailureRow, StagedDelta
 from tasks.capture.splice import ChatPromptBuilder
 from tasks.capture.terminal import fingerprint_content
@@ -210,6 +217,12 @@ class CallCapture:
             parent_chain_hash=parent.chain_hash,
         )
         try:
+            # The parent's tokens are normally in memory (written through when it was staged): a
+            # lookup on the loop. Only a miss reads staging, in a thread. With an in-process engine
+            # stepping on this loop (megatron), each trip through a thread costs the call an engine step.
+            cached = resolve_cached_admission(admission, self._cache)  # type: ignore[arg-type]
+            if cached is not None:
+                return cached
             return await asyncio.to_thread(resolve_admission, admission, self._cache)  # type: ignore[arg-type]
         except PrefixMismatchError as exc:
             raise _CallFailed(PREFIX_MISMATCH, str(exc)) from None
@@ -286,24 +299,50 @@ class CallCapture:
             )
         except (TypeError, ValueError) as exc:
             raise _CallFailed(INVALID_DELTA, f"delta of {call_id} is invalid: {exc}", completion) from None
+        fingerprint = fingerprint_content(completion.text)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[CallRecord | _CallFailed] = loop.create_future()
+
+        def settle(result: CallRecord | _CallFailed) -> None:
+            if not done.done():
+                done.set_result(result)
+
+        def record_when_staged(staged: concurrent.futures.Future[CommitCoordinates]) -> None:
+            # Runs where the staging future resolves (the writer thread, after the group commit):
+            # the ledger gets the record there, and the call comes back to the loop once, not twice.
+            try:
+                coordinates = staged.result()
+            except BaseException as exc:
+                result: CallRecord | _CallFailed = _CallFailed(
+                    STAGING_FAILED, f"staging {call_id} failed: {exc!r}", completion
+                )
+            else:
+                self._coordinates[delta.staging_key] = coordinates
+                try:
+                    record = CallRecord.for_staged(
+                        delta,
+                        staging_segment=coordinates.segment,
+                        staging_row=coordinates.row,
+                        admitted_at=admitted.at,
+                        epoch_span=self.engine.weight_version != admitted.weight_version,
+                        output_fingerprint=fingerprint,
+                        response_id=completion.response_id,
+                    )
+                    self._ledger.add_call(record)  # type: ignore[union-attr]
+                    result = record
+                except Exception as exc:
+                    result = _CallFailed(LEDGER_FAILED, f"ledger record of {call_id} failed: {exc!r}", completion)
+            loop.call_soon_threadsafe(settle, result)
+
         try:
-            coordinates = await asyncio.wrap_future(self._staging.submit(delta))  # type: ignore[union-attr]
+            staged = self._staging.submit(delta)  # type: ignore[union-attr]
         except Exception as exc:
             raise _CallFailed(STAGING_FAILED, f"staging {call_id} failed: {exc!r}", completion) from None
-        self._coordinates[delta.staging_key] = coordinates
-        record = CallRecord.for_staged(
-            delta,
-            staging_segment=coordinates.segment,
-            staging_row=coordinates.row,
-            admitted_at=admitted.at,
-            epoch_span=self.engine.weight_version != admitted.weight_version,
-            output_fingerprint=fingerprint_content(completion.text),
-            response_id=completion.response_id,
-        )
-        try:
-            await asyncio.to_thread(self._ledger.add_call, record)  # type: ignore[union-attr]
-        except Exception as exc:
-            raise _CallFailed(LEDGER_FAILED, f"ledger record of {call_id} failed: {exc!r}", completion) from None
+        staged.add_done_callback(record_when_staged)
+        result = await done
+        if isinstance(result, _CallFailed):
+            raise result
+        record = result
         return record
 
 

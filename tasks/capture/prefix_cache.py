@@ -99,6 +99,14 @@ class ChainPrefixCache:
                 self._insert(keys[-1], prefix)
         return prefix
 
+    def cached_prefix(self, chain: Sequence[str]) -> np.ndarray | None:
+        """The whole chain's tokens when they are cached under its last key, else ``None`` (never fetches)."""
+        keys = list(chain)
+        if not keys:
+            return _EMPTY
+        with self._lock:
+            return self._prefixes.get(keys[-1])
+
     def remember(self, staging_key: str, prefix: np.ndarray) -> None:
         """Write-through: cache the whole sequence of a call whose delta was just staged.
 
@@ -190,6 +198,25 @@ def resolve_admission(admission: Admission, cache: ChainPrefixCache) -> np.ndarr
     if admission.is_root:
         return _EMPTY
     prefix = cache.get_prefix(admission.staging_chain)
+    if prefix.size != admission.prev_len:
+        raise PrefixMismatchError(
+            f"call {admission.call_id}: parent {admission.parent_call_id} resolved to {prefix.size} tokens, "
+            f"admission expects prev_len {admission.prev_len}"
+        )
+    return prefix
+
+
+def resolve_cached_admission(admission: Admission, cache: ChainPrefixCache) -> np.ndarray | None:
+    """:func:`resolve_admission` from memory only: ``None`` when the parent's prefix is not cached.
+
+    Cheap (a dict lookup), so an event loop can call it inline and hand only misses, which read
+    staging, to a thread. The same checks as :func:`resolve_admission` apply to a hit.
+    """
+    if admission.is_root:
+        return _EMPTY
+    prefix = cache.cached_prefix(admission.staging_chain)
+    if prefix is None:
+        return None
     if prefix.size != admission.prev_len:
         raise PrefixMismatchError(
             f"call {admission.call_id}: parent {admission.parent_call_id} resolved to {prefix.size} tokens, "

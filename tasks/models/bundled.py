@@ -29,6 +29,15 @@ MODEL_NAME = "smollm2-135m-instruct"
 HOME_ENV = "ROLLOUT_LEDGER_HOME"
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+# The tokenizer's special tokens, as the GGUF's metadata names them by id. transformers' GGUF
+# converter has not always read them right (5.17 gives SmolLM2 eos <|im_start|>, its bos, where
+# the GGUF and generation_config say <|im_end|>): the conversion takes them from the metadata.
+GGUF_SPECIAL_TOKENS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
 
 
 class ModelFolderError(ValueError):
@@ -147,7 +156,31 @@ def _convert_tokenizer(out: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     if not tokenizer.chat_template:
         raise ValueError(f"{gguf} carries no chat template")
+    _set_special_tokens(tokenizer, gguf_special_tokens(gguf), source=gguf)
     tokenizer.save_pretrained(out)
+
+
+def gguf_special_tokens(gguf: Path) -> dict[str, tuple[str, int]]:
+    """``{"eos_token": (text, id), ...}``: the special tokens a GGUF's metadata names (those it names)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(gguf, "r").fields
+    tokens = fields["tokenizer.ggml.tokens"]
+    found = {}
+    for name, key in GGUF_SPECIAL_TOKENS.items():
+        if key in fields:
+            token_id = int(fields[key].contents())
+            found[name] = (str(tokens.contents(token_id)), token_id)
+    return found
+
+
+def _set_special_tokens(tokenizer: Any, special: dict[str, tuple[str, int]], *, source: Path) -> None:
+    """Give ``tokenizer`` the GGUF's special tokens; a token already right is left untouched (same output)."""
+    for name, (text, token_id) in special.items():
+        if getattr(tokenizer, name) != text:
+            setattr(tokenizer, name, text)
+        if tokenizer.convert_tokens_to_ids(text) != token_id:
+            raise ValueError(f"{source}: {name} {text!r} is id {token_id} in the GGUF, not in the converted tokenizer")
 
 
 def _convert_model(out: Path) -> None:
@@ -165,6 +198,21 @@ def _convert_model(out: Path) -> None:
         )
     model.save_pretrained(out)
     _convert_tokenizer(out)
+    _check_stop_token(out)
+
+
+def _check_stop_token(folder: Path) -> None:
+    """The converted tokenizer's eos must be the token generation stops at (generation_config.json)."""
+    import json
+
+    generation = folder / "generation_config.json"
+    if not generation.is_file():
+        return
+    stop = json.loads(generation.read_text()).get("eos_token_id")
+    stops = set(stop) if isinstance(stop, list) else {stop}
+    eos = load_tokenizer(folder).eos_token_id
+    if stop is not None and eos not in stops:
+        raise ValueError(f"the converted tokenizer's eos is id {eos} but generation_config.json stops at {stop}")
 
 
 @contextlib.contextmanager
