@@ -55,3 +55,20 @@ def test_a_rule_broken_by_many_rows_counts_them_all_and_names_the_first_few(tmp_
     (result,) = run_suite(suite, {"model_calls": profile}, site_dir=tmp_path, run_name="run-000").values()
     assert (result.success, result.checked, result.unexpected_count) == (False, 100, 50)
     assert result.examples == tuple(ids[1 : 2 * MAX_EXAMPLES : 2])
+
+
+def test_weight_versions_are_compared_as_numbers_at_both_ends_of_uint64(tmp_path):
+    table = TableSpec("calls", "call_id", "call records")
+    spec = ExpectationSpec(
+        name="weight_versions_at_least_planned",
+        table="calls",
+        expectation="expect_column_values_to_be_between",
+        kwargs={"column": "weight_version", "min_value": 2},
+        severity="fail",
+        rule="No call is older than version 2.",
+    )
+    suite = SuiteSpec(name="lineage", tables=(table,), expectations=(spec,), rows_table="calls")
+    for versions, old in (([1, 2, 2**63 - 1], ("a",)), ([1, 2, 2**64 - 1], ("a",)), ([2, 3, 2**64 - 1], ())):
+        profile = pa.table({"call_id": ["a", "b", "c"], "weight_version": pa.array(versions, pa.uint64())})
+        (result,) = run_suite(suite, {"calls": profile}, site_dir=tmp_path / str(versions), run_name="run-000").values()
+        assert (result.success, result.examples) == (not old, old), versions
