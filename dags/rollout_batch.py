@@ -62,8 +62,10 @@ def rollout_batch_dag(
     )
     def rollout_batch() -> None:
         @task(multiple_outputs=False)
-        def plan(params: dict | None = None, dag_run: Any = None) -> list[int]:
-            return steps.plan(params, dag_run)
+        def plan(params: dict | None = None, dag_run: Any = None, ti: Any = None) -> list[int]:
+            shards = steps.plan(params, dag_run)
+            ti.xcom_push(key=steps.BATCH_XCOM_KEY, value=steps.batch_record(params, dag_run))
+            return shards
 
         @task(
             pool="gpu",

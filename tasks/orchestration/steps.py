@@ -25,6 +25,7 @@ from tasks.orchestration.storage import StorageLocation, storage_location
 
 log = logging.getLogger("rollout_ledger.airflow")
 GRPO_DATASET_ASSET = "grpo_dataset"  # the asset publish updates; its events' extra is publish's return value
+PLAN_TASK_ID, BATCH_XCOM_KEY = "plan", "batch"  # where plan records its batch (read by the report viewer)
 _NOT_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -59,6 +60,15 @@ def location(params: Mapping[str, Any]) -> StorageLocation:
     """The run's storage (credentials from its connection)."""
     with _permanent("storage", params.get("storage_url")):
         return storage_location(params["storage_url"], params.get("storage_conn_id"))
+
+
+def batch_record(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
+    """Where the run's batch lives (no credentials): what plan records for the report viewer."""
+    return {
+        "batch_id": run_batch_id(params, run),
+        "storage_url": params["storage_url"],
+        "storage_conn_id": params.get("storage_conn_id"),
+    }
 
 
 def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:

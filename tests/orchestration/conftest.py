@@ -32,3 +32,20 @@ def airflow_db() -> Path:
 def dag_bag():
     """Every DAG file of ``dags/``, parsed the way the DAG processor parses them."""
     return local_airflow.dag_bag()
+
+
+@pytest.fixture(scope="session")
+def published_run(airflow_db, tmp_path_factory):
+    """One successful ``rollout_batch`` run (2 shards, params from the run conf): ``(dag_run, conf)``."""
+    dag = local_airflow.dag_bag("rollout_batch.py").dags["rollout_batch"]
+    root = tmp_path_factory.mktemp("published-run")
+    conf = {
+        "num_tasks": 4,
+        "group_size": 2,
+        "shards": 2,
+        "max_turns": 3,
+        "max_tokens": 16,
+        "weight_version": 3,
+        "storage_url": f"file://{root}",
+    }
+    return dag.test(run_conf=conf), conf

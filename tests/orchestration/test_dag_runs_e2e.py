@@ -43,12 +43,11 @@ def published_rows(where, batch_id: str):
     return store, marker, table
 
 
-def test_a_run_with_params_from_the_run_conf_publishes_the_dataset_and_the_asset_event(rollout_batch, tmp_path):
+def test_a_run_with_params_from_the_run_conf_publishes_the_dataset_and_the_asset_event(published_run):
     from airflow import settings
     from airflow.models.asset import AssetEvent
 
-    conf = {**SMALL, "shards": 2, "num_tasks": 4, "storage_url": f"file://{tmp_path}", "weight_version": 3}
-    dag_run = rollout_batch.test(run_conf=conf)
+    dag_run, conf = published_run
     assert states(dag_run) == {
         "plan": "success",
         "generate[shard 0]": "success",

@@ -1,0 +1,223 @@
+"""The validation report viewer: a FastAPI app the Airflow api-server mounts at ``/rollout-ledger``.
+
+Routes (every one behind Airflow's own authentication):
+
+* ``GET /dags/{dag_id}/runs/{run_id}/reports/`` — the run's overview page (``reports/index.html``);
+* ``GET /dags/{dag_id}/runs/{run_id}/reports/{path}`` — any file below the batch's ``reports/``
+  (Data Docs pages, their styles and images), with its content type;
+* ``GET /batches`` — the recent batches the user may read: run, state, published or not, links.
+
+A run maps to its batch through what its ``plan`` task recorded (XCom ``batch``: batch id,
+storage URL, connection id); files are read through ``ObjectStoragePath`` with that connection.
+Report routes require read access to the DAG's runs (``requires_access_dag``): 401 without a
+token, 403 without access. Ids outside their charsets and paths that are not plain relative
+paths (``..``, ``.``, absolute, encoded, backslashes, hidden names) are 404 before any storage
+is touched; nothing outside ``reports/`` can be named. Every response carries
+``Content-Security-Policy: frame-ancestors 'self'`` and ``X-Content-Type-Options: nosniff``;
+everything the batches page interpolates is HTML-escaped.
+
+No ``from __future__ import annotations`` here: FastAPI resolves the routes' parameter types
+(``SessionDep``, ``GetUserDep``, imported inside :func:`create_app`) when they are declared.
+"""
+
+import html
+import mimetypes
+import re
+from typing import Any
+
+from tasks.orchestration.steps import BATCH_XCOM_KEY, PLAN_TASK_ID
+
+DAG_ID = re.compile(r"[A-Za-z0-9_.-]{1,250}")
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,249}")
+PATH_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")  # no leading dot: no '.', '..' or hidden names
+SECURITY_HEADERS = {"Content-Security-Policy": "frame-ancestors 'self'", "X-Content-Type-Options": "nosniff"}
+RECENT_BATCHES = 50
+
+
+class NotFoundError(LookupError):
+    """What the request names does not exist or may not be named (answered 404)."""
+
+
+def report_path(path: str) -> list[str]:
+    """The segments of a relative path below ``reports/``, or :class:`NotFoundError`."""
+    segments = path.split("/")
+    if not path or not all(PATH_SEGMENT.fullmatch(segment) for segment in segments):
+        raise NotFoundError(path)
+    return segments
+
+
+def check_run(dag_id: str, run_id: str) -> None:
+    if not DAG_ID.fullmatch(dag_id) or not RUN_ID.fullmatch(run_id):
+        raise NotFoundError(f"{dag_id}/{run_id}")
+
+
+def batch_record(session: Any, dag_id: str, run_id: str) -> dict[str, Any]:
+    """What the run's plan task recorded about its batch, or :class:`NotFoundError`."""
+    from airflow.models.xcom import XComModel
+    from sqlalchemy import select
+
+    row = session.scalars(
+        select(XComModel).where(
+            XComModel.dag_id == dag_id,
+            XComModel.run_id == run_id,
+            XComModel.task_id == PLAN_TASK_ID,
+            XComModel.key == BATCH_XCOM_KEY,
+            XComModel.map_index == -1,
+        )
+    ).first()
+    if row is None:
+        raise NotFoundError(f"run {run_id} of {dag_id} has no planned batch")
+    record = XComModel.deserialize_value(row)
+    if not isinstance(record, dict) or not {"batch_id", "storage_url"} <= set(record):
+        raise NotFoundError(f"run {run_id} of {dag_id}: unreadable batch record")
+    return record
+
+
+def reports_dir(record: dict[str, Any]) -> Any:
+    """The batch's ``reports/`` as an ``ObjectStoragePath`` carrying the run's connection."""
+    from airflow.sdk import ObjectStoragePath
+
+    from tasks.ids import check_id
+
+    batch_id = check_id(record["batch_id"], field="batch_id")
+    base = ObjectStoragePath(record["storage_url"], conn_id=record.get("storage_conn_id") or None)
+    return base / "batches" / batch_id / "reports"
+
+
+def read_report(record: dict[str, Any], segments: list[str]) -> tuple[bytes, str]:
+    """The file's bytes and content type, or :class:`NotFoundError`."""
+    target = reports_dir(record).joinpath(*segments)
+    try:
+        data = target.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise NotFoundError("/".join(segments)) from None
+    kind, _ = mimetypes.guess_type(segments[-1])
+    kind = kind or "application/octet-stream"
+    if kind.startswith("text/") or kind in ("application/json", "image/svg+xml"):
+        kind += "; charset=utf-8"
+    return data, kind
+
+
+def batches_page(rows: list[dict[str, Any]]) -> str:
+    """The batches page: one table row per run, every value escaped."""
+
+    def cell(value: Any) -> str:
+        return f"<td>{html.escape(str(value))}</td>"
+
+    body = []
+    for row in rows:
+        link = f"dags/{row['dag_id']}/runs/{row['run_id']}/reports/"
+        report = f'<a href="{html.escape(link, quote=True)}" target="_blank" rel="noopener">report</a>'
+        body.append(
+            "<tr>"
+            + cell(row["dag_id"])
+            + cell(row["run_id"])
+            + cell(row["state"])
+            + cell(row["batch_id"])
+            + cell("published" if row["published"] else "not published")
+            + f"<td>{report}</td></tr>"
+        )
+    table = "\n".join(body) or '<tr><td colspan="6">No batches yet: trigger the rollout_batch DAG.</td></tr>'
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Rollout batches</title>
+<base href="/rollout-ledger/">
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5rem; color: #1d2433; }}
+table {{ border-collapse: collapse; width: 100%; }}
+th, td {{ text-align: left; padding: .4rem .6rem; border-bottom: 1px solid #d8dde6; font-size: .9rem; }}
+th {{ background: #f3f5f9; }}
+</style></head><body>
+<h1>Rollout batches</h1>
+<p>The {RECENT_BATCHES} most recent runs that planned a batch, in the DAGs you can read.</p>
+<table><thead><tr><th>DAG</th><th>run</th><th>state</th><th>batch</th><th>dataset</th><th></th></tr></thead>
+<tbody>
+{table}
+</tbody></table></body></html>
+"""
+
+
+def recent_batches(session: Any, dag_ids: set[str]) -> list[dict[str, Any]]:
+    """The most recent runs of ``dag_ids`` whose plan recorded a batch, newest first, with published flags."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.xcom import XComModel
+    from sqlalchemy import select
+
+    query = (
+        select(XComModel, DagRun.state)
+        .join(DagRun, DagRun.id == XComModel.dag_run_id)
+        .where(XComModel.task_id == PLAN_TASK_ID, XComModel.key == BATCH_XCOM_KEY, XComModel.dag_id.in_(dag_ids))
+        .order_by(DagRun.id.desc())
+        .limit(RECENT_BATCHES)
+    )
+    rows = []
+    for xcom, state in session.execute(query):
+        record = XComModel.deserialize_value(xcom)
+        rows.append(
+            {
+                "dag_id": xcom.dag_id,
+                "run_id": xcom.run_id,
+                "state": state,
+                "batch_id": record.get("batch_id", "?"),
+                "published": _published(record),
+            }
+        )
+    return rows
+
+
+def _published(record: dict[str, Any]) -> bool:
+    from tasks.storage import layout
+
+    try:
+        return (reports_dir(record).parent / layout.DATASET_MARKER).exists()
+    except Exception:  # a batch whose storage is gone or unreachable is listed as not published
+        return False
+
+
+def create_app() -> Any:
+    """The FastAPI app; every route depends on Airflow's authentication and access checks."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.common.db.common import SessionDep
+    from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+    from fastapi import Depends, FastAPI, Request, Response
+    from fastapi.responses import HTMLResponse, RedirectResponse
+
+    app = FastAPI(title="rollout-ledger reports", docs_url=None, redoc_url=None, openapi_url=None)
+    read_runs = [Depends(requires_access_dag("GET", DagAccessEntity.RUN))]
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Any) -> Response:
+        response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    @app.exception_handler(NotFoundError)
+    async def not_found(request: Request, exc: NotFoundError) -> Response:
+        return Response("Not Found", status_code=404, media_type="text/plain", headers=SECURITY_HEADERS)
+
+    def serve(session: Any, dag_id: str, run_id: str, path: str) -> Response:
+        check_run(dag_id, run_id)
+        segments = report_path(path)
+        data, kind = read_report(batch_record(session, dag_id, run_id), segments)
+        return Response(data, media_type=kind, headers={"Cache-Control": "private, no-cache"})
+
+    @app.get("/dags/{dag_id}/runs/{run_id}/reports", dependencies=read_runs, include_in_schema=False)
+    def reports_root(dag_id: str, run_id: str) -> Response:
+        check_run(dag_id, run_id)
+        return RedirectResponse(f"/rollout-ledger/dags/{dag_id}/runs/{run_id}/reports/", status_code=307)
+
+    @app.get("/dags/{dag_id}/runs/{run_id}/reports/", dependencies=read_runs)
+    def report_index(dag_id: str, run_id: str, session: SessionDep) -> Response:
+        return serve(session, dag_id, run_id, "index.html")
+
+    @app.get("/dags/{dag_id}/runs/{run_id}/reports/{path:path}", dependencies=read_runs)
+    def report_file(dag_id: str, run_id: str, path: str, session: SessionDep) -> Response:
+        return serve(session, dag_id, run_id, path)
+
+    @app.get("/batches", response_class=HTMLResponse)
+    def batches(user: GetUserDep, session: SessionDep) -> HTMLResponse:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session)
+        return HTMLResponse(batches_page(recent_batches(session, readable)))
+
+    return app
