@@ -76,6 +76,10 @@ def chromium(width: int = 1400, height: int = 1000):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not Path(path).exists()]
+    if missing:
+        raise RuntimeError(f"{missing} not found: install the Debian packages chromium and chromium-driver")
+
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"):
