@@ -79,6 +79,12 @@ class StagingSpec:
     max_bytes: int = 8 * 1024 * 1024
     max_delay_ms: float = 50.0
 
+    def __post_init__(self) -> None:
+        check_int(self.max_rows, field="staging.max_rows", minimum=1, error=ConfigError)
+        check_int(self.max_bytes, field="staging.max_bytes", minimum=1, error=ConfigError)
+        if check_finite(self.max_delay_ms, field="staging.max_delay_ms", error=ConfigError) < 0:
+            raise ConfigError(f"staging.max_delay_ms must be >= 0, got {self.max_delay_ms!r}")
+
 
 @dataclass(frozen=True)
 class ValidationSpec:
@@ -151,6 +157,9 @@ class BatchConfig:
         except (TypeError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
         check_text(self.environment, field="environment", error=ConfigError)
+        options = self.environment_options
+        if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+            raise ConfigError(f"environment_options must be a JSON object, got {self.environment_options!r}")
         for name in ("num_tasks", "group_size", "shards", "max_turns", "max_in_flight"):
             check_int(getattr(self, name), field=name, minimum=1, error=ConfigError)
         if self.shards > self.num_tasks:
@@ -162,6 +171,8 @@ class BatchConfig:
         check_choice(self.divergence_policy, DIVERGENCE_POLICIES, field="divergence_policy", error=ConfigError)
         check_choice(self.on_invalid, ON_INVALID, field="on_invalid", error=ConfigError)
         check_choice(self.advantage, ADVANTAGES, field="advantage", error=ConfigError)
+        if not isinstance(self.code_version, str):
+            raise ConfigError(f"code_version must be a str, got {self.code_version!r}")
         if self.config_version != CONFIG_VERSION:
             raise ConfigError(f"config_version {self.config_version!r} is not supported (expected {CONFIG_VERSION})")
 

@@ -55,6 +55,7 @@ from tasks.version import code_version
 
 log = logging.getLogger(__name__)
 ENVIRONMENT_ERROR = "environment_error"
+MAX_ERROR_CHARS = 2000  # of an environment error kept in a receipt (failure rows keep as much detail)
 HEARTBEAT_SECONDS = 10.0
 # Receipts are made durable at least this often, so a crashed attempt loses little: its
 # successor adopts every rollout whose receipt reached storage.
@@ -481,8 +482,10 @@ async def _run_rollout(
     except EngineDeadError:
         raise  # the engine's failure, not this rollout's: no receipt, the retry re-runs it
     except Exception as exc:  # an environment bug fails this rollout, never the shard
-        log.warning("rollout %s failed in its environment: %r", planned.rollout_id, exc)
         error = f"{type(exc).__name__}: {exc}"
+        if len(error) > MAX_ERROR_CHARS:  # an environment's message may be huge: bounded in the receipt and the log
+            error = f"{error[:MAX_ERROR_CHARS]}... ({len(error)} characters)"
+        log.warning("rollout %s failed in its environment: %s", planned.rollout_id, error)
     receipt = _receipt(planned, state, attempt, outcome, error)
     if ledger is not None:
         await asyncio.to_thread(ledger.add_receipt, receipt)

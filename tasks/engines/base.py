@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.checks import check_int
+from tasks.checks import check_finite, check_int, is_int
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -32,11 +32,13 @@ class SamplingSettings:
     logprobs_mode: str = "processed"
 
     def __post_init__(self) -> None:
+        check_finite(self.temperature, field="temperature", error=ValueError)
+        check_finite(self.top_p, field="top_p", error=ValueError)
         if not 0.0 <= self.temperature <= 100.0:
             raise ValueError(f"temperature must be in [0, 100], got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < -1 or self.top_k == 0:
+        if not is_int(self.top_k) or self.top_k < -1 or self.top_k == 0:
             raise ValueError(f"top_k must be -1 (off) or a positive int, got {self.top_k!r}")
         check_int(self.max_tokens, field="max_tokens", minimum=1, error=ValueError)
         if self.logprobs_mode != "processed":

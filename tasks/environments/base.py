@@ -22,16 +22,57 @@ Message = dict[str, str]  # {"role": "system"|"user"|"assistant"|"tool", "conten
 ROLES = ("system", "user", "assistant", "tool")
 
 
+OPTIONAL_MESSAGE_KEYS = ("tool_calls", "tool_call_id", "name")  # OpenAI-style tool calling; None: absent
+MAX_SHOWN = 200  # characters of an offending value an error message shows
+
+
 def check_messages(messages: Sequence[Message], *, where: str) -> list[Message]:
-    """Messages as a list of ``{"role", "content"}`` dicts, or a ValueError naming ``where``."""
+    """Messages as a list of ``{"role", "content"}`` dicts, or a ValueError naming ``where``.
+
+    A message may also carry OpenAI-style ``tool_calls`` (a list of ``{"function": {"name": str,
+    "arguments": str | dict}}``, with an optional str ``id`` and ``type`` ``"function"``), a str
+    ``tool_call_id`` and a str ``name``; any other key, or one of these of the wrong shape, is
+    refused rather than handed to a chat template that would drop it silently. Errors show at
+    most :data:`MAX_SHOWN` characters of the offending value.
+    """
     out = []
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping) or message.get("role") not in ROLES:
-            raise ValueError(f"{where}: message {index} must be a dict with a role in {ROLES}, got {message!r}")
+            raise ValueError(f"{where}: message {index} must be a dict with a role in {ROLES}, got {_shown(message)}")
+        role = message["role"]
         if not isinstance(message.get("content"), str):
-            raise ValueError(f"{where}: message {index} ({message['role']}) has no str content")
+            raise ValueError(f"{where}: message {index} ({role}) has no str content")
+        unknown = sorted(str(k) for k in message if k not in ("role", "content", *OPTIONAL_MESSAGE_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: message {index} ({role}) has unknown key(s) {_shown(unknown)}")
+        for key in ("tool_call_id", "name"):
+            if message.get(key) is not None and not isinstance(message[key], str):
+                raise ValueError(f"{where}: message {index} ({role}) {key} must be a str, got {_shown(message[key])}")
+        if message.get("tool_calls") is not None:
+            _check_tool_calls(message["tool_calls"], where=f"{where}: message {index} ({role}) tool_calls")
         out.append(dict(message))
     return out
+
+
+def _check_tool_calls(calls: object, *, where: str) -> None:
+    if not isinstance(calls, list):
+        raise ValueError(f"{where} must be a list, got {_shown(calls)}")
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise ValueError(f"{where}[{index}] must have a function with a non-empty str name, got {_shown(call)}")
+        if not isinstance(function.get("arguments", ""), (str, Mapping)):
+            raise ValueError(f"{where}[{index}].function.arguments must be a str or a dict")
+        if call.get("id") is not None and not isinstance(call["id"], str):
+            raise ValueError(f"{where}[{index}].id must be a str, got {_shown(call['id'])}")
+        if call.get("type", "function") != "function":
+            raise ValueError(f"{where}[{index}].type must be 'function', got {_shown(call['type'])}")
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut to :data:`MAX_SHOWN` characters (an environment's output may be huge)."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True)
