@@ -28,6 +28,7 @@ ADVANTAGE_LABELS = {
     "rloo": "RLOO: r - mean of the others",
 }
 STORAGE_URL_VARIABLE = "ROLLOUT_LEDGER_STORAGE_URL"
+REQUIRED_FIELDS = ("environment", "num_tasks", "group_size", "shards", "model")
 SECTIONS = ("Batch", "Environment", "Model and engine", "Sampling", "Dataset", "Storage", "Validation thresholds")
 
 
@@ -206,6 +207,9 @@ def batch_config_from_form(values: Mapping[str, Any], *, batch_id: str, provenan
     unknown = sorted(set(values) - set(form_fields()))
     if unknown:
         raise ConfigError(f"unknown batch form field(s) {unknown}; known: {sorted(form_fields())}")
+    missing = [name for name in REQUIRED_FIELDS if values.get(name) is None]
+    if missing:
+        raise ConfigError(f"batch form field(s) {missing} must be set")
     thresholds = {spec.name: values[spec.name] for spec in dataclasses.fields(ValidationSpec) if spec.name in values}
     raw = {
         "batch_id": batch_id,

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from tasks.ids import MAX_ID_LENGTH
 from tasks.orchestration.form import batch_config_from_form, form_fields
-from tasks.orchestration.storage import StorageLocation, storage_location
+from tasks.orchestration.storage import StorageLocation, check_storage_url, storage_location
 
 log = logging.getLogger("rollout_ledger.airflow")
 GRPO_DATASET_ASSET = "grpo_dataset"  # the asset publish updates; its events' extra is publish's return value
@@ -64,6 +64,7 @@ def location(params: Mapping[str, Any]) -> StorageLocation:
 
 def batch_record(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     """Where the run's batch lives (no credentials): what plan records for the report viewer."""
+    check_storage_url(params["storage_url"])
     return {
         "batch_id": run_batch_id(params, run),
         "storage_url": params["storage_url"],

@@ -34,14 +34,32 @@ class StorageLocation:
         return {STORAGE_OPTIONS_VARIABLE: json.dumps(self.storage_options)} if self.storage_options else {}
 
 
+def check_storage_url(url: str) -> None:
+    """Refuse a storage URL that carries a password (credentials belong in a connection), without echoing it."""
+    if urlsplit(url).password is not None:
+        raise ConfigError(
+            f"storage_url {redacted(url)!r} carries credentials; put them in an Airflow connection and name it "
+            "(storage_conn_id, or s3://conn_id@bucket/prefix)"
+        )
+
+
+def redacted(url: str) -> str:
+    """``url`` with userinfo that carries a password replaced by ``***``: safe to log."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=f"***@{parts.hostname or ''}").geturl()
+
+
 def storage_location(url: str, conn_id: str | None = None) -> StorageLocation:
     """Resolve ``url`` (and ``conn_id``, which wins over one in the URL) through Airflow's Object Storage.
 
     The root URL is ``url`` without its connection id; the options come from the filesystem
-    Airflow builds for the connection.
+    Airflow builds for the connection. A URL carrying a password is refused.
     """
     from airflow.sdk import ObjectStoragePath
 
+    check_storage_url(url)
     parts = urlsplit(url)
     protocol = parts.scheme or "file"
     if protocol in ("file", "local"):

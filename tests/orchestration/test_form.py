@@ -72,6 +72,7 @@ def test_every_field_reaches_the_config():
         ({"engine_options": {"max_modle_len": 1}}, "max_modle_len"),
         ({"max_invalid_row_rate": 2.0}, "validation.max_invalid_row_rate"),
         ({"num_taks": 3}, "unknown batch form field(s) ['num_taks']"),
+        ({"environment": None}, "batch form field(s) ['environment'] must be set"),
     ],
 )
 def test_a_bad_value_is_named(values, named):
