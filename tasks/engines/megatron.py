@@ -1,15 +1,20 @@
 """The Megatron-core engine: token-id prompts through megatron-core's dynamic inference engine, on one GPU.
 
 Same contract as the vLLM engine (:class:`tasks.engines.base.Engine`): every in-flight
-:meth:`MegatronEngine.generate` is one request in megatron's dynamic batch, stepped by one
-driver task on the event loop the engine was created on. Each result carries the sampled ids
+:meth:`MegatronEngine.generate` is one request in megatron's dynamic batch. The engine is stepped
+in a thread of its own (:class:`tasks.engines.megatron_stepper.StepThread`), not on the event loop
+the engine was created on, so a step never holds that loop: admissions go to the thread through a
+FIFO inbox, results come back through ``loop.call_soon_threadsafe``. Only that thread touches the
+megatron engine and model after :meth:`MegatronEngine.create`. Each result carries the sampled ids
 (the stop token included, as vLLM does), one float32 logprob per sampled id under the
 distribution it was sampled from (``processed_logprobs``; greedy rows as vLLM reports them, see
 :class:`tasks.engines.megatron_model.VllmConventionSampling`), the finish reason, and the prompt it
 ran on. The weights are a Hugging Face Llama folder mapped by :mod:`tasks.engines.megatron_weights`.
 
 A refit (:meth:`MegatronEngine.update_weights`) copies the new weights into the model between two
-engine steps and bumps the version there: requests in flight keep running (their KV cache so far
+engine steps, on the step thread. The version is bumped on the loop in the same breath as the copy
+is queued, so a request admitted before it (queued ahead of the copy) carries the old version and
+one admitted after it the new one. Requests in flight keep running (their KV cache so far
 was computed under the old weights, as in megatron's own RL refits) and keep their admission
 version; the capture layer counts them in ``epoch_span_count``.
 
@@ -25,7 +30,6 @@ flash-attn >= 2.7.3 (its dynamic attention kernels); :func:`require_megatron` an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import itertools
 import logging
@@ -46,6 +50,7 @@ from tasks.engines.base import (
     SamplingSettings,
     next_weight_version,
 )
+from tasks.engines.megatron_stepper import StepThread
 from tasks.engines.megatron_weights import LlamaShape, WeightMappingError, load_megatron_state, read_llama_shape
 from tasks.models.bundled import ModelFolderError, check_model_folder, load_tokenizer
 from tasks.models.provenance import model_provenance
@@ -210,12 +215,10 @@ class MegatronEngine(Engine):
         self._max_model_len = max_model_len
         self._weight_version = weight_version
         self._ids = itertools.count()
-        self._work = asyncio.Event()
-        self._step_lock = asyncio.Lock()
-        self._steps = 0
-        self._failed: str | None = None
         self._closed = False
-        self._driver = asyncio.get_running_loop().create_task(self._drive(), name="megatron-engine-driver")
+        self._stepper = StepThread(
+            _MegatronStepBackend(runtime.engine), asyncio.get_running_loop(), name="megatron-engine-steps"
+        )
 
     @classmethod
     async def create(
@@ -277,13 +280,12 @@ class MegatronEngine(Engine):
     @property
     def step_count(self) -> int:
         """Engine steps run so far (each one forward pass over the dynamic batch)."""
-        return self._steps
+        return self._stepper.steps
 
     @property
     def num_unfinished_requests(self) -> int:
-        """Requests inside the engine now (running or waiting in its queue)."""
-        engine = self._runtime.engine
-        return len(engine.waiting_request_ids) + int(engine.context.get_active_request_count())
+        """Requests and refits handed to the engine and not yet answered (running, queued, or on their way)."""
+        return self._stepper.unfinished
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         self._check_usable(request.request_id)
@@ -312,14 +314,9 @@ class MegatronEngine(Engine):
             termination_id=self.eos_token_id,
         )
         try:
-            future = self._runtime.engine.add_request(next(self._ids), prompt, params)
-        except Exception as exc:
-            detail = f"{type(exc).__name__}: {exc}"
-            raise EngineError(f"request {request.request_id}: megatron refused it: {detail}") from exc
-        self._work.set()
-        record = await future
-        if self._failed is not None:
-            raise EngineDeadError(f"request {request.request_id}: {self._failed}")
+            record = await self._stepper.submit(_Admission(request.request_id, next(self._ids), prompt, params))
+        except EngineDeadError as exc:
+            raise EngineDeadError(f"request {request.request_id}: {exc}") from exc
         return to_generation_result(
             request.request_id,
             prompt,
@@ -331,8 +328,10 @@ class MegatronEngine(Engine):
         """Load the weights of ``model_path`` into the running model between two engine steps; return the new version.
 
         ``version``: see :meth:`Engine.update_weights`. ``model_path`` must carry the served
-        tokenizer and the same model shape. The new weights are read and mapped before the
-        engine pauses; a failure while copying them leaves the engine refusing further requests.
+        tokenizer and the same model shape. The new weights are read and mapped off the event loop
+        first; then the step thread copies them in between two steps (the version is bumped as
+        the copy is queued). A failure while copying kills the engine: every waiter gets
+        :class:`EngineDeadError`.
         """
         self._check_usable("refit")
         new_version = next_weight_version(self._weight_version, version)
@@ -351,14 +350,27 @@ class MegatronEngine(Engine):
             raise EngineError(f"refit to {path}: {exc}") from exc
         from tasks.engines.megatron_model import load_weights
 
-        async with self._step_lock:  # between two engine steps
+        model = self._runtime.model
+
+        def copy_weights() -> None:
             try:
-                load_weights(self._runtime.model, state)
+                load_weights(model, state)
             except Exception as exc:
-                self._failed = f"refit to {path} failed: {type(exc).__name__}: {exc}"
-                raise EngineError(self._failed) from exc
-            self._weight_version = new_version
-            self._model_path = path
+                raise EngineError(f"refit to {path} failed: {type(exc).__name__}: {exc}") from exc
+
+        self._check_usable("refit")
+        new_version = next_weight_version(self._weight_version, version)  # again: another refit may have landed
+        # Queue the copy and bump the version with no await between them: admissions queued
+        # before the copy carry the old version, those after it the new one (FIFO inbox). A
+        # caller that stops waiting does not stop the copy, so the bump stands unless it failed.
+        copied = self._stepper.run_between_steps(copy_weights, fatal=True)
+        old_version, old_path = self._weight_version, self._model_path
+        self._weight_version, self._model_path = new_version, path
+        try:
+            await copied
+        except EngineError:  # the copy failed and the engine is dead: it never served new_version
+            self._weight_version, self._model_path = old_version, old_path
+            raise
         return new_version
 
     async def close(self) -> None:
@@ -366,10 +378,7 @@ class MegatronEngine(Engine):
         if self._closed:
             return
         self._closed = True
-        self._driver.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._driver
-        self._fail_pending("the engine was closed")
+        await self._stepper.close()
         self._runtime = _ClosedRuntime()
         import gc
 
@@ -378,36 +387,69 @@ class MegatronEngine(Engine):
         gc.collect()
         torch.cuda.empty_cache()
 
-    async def _drive(self) -> None:
-        """Step the engine while it holds requests; a refit takes the step lock between two steps."""
-        engine = self._runtime.engine
-        try:
-            while True:
-                await self._work.wait()
-                async with self._step_lock:
-                    if engine.has_unfinished_requests():
-                        await engine.async_step()
-                        self._steps += 1
-                    else:
-                        self._work.clear()
-                await asyncio.sleep(0)  # let admissions, refits and finished callers run between steps
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._failed = f"the megatron engine failed in a step: {type(exc).__name__}: {exc}"
-            log.exception("megatron engine step failed")
-            self._fail_pending(self._failed)
-
-    def _fail_pending(self, reason: str) -> None:
-        for entry in getattr(self._runtime.engine, "requests", {}).values():
-            if not entry.future.done():
-                entry.future.set_exception(EngineDeadError(reason))
-
     def _check_usable(self, what: str) -> None:
         if self._closed:
             raise EngineDeadError(f"request {what}: the engine is closed")
-        if self._failed is not None:
-            raise EngineDeadError(f"request {what}: {self._failed}")
+        failure = self._stepper.failure
+        if failure is not None:
+            raise EngineDeadError(f"request {what}: {failure}")
+
+
+@dataclass(frozen=True)
+class _Admission:
+    """One request on its way to the step thread."""
+
+    request_id: str
+    megatron_id: int
+    prompt: list[int]
+    params: Any  # megatron SamplingParams
+
+
+class _MegatronStepBackend:
+    """:class:`~tasks.engines.megatron_stepper.StepBackend` over a ``DynamicInferenceEngine``, on its step thread.
+
+    The thread gets a private event loop for megatron's coroutine steps, and the engine is pointed
+    at it (``engine._loop``): the request futures megatron creates and resolves then belong to the
+    thread, never to the caller's loop.
+    """
+
+    def __init__(self, engine: Any, device: int = 0) -> None:
+        self._engine = engine
+        self._device = device
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def open(self) -> None:
+        import torch
+
+        torch.cuda.set_device(self._device)  # the current device is per thread
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        self._engine._loop = self._loop
+
+    def admit(self, payload: _Admission) -> Any:
+        try:
+            return self._engine.add_request(payload.megatron_id, payload.prompt, payload.params)
+        except Exception as exc:
+            raise EngineError(
+                f"request {payload.request_id}: megatron refused it: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def has_unfinished(self) -> bool:
+        return bool(self._engine.has_unfinished_requests())
+
+    def step(self) -> None:
+        assert self._loop is not None
+        self._loop.run_until_complete(self._engine.async_step())
+
+    def shut(self) -> None:
+        if self._loop is None:
+            return
+        pending = asyncio.all_tasks(self._loop)  # megatron's condition notifications
+        for task in pending:
+            task.cancel()
+        if pending:
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.close()
 
 
 @dataclass(frozen=True)
