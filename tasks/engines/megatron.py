@@ -328,13 +328,15 @@ class MegatronEngine(Engine):
         """Load the weights of ``model_path`` into the running model between two engine steps; return the new version.
 
         ``version``: see :meth:`Engine.update_weights`. ``model_path`` must carry the served
-        tokenizer and the same model shape. The new weights are read and mapped off the event loop
-        first; then the step thread copies them in between two steps (the version is bumped as
-        the copy is queued). A failure while copying kills the engine: every waiter gets
-        :class:`EngineDeadError`.
+        tokenizer and the same model shape. :meth:`read_weights` then :meth:`swap_weights`.
         """
         self._check_usable("refit")
-        new_version = next_weight_version(self._weight_version, version)
+        next_weight_version(self._weight_version, version)  # refuse a bad version before reading
+        return await self.swap_weights(await self.read_weights(model_path), version=version)
+
+    async def read_weights(self, model_path: str) -> PreparedWeights:
+        """Check ``model_path`` and read and map its weights off the event loop; the engine keeps stepping meanwhile."""
+        self._check_usable("refit")
         try:
             path = check_model_folder(Path(model_path).expanduser().resolve())
         except ModelFolderError as exc:
@@ -348,9 +350,22 @@ class MegatronEngine(Engine):
             state = await asyncio.to_thread(load_megatron_state, path, shape, self._runtime.dtype)
         except (WeightMappingError, OSError, KeyError) as exc:
             raise EngineError(f"refit to {path}: {exc}") from exc
+        return PreparedWeights(path=path, state=state)
+
+    async def swap_weights(self, weights: PreparedWeights, *, version: int | None = None) -> int:
+        """Copy weights from :meth:`read_weights` into the model between two steps (step thread); return the version.
+
+        The version is bumped as the copy is queued, with no await between: admissions queued
+        before the copy (FIFO inbox) carry the old version, those after it the new one, and the
+        requests in flight then finish under the new one (epoch spans). A failure while copying
+        kills the engine: every waiter gets :class:`EngineDeadError`. A caller that stops waiting
+        does not stop the copy.
+        """
         from tasks.engines.megatron_model import load_weights
 
-        model = self._runtime.model
+        self._check_usable("refit")
+        new_version = next_weight_version(self._weight_version, version)
+        model, path, state = self._runtime.model, weights.path, weights.state
 
         def copy_weights() -> None:
             try:
@@ -358,11 +373,6 @@ class MegatronEngine(Engine):
             except Exception as exc:
                 raise EngineError(f"refit to {path} failed: {type(exc).__name__}: {exc}") from exc
 
-        self._check_usable("refit")
-        new_version = next_weight_version(self._weight_version, version)  # again: another refit may have landed
-        # Queue the copy and bump the version with no await between them: admissions queued
-        # before the copy carry the old version, those after it the new one (FIFO inbox). A
-        # caller that stops waiting does not stop the copy, so the bump stands unless it failed.
         copied = self._stepper.run_between_steps(copy_weights, fatal=True)
         old_version, old_path = self._weight_version, self._model_path
         self._weight_version, self._model_path = new_version, path
@@ -393,6 +403,14 @@ class MegatronEngine(Engine):
         failure = self._stepper.failure
         if failure is not None:
             raise EngineDeadError(f"request {what}: {failure}")
+
+
+@dataclass(frozen=True)
+class PreparedWeights:
+    """A model folder's weights, checked and mapped to megatron's layout, for :meth:`MegatronEngine.swap_weights`."""
+
+    path: Path
+    state: Mapping[str, Any]
 
 
 @dataclass(frozen=True)

@@ -252,13 +252,15 @@ def test_calls_spanning_a_refit_keep_their_admission_version_and_count_as_epoch_
     root = str(tmp_path / "runs")
     plan_batch(root, config)
     in_flight_at_refit: list[int] = []
+    # Read first: off the loop, steps are fast enough that the shard can end while a refit reads.
+    weights = loop.run(engine.read_weights(str(changed)), timeout=300)
 
     async def refit_after_steps() -> None:
         start = engine.step_count
         while engine.step_count < start + 10:
             await asyncio.sleep(0)
         in_flight_at_refit.append(engine.num_unfinished_requests)
-        await engine.update_weights(str(changed))
+        await engine.swap_weights(weights)  # queued now, before any await: lands at the next step boundary
 
     refit = asyncio.run_coroutine_threadsafe(refit_after_steps(), loop.loop)
     generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
