@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 from tasks.generate import generate_shards
 from tasks.models.provenance import model_provenance
@@ -87,7 +86,8 @@ def print_summary(summary: dict) -> None:
     for name, value in rows:
         print(f"  {name.ljust(width)}  {value}")
     print()
-    print(f"Load it: datasets.load_dataset('parquet', data_files='{Path(summary['dataset'])}/part-*.parquet')")
+    dataset = summary["dataset"].removeprefix("file://")
+    print(f"Load it: datasets.load_dataset('parquet', data_files='{dataset}/part-*.parquet')")
 
 
 def _fmt(value: float | None) -> str:
