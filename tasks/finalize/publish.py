@@ -44,9 +44,8 @@ from tasks.finalize.metrics import DatasetMetrics
 from tasks.ids import check_id
 from tasks.schema import read_parquet_bytes
 from tasks.storage import layout
-from tasks.storage.errors import SegmentChecksumMismatchError
-from tasks.storage.marker import MalformedMarkerError, MarkedFile
-from tasks.storage.objects import ObjectConflictError, ObjectStore, sha256_hex
+from tasks.storage.marker import MalformedMarkerError, MarkedFile, read_marked_bytes
+from tasks.storage.objects import ObjectConflictError, ObjectStore
 from tasks.strict_json import load_dataclass, parse_json
 
 # 2: records missing_shards and partial; 3: files are MarkedFile (with their kind), validation outcomes
@@ -169,13 +168,7 @@ def _read_manifest(store: ObjectStore, path: str, *, validated: bool) -> Dataset
 
 def read_dataset_part(store: ObjectStore, part: MarkedFile) -> pa.Table:
     """A part the marker names, after checking its size and sha256 and its schema."""
-    data = store.read_bytes(part.path)
-    if len(data) != part.size or sha256_hex(data) != part.sha256:
-        raise SegmentChecksumMismatchError(
-            f"{store.url}/{part.path}: {len(data)} bytes with sha256 {sha256_hex(data)[:12]}, "
-            f"the marker names {part.size} bytes with sha256 {part.sha256[:12]}"
-        )
-    table = read_parquet_bytes(data, use_threads=True)
+    table = read_parquet_bytes(read_marked_bytes(store, part, marker="the dataset marker"), use_threads=True)
     DatasetRow.check_table(table, source=f"{store.url}/{part.path}")
     return table
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from tasks.capture.records import CallRecord, FailureRow, Receipt
 from tasks.storage import layout
-from tasks.storage.errors import SegmentChecksumMismatchError, UncommittedShardError
+from tasks.storage.errors import UncommittedShardError
 from tasks.storage.ledger_files import (
     RECORD_OF_KIND,
     CorruptLedgerFileError,
@@ -30,8 +30,8 @@ from tasks.storage.ledger_files import (
     parse_ledger_table,
     prove_rows,
 )
-from tasks.storage.marker import MalformedMarkerError, MarkedFile, read_marker
-from tasks.storage.objects import ObjectStore, sha256_hex
+from tasks.storage.marker import MalformedMarkerError, MarkedFile, read_marked_bytes, read_marker
+from tasks.storage.objects import ObjectStore
 
 
 @dataclass(frozen=True)
@@ -115,20 +115,7 @@ class LedgerReader:
 
 def _read_verified(store: ObjectStore, marked: MarkedFile) -> pa.Table:
     """The file's table (rows not yet proved valid), after its size, sha256 and row count checks."""
-    try:
-        data = store.read_bytes(marked.path)
-    except FileNotFoundError:
-        raise SegmentChecksumMismatchError(f"{marked.path} is named by the commit marker but missing") from None
-    if len(data) != marked.size:
-        raise SegmentChecksumMismatchError(
-            f"{marked.path} is {len(data)} bytes, the commit marker recorded {marked.size}"
-        )
-    actual = sha256_hex(data)
-    if actual != marked.sha256:
-        raise SegmentChecksumMismatchError(
-            f"{marked.path} has sha256 {actual}, the commit marker recorded {marked.sha256}"
-        )
-    table = parse_ledger_table(marked.kind, data, path=marked.path)
+    table = parse_ledger_table(marked.kind, read_marked_bytes(store, marked), path=marked.path)
     if table.num_rows != marked.rows:
         raise MalformedMarkerError(f"{marked.path} holds {table.num_rows} rows, the commit marker says {marked.rows}")
     return table

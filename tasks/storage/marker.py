@@ -19,8 +19,8 @@ from typing import Self
 from tasks.checks import check_choice, check_finite, check_hex_digest, check_int
 from tasks.ids import check_id
 from tasks.storage import layout
-from tasks.storage.errors import StorageIntegrityError
-from tasks.storage.objects import ObjectStore, WrittenObject
+from tasks.storage.errors import SegmentChecksumMismatchError, StorageIntegrityError
+from tasks.storage.objects import ObjectStore, WrittenObject, sha256_hex
 from tasks.strict_json import load_dataclass, parse_json
 
 MARKER_VERSION = 1
@@ -94,6 +94,25 @@ class MarkedFile:
     @classmethod
     def of(cls, written: WrittenObject, *, kind: str, rows: int) -> Self:
         return cls(path=written.path, kind=kind, size=written.size, sha256=written.sha256, rows=rows)
+
+
+def read_marked_bytes(store: ObjectStore, marked: MarkedFile, *, marker: str = "the commit marker") -> bytes:
+    """The bytes of a file ``marker`` names, once they are the size and sha256 it recorded.
+
+    :class:`SegmentChecksumMismatchError` names the file when it is missing or either differs:
+    nothing a marker names is used before this check.
+    """
+    where = f"{store.url}/{marked.path}"
+    try:
+        data = store.read_bytes(marked.path)
+    except FileNotFoundError:
+        raise SegmentChecksumMismatchError(f"{where} is named by {marker} but missing") from None
+    if len(data) != marked.size:
+        raise SegmentChecksumMismatchError(f"{where} is {len(data)} bytes, {marker} names {marked.size}")
+    actual = sha256_hex(data)
+    if actual != marked.sha256:
+        raise SegmentChecksumMismatchError(f"{where} has sha256 {actual}, {marker} names {marked.sha256}")
+    return data
 
 
 @dataclass(frozen=True)

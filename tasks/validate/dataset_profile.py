@@ -35,9 +35,8 @@ from tasks.finalize.publish import DatasetMarker
 from tasks.finalize.ragged import offsets, owners_of, run_sums
 from tasks.ids import shard_name
 from tasks.plan import read_shard_plan
-from tasks.storage.errors import SegmentChecksumMismatchError
-from tasks.storage.marker import MarkedFile
-from tasks.storage.objects import ObjectStore, sha256_hex
+from tasks.storage.marker import MarkedFile, read_marked_bytes
+from tasks.storage.objects import ObjectStore
 
 PARALLEL_PARTS = 2  # parts read at once: decoding one batch at a time leaves a core idle
 BATCH_ROWS = 512  # dataset rows decoded and profiled at once (~1 M tokens at 2 k tokens a row)
@@ -78,14 +77,7 @@ def part_batches(store: ObjectStore, part: MarkedFile) -> Iterator[pa.Table]:
     The checks are :func:`tasks.finalize.publish.read_dataset_part`'s: the file's schema is checked
     before any row is decoded, and each batch's nulls as it is.
     """
-    data = store.read_bytes(part.path)
-    digest = sha256_hex(data)
-    if len(data) != part.size or digest != part.sha256:
-        raise SegmentChecksumMismatchError(
-            f"{store.url}/{part.path}: {len(data)} bytes with sha256 {digest[:12]}, "
-            f"the marker names {part.size} bytes with sha256 {part.sha256[:12]}"
-        )
-    file = pq.ParquetFile(pa.BufferReader(data))
+    file = pq.ParquetFile(pa.BufferReader(read_marked_bytes(store, part, marker="the dataset marker")))
     source = f"{store.url}/{part.path}"
     DatasetRow.check_table(file.schema_arrow.empty_table(), source=source)
     for batch in file.iter_batches(batch_size=BATCH_ROWS):

@@ -54,7 +54,7 @@ from tasks.config import BatchConfig
 from tasks.finalize.publish import DatasetMarker, read_dataset_marker, read_dataset_part, read_staged_marker
 from tasks.plan import batch_store, read_batch_config
 from tasks.storage import layout
-from tasks.storage.errors import SegmentChecksumMismatchError
+from tasks.storage.marker import read_marked_bytes
 from tasks.storage.objects import TEMP_PREFIX, TEMP_SUFFIX, ObjectStore, sha256_hex
 from tasks.strict_json import parse_json
 from tasks.validate import read_suite_summary
@@ -223,11 +223,7 @@ def read_report_inputs(store: ObjectStore) -> ReportInputs:
 
 def read_metrics(store: ObjectStore, manifest: DatasetMarker) -> dict[str, Any]:
     """``dataset/metrics.json`` as the manifest names it (size and sha256 checked)."""
-    data = store.read_bytes(manifest.metrics.path)
-    if len(data) != manifest.metrics.size or sha256_hex(data) != manifest.metrics.sha256:
-        raise SegmentChecksumMismatchError(
-            f"{store.url}/{manifest.metrics.path} differs from the {manifest.metrics.size} bytes the manifest names"
-        )
+    data = read_marked_bytes(store, manifest.metrics, marker="the dataset marker")
     return parse_json(data, source=f"{store.url}/{manifest.metrics.path}")
 
 
