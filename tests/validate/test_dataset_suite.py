@@ -119,7 +119,7 @@ def test_a_part_whose_bytes_the_manifest_does_not_name_is_refused(finalized_batc
     batch = copy_batch(finalized_batch, tmp_path)
     path = batch.dir / layout.dataset_part(0)
     path.write_bytes(path.read_bytes()[:-1] + b"\0")
-    with pytest.raises(SegmentChecksumMismatchError, match="has sha256 [0-9a-f]{64}, the dataset marker names"):
+    with pytest.raises(SegmentChecksumMismatchError, match=r"has sha256 [0-9a-f]{64}, the dataset marker names"):
         next(part_batches(batch.store, read_staged_marker(batch.store).parts[0]))
 
 
