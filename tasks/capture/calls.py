@@ -35,6 +35,7 @@ from tasks.capture.prefix_cache import (
 from tasks.capture.records import CallRecord, FailureRow, StagedDelta
 from tasks.capture.splice import ChatPromptBuilder
 from tasks.capture.terminal import fingerprint_content
+from tasks.crash_points import crash_point
 from tasks.engines.base import Engine, EngineDeadError, GenerationRequest, GenerationResult, SamplingSettings
 from tasks.environments.base import Message
 from tasks.storage.ledger_writer import LedgerWriter
@@ -255,6 +256,7 @@ class CallCapture:
         )
         try:
             completion = await self.engine.generate(request)
+            crash_point("engine_output", call_id)
         except EngineDeadError:
             raise
         except Exception as exc:

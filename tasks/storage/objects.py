@@ -22,6 +22,8 @@ from typing import Any
 
 import fsspec
 
+from tasks.crash_points import crash_point
+
 SCHEMES_LOCAL = ("file", "local")
 # A local write's temp file, next to its target; it lives for the milliseconds of one write.
 TEMP_PREFIX, TEMP_SUFFIX = ".tmp-", ".part"
@@ -104,6 +106,7 @@ class ObjectStore:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
+                crash_point("object_write", path)
             try:
                 os.link(temp, path)
             except FileExistsError:
@@ -132,6 +135,7 @@ class ObjectStore:
         try:
             with self.fs.open(path, "xb", **options) as handle:
                 handle.write(data)
+                crash_point("object_write", path)
         except FileExistsError:
             return False
         except (NotImplementedError, ValueError) as exc:

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from tasks.capture.records import StagedDelta
 from tasks.checks import check_finite, check_int
+from tasks.crash_points import crash_point
 from tasks.storage.errors import (
     DuplicateStagingKeyError,
 )
@@ -256,6 +257,7 @@ class StagingWriter:
         try:
             data = encode_segment(StagedDelta.to_table([p.delta for p in batch]), compression=self._compression)
             written = self._store.write_once(path, data)
+            crash_point("segment_written", path)
         except Exception as exc:
             for pending in batch:
                 pending.future.set_exception(exc)
