@@ -8,7 +8,8 @@ the weights in place in the workers, drops every cached KV block (running reques
 theirs under the new weights) and resumes: in-flight requests keep running, and the version
 is bumped while nothing runs, so a request admitted under version ``v`` ran its first step on
 ``v``'s weights. The engine is bound to the event loop it was created on; sync callers drive
-it through :class:`tasks.engines.background.BackgroundLoop`.
+it through :class:`tasks.engines.background.BackgroundLoop`. The engine's processes end with
+the process that created it, even one killed with SIGKILL (:mod:`tasks.engines.reaper`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tasks.engines.base import (
     GenerationResult,
     next_weight_version,
 )
+from tasks.engines.reaper import Reaper, reap_with_this_process
 from tasks.models.bundled import ModelFolderError, check_model_folder, load_tokenizer
 from tasks.models.provenance import model_provenance
 
@@ -164,6 +166,7 @@ class VllmEngine(Engine):
         self._failed: str | None = None
         self._closed = False
         self._processes: list[psutil.Process] = []  # the engine's own processes, started by create()
+        self._reaper: Reaper | None = None  # stops them if this process is killed before close()
 
     @classmethod
     async def create(
@@ -197,6 +200,7 @@ class VllmEngine(Engine):
                 weight_version=weight_version,
             )
         engine._processes = [p for p in engine_processes() if p.pid not in before]
+        engine._reaper = reap_with_this_process(engine._processes)
         return engine
 
     @property
@@ -312,6 +316,8 @@ class VllmEngine(Engine):
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
         await _wait_exited(alive, ENGINE_EXIT_GRACE_SECONDS)
+        if self._reaper is not None:
+            self._reaper.stop()
 
     def _check_usable(self, what: str) -> None:
         if self._closed:
