@@ -4,9 +4,11 @@
 Trigger it with the form (every field has a description); each run is one batch whose id derives
 from the run. `plan` writes the batch config; `generate` runs once per shard on the `gpu` pool and queue
 (a retry is a new attempt that adopts what the last one completed); the lineage suite checks the
-ledger; `finalize` builds the dataset; the dataset suite checks it; `publish` commits it and
-emits the `grpo_dataset` asset event. A failing suite fails the run and its log names the
-failing expectations and the report. `sweep_orphans` cleans up as a teardown, whatever happened.
+ledger; `finalize` builds the dataset; the dataset suite checks it; `review` waits for a person's
+decision (Publish or Reject, with a reason) when a suite warned or the run requires review, and is
+skipped otherwise; `publish` commits it and emits the `grpo_dataset` asset event. A failing suite,
+a rejection or an unanswered review fails the run, and its log says why. `sweep_orphans` cleans
+up as a teardown, whatever happened.
 Reports: `reports/index.html` under the batch's URL, which the plan task logs.
 """
 
@@ -16,10 +18,11 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from airflow.sdk import DAG, Asset, Param, dag, get_current_context, task
+from airflow.sdk import DAG, Asset, Param, TriggerRule, dag, get_current_context, task
 
 from tasks.orchestration import steps
 from tasks.orchestration.form import form_fields
+from tasks.orchestration.review_operator import BatchReviewOperator
 
 GRPO_DATASET = Asset(steps.GRPO_DATASET_ASSET)
 DEFAULT_ARGS = {
@@ -94,7 +97,10 @@ def rollout_batch_dag(
         def validate_dataset(params: dict | None = None, dag_run: Any = None) -> dict:
             return steps.validate("dataset", params, dag_run)
 
-        @task(outlets=[GRPO_DATASET], multiple_outputs=False)
+        review = BatchReviewOperator(task_id="review", execution_timeout=dt.timedelta(minutes=10))
+
+        # NONE_FAILED: publish runs after a skipped review too
+        @task(outlets=[GRPO_DATASET], trigger_rule=TriggerRule.NONE_FAILED, multiple_outputs=False)
         def publish(params: dict | None = None, dag_run: Any = None, outlet_events: Any = None) -> dict:
             event = steps.publish(params, dag_run)
             outlet_events[GRPO_DATASET].extra = event
@@ -106,7 +112,7 @@ def rollout_batch_dag(
 
         planned = plan()
         generated = generate.expand(shard=planned)
-        published = generated >> validate_lineage() >> finalize() >> validate_dataset() >> publish()
+        published = generated >> validate_lineage() >> finalize() >> validate_dataset() >> review >> publish()
         published >> sweep_orphans().as_teardown(setups=planned)
 
     return rollout_batch()

@@ -11,9 +11,8 @@ from typing import ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
+from tasks.orchestration.report_viewer import URL_PREFIX as PREFIX
 from tasks.orchestration.report_viewer import create_app
-
-PREFIX = "/rollout-ledger"
 
 
 class RolloutLedgerReports(AirflowPlugin):

@@ -2,9 +2,10 @@
 
 Exit codes: 0 done; 1 failed (a validation suite failed the batch, publish was refused, the engine
 died, an unexpected error); 2 a
-usage or input error (bad flags, config, environment, model, unreadable storage: fix the command);
-3 a conflict with what storage already holds (a batch planned differently, a model whose hashes
-differ from the plan, data that fails an integrity check); 128+N stopped by signal N (completed
+usage or input error (bad flags, config, environment, model, unreadable storage, a review decision
+without a reason: fix the command); 3 a conflict with what storage already holds (a batch planned
+differently, a model whose hashes differ from the plan, data that fails an integrity check, a
+decision on a batch already decided otherwise); 128+N stopped by signal N (completed
 work is kept; run the command again). stdout carries the result, stderr the progress and errors.
 S3 settings come from the standard AWS environment variables (``AWS_ENDPOINT_URL``, ...).
 """
@@ -25,6 +26,7 @@ from tasks.environments.prompts_file import PromptFileError
 from tasks.environments.registry import EnvironmentLoadError
 from tasks.models.bundled import ModelFolderError
 from tasks.models.reference import ModelMismatchError, ModelReferenceError
+from tasks.review import ReviewInputError
 from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
 from tasks.storage.objects import ObjectConflictError
 from tasks.storage.options import aws_variables_read, is_s3_url, storage_options_from_env
@@ -43,6 +45,7 @@ USAGE_ERRORS = (
     ModelFolderError,
     UncommittedShardError,
     NothingToValidateError,
+    ReviewInputError,
 )
 CONFLICT_ERRORS = (ObjectConflictError, ModelMismatchError, StorageIntegrityError)
 
@@ -162,8 +165,19 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--suite", choices=(*SUITES, "all"), default="all", help="which suite")
     _threshold_flag(validate)
 
-    publish = command("publish", "commit the staged dataset (dataset/_COMMITTED.json) if both suites passed")
+    publish = command(
+        "publish",
+        "commit the staged dataset (dataset/_COMMITTED.json) if neither suite failed; a batch a suite warned about "
+        "needs a review decision first (--approve or --reject, recorded once in reports/review.json)",
+    )
     _root_and_batch(publish)
+    decision = publish.add_mutually_exclusive_group()
+    decision.add_argument("--approve", action="store_true", help="record an approval, then publish")
+    decision.add_argument("--reject", action="store_true", help="record a rejection: the batch is never published")
+    publish.add_argument("--reason", default=None, help="why you approve or reject (required with either)")
+    publish.add_argument(
+        "--by", default=None, help="who decides, recorded with the decision (default: the user running the command)"
+    )
 
     status = command("status", "what a batch holds: plan, shards and attempts, counts, dataset, reports")
     _root_and_batch(status)
@@ -409,12 +423,38 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from tasks.pipeline import publish_and_report
+    import getpass
 
-    published = publish_and_report(args.root, args.batch_id, storage_options=_storage(args))
+    from tasks.pipeline import decide_and_report, publish_and_report
+    from tasks.review import PUBLISH, REJECT, new_decision
+
+    storage = _storage(args)
+    choice = PUBLISH if args.approve else REJECT if args.reject else None
+    if choice is None and (args.reason is not None or args.by is not None):
+        raise ReviewInputError("--reason and --by go with --approve or --reject")
+    review = None
+    if choice is not None:
+        wanted = new_decision(args.batch_id, choice, args.reason, decided_by=args.by or getpass.getuser(), via="cli")
+        review = decide_and_report(args.root, args.batch_id, wanted, storage_options=storage)
+        _say(f"review: {review.describe()}" + ("" if review == wanted else " (decided before: that decision stands)"))
+        if not review.approved:
+            print(json.dumps({"batch_id": args.batch_id, "published": False, "review": asdict(review)}))
+            return EXIT_OK
+    published = publish_and_report(args.root, args.batch_id, storage_options=storage)
     verb = "published" if published.created else "already published"
     _say(f"{verb}: {published.url}/dataset ({published.marker.rows} rows)")
-    print(json.dumps({"batch_id": args.batch_id, "dataset": f"{published.url}/dataset", "created": published.created}))
+    review = published.marker.review
+    print(
+        json.dumps(
+            {
+                "batch_id": args.batch_id,
+                "dataset": f"{published.url}/dataset",
+                "created": published.created,
+                "published": True,
+                "review": None if review is None else asdict(review),
+            }
+        )
+    )
     return EXIT_OK
 
 

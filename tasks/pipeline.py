@@ -1,10 +1,11 @@
 """After generation, in order: lineage validation, finalize (build), dataset validation, publish.
 
-What ``rollout-ledger finalize`` runs (the Airflow DAG runs each step as its own task). Every step
-is idempotent, so running this again after a failure or a crash picks up where it stopped. A
-failed suite stops the run with :class:`ValidationFailedError`: nothing after it runs, its
-reports stay, and no ``dataset/_COMMITTED.json`` is written. The overview page
-``reports/index.html`` is rewritten after each suite and after publish.
+What ``rollout-ledger finalize`` runs (the Airflow DAG runs each step as its own task, with a
+review step before publish). Every step is idempotent, so running this again after a failure or a
+crash picks up where it stopped. A failed suite stops the run with :class:`ValidationFailedError`:
+nothing after it runs, its reports stay, and no ``dataset/_COMMITTED.json`` is written; a suite
+that warned stops it at publish until a person decides (:func:`decide_and_report`). The overview
+page ``reports/index.html`` is rewritten after each suite, each decision and publish.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from tasks.config import ConfigError, ValidationSpec
 from tasks.finalize.publish import StagedDataset
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.plan import batch_store, read_batch_config
-from tasks.publish import PublishedBatch, publish_batch
+from tasks.publish import PublishedBatch, publish_batch, record_decision
+from tasks.review import ReviewDecision
 from tasks.storage.options import StorageOptions
 
 
@@ -88,14 +90,28 @@ def finalize_and_publish(
 
 
 def publish_and_report(
-    root_url: str, batch_id: str, *, storage_options: StorageOptions | None = None
+    root_url: str, batch_id: str, *, require_review: bool = False, storage_options: StorageOptions | None = None
 ) -> PublishedBatch:
     """Publish, then rewrite the overview page so it says the dataset is published."""
     from tasks.validate.report import write_report_index
 
-    published = publish_batch(root_url, batch_id, storage_options=storage_options)
+    published = publish_batch(root_url, batch_id, require_review=require_review, storage_options=storage_options)
     write_report_index(root_url, batch_id, storage_options=storage_options)
     return published
+
+
+def decide_and_report(
+    root_url: str, batch_id: str, decision: ReviewDecision, *, storage_options: StorageOptions | None = None
+) -> ReviewDecision:
+    """Record a review decision (:func:`tasks.publish.record_decision`), then rewrite the overview page.
+
+    Returns the batch's decision: ``decision``, or the earlier one with the same choice.
+    """
+    from tasks.validate.report import write_report_index
+
+    recorded = record_decision(root_url, batch_id, decision, storage_options=storage_options)
+    write_report_index(root_url, batch_id, storage_options=storage_options)
+    return recorded
 
 
 def _passed(

@@ -2,8 +2,8 @@
 
 The first thing a user runs when a batch looks wrong. It only reads: nothing is written,
 renamed or deleted, so it is safe against a batch whose shards are being generated. It reports
-the plan, each shard's state, totals over the committed ledger, the dataset's state and the
-reports, and names the next step.
+the plan, each shard's state, totals over the committed ledger, the dataset's state with its
+review decision (``reports/review.json``), the reports, and names the next step.
 
 A shard is ``committed`` when its marker validates and every file the marker names checks
 out; ``unreadable`` when its marker, a committed file or an attempt claim cannot be trusted
@@ -31,6 +31,7 @@ from tasks.config import BatchConfig
 from tasks.finalize.publish import read_dataset_marker, read_staged_marker
 from tasks.plan import batch_store, read_batch_config
 from tasks.publish import PUBLISHABLE
+from tasks.review import MalformedReviewError, ReviewDecision, read_review
 from tasks.storage import layout
 from tasks.storage.claims import AttemptClaim, MalformedClaimError, read_claims
 from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
@@ -42,7 +43,16 @@ from tasks.validate.suites import SUITES
 
 ACTIVE_WITHIN_S = 600.0  # an attempt that wrote nothing for this long is taken as abandoned
 SHARD_STATES = ("committed", "in_progress", "abandoned", "not_started", "unreadable")
-DATASET_STATES = ("none", "staged", "validation_failed", "validated", "published", "unreadable")
+DATASET_STATES = (
+    "none",
+    "staged",
+    "validation_failed",
+    "awaiting_review",
+    "validated",
+    "rejected",
+    "published",
+    "unreadable",
+)
 
 
 @dataclass(frozen=True)
@@ -140,7 +150,9 @@ class DatasetStatus:
     """The dataset's state; counts and partiality from the committed manifest, else the staged one.
 
     ``suites`` maps each validation suite that has run to its current run's status (``passed``,
-    ``warned``, ``failed``) or ``unreadable``.
+    ``warned``, ``failed``) or ``unreadable``. ``review`` is the decision recorded on the batch;
+    ``awaiting_review``: both suites ran, one warned, nobody has decided; ``rejected``: a decision
+    rejected it (never published).
     """
 
     state: str
@@ -150,6 +162,7 @@ class DatasetStatus:
     trainable_rows: int | None = None
     groups: int | None = None
     suites: dict[str, str] = dataclasses.field(default_factory=dict)
+    review: ReviewDecision | None = None
     error: str | None = None
 
 
@@ -199,7 +212,7 @@ def batch_status(
     now = time.time() if now is None else now
     shards = tuple(_shard_status(store, shard, now - active_within_s) for shard in range(config.shards))
     reports = _reports_status(store)
-    dataset = _dataset_status(store)
+    dataset = _dataset_status(store, batch_id)
     return BatchStatus(
         batch_id=batch_id,
         root_url=root_url,
@@ -344,21 +357,25 @@ def _reports_status(store: ObjectStore) -> ReportsStatus:
     return ReportsStatus(objects=objects, index=layout.REPORTS_INDEX if layout.REPORTS_INDEX in objects else None)
 
 
-def _dataset_status(store: ObjectStore) -> DatasetStatus:
-    """Published (a valid committed manifest) wins over staged; a staged dataset is judged by its suites."""
+def _dataset_status(store: ObjectStore, batch_id: str) -> DatasetStatus:
+    """Published (a valid committed manifest) wins, then a rejection; a staged dataset is judged by its suites."""
     suites = _suite_outcomes(store)
     try:
+        review = read_review(store, batch_id)
         marker = read_dataset_marker(store) or read_staged_marker(store)
-    except (StorageIntegrityError, ValueError, OSError) as exc:
+    except (StorageIntegrityError, MalformedReviewError, ValueError, OSError) as exc:
         return DatasetStatus(state="unreadable", suites=suites, error=f"{type(exc).__name__}: {exc}")
+    rejected = review is not None and not review.approved
     if marker is None:
-        return DatasetStatus(state="none", suites=suites)
+        return DatasetStatus(state="rejected" if rejected else "none", suites=suites, review=review)
     if marker.validation is not None:
         state = "published"
+    elif rejected:
+        state = "rejected"
     elif any(suites.get(suite) in ("failed", "unreadable") for suite in SUITES):
         state = "validation_failed"
     elif all(suites.get(suite) in PUBLISHABLE for suite in SUITES):
-        state = "validated"
+        state = "awaiting_review" if review is None and "warned" in suites.values() else "validated"
     else:
         state = "staged"
     return DatasetStatus(
@@ -369,6 +386,7 @@ def _dataset_status(store: ObjectStore) -> DatasetStatus:
         trainable_rows=marker.trainable_rows,
         groups=marker.groups,
         suites=suites,
+        review=review,
     )
 
 
@@ -395,6 +413,8 @@ def _next_step(
     """One sentence: the command or check that moves the batch on."""
     target = f"--root {shlex.quote(root_url)} --batch-id {batch_id}"
     by_state = {state: [s.shard for s in shards if s.state == state] for state in SHARD_STATES}
+    if dataset.state == "rejected" and dataset.review is not None:
+        return f"nothing to run: the batch was rejected ({dataset.review.describe()}), so it is never published"
     if dataset.state == "published":
         if dataset.partial:
             return f"nothing to run: the dataset is published without shard(s) {list(dataset.missing_shards)}"
@@ -403,6 +423,14 @@ def _next_step(
         return (
             f"inspect shard(s) {by_state['unreadable']}: their data cannot be trusted (errors above); "
             "if it cannot be repaired, re-plan under a new batch id"
+        )
+    if dataset.state == "unreadable":
+        return "inspect the dataset's records: they cannot be trusted (error above)"
+    if dataset.state == "awaiting_review":
+        where = reports.index or f"{layout.REPORTS_DIR}/"
+        return (
+            f"read the validation reports ({where}) and decide: `rollout-ledger publish {target} --approve --reason "
+            "TEXT` or `--reject --reason TEXT` (or answer the run's Airflow review task)"
         )
     if dataset.state == "validation_failed":
         where = reports.index or f"{layout.REPORTS_DIR}/"
@@ -499,7 +527,10 @@ def _dataset_lines(dataset: DatasetStatus) -> list[str]:
         parts.append("validation " + _counts(dataset.suites))
     if dataset.error:
         parts.append(dataset.error)
-    return ["dataset: " + "; ".join(parts)]
+    lines = ["dataset: " + "; ".join(parts)]
+    if dataset.review is not None:
+        lines.append(f"  review: {dataset.review.describe()}")
+    return lines
 
 
 def _reports_lines(url: str, reports: ReportsStatus) -> list[str]:

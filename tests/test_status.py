@@ -13,8 +13,10 @@ from tasks.config import BatchConfig, ConfigError, ModelSpec, ValidationSpec
 from tasks.engines.base import EngineError, SamplingSettings
 from tasks.finalize.stage import FinalizeOptions
 from tasks.generate import generate_shard
-from tasks.pipeline import finalize_and_publish, run_suite
+from tasks.pipeline import decide_and_report, finalize_and_publish, run_suite
 from tasks.plan import batch_store, plan_batch
+from tasks.publish import PublishRefusedError, publish_batch
+from tasks.review import new_decision
 from tasks.status import AttemptStatus, batch_status, render_status
 from tasks.storage import layout
 from tasks.storage.claims import claim_attempt
@@ -178,19 +180,39 @@ def test_a_finalized_batch_is_published_and_needs_nothing_more(root, tokenizer):
     assert "dataset: published; 8 rows" in render_status(status)
 
 
-def test_a_partial_dataset_names_its_missing_shards(tmp_path, tokenizer):
+def test_a_partial_dataset_names_its_missing_shards_and_awaits_review(tmp_path, tokenizer):
     root = Root(str(tmp_path / "runs"), {})
     plan_batch(root.url, make_config(), root.options)
     generate(root, 0, tokenizer)
-    finalize_and_publish(root.url, BATCH, FinalizeOptions(audit=False, allow_partial=True))
+    with pytest.raises(PublishRefusedError, match="needs review"):
+        finalize_and_publish(root.url, BATCH, FinalizeOptions(audit=False, allow_partial=True))
+
+    waiting = batch_status(root.url, BATCH)
+
+    assert waiting.dataset.suites == {"lineage": "warned", "dataset": "warned"}  # partial: a warning, not a failure
+    assert [s.state for s in waiting.shards] == ["committed", "not_started"]
+    assert (waiting.dataset.state, waiting.dataset.partial, waiting.dataset.missing_shards) == (
+        "awaiting_review",
+        True,
+        (1,),
+    )
+    assert waiting.next_step == (
+        "read the validation reports (reports/index.html) and decide: `rollout-ledger publish "
+        f"--root {root.url} --batch-id {BATCH} --approve --reason TEXT` or `--reject --reason TEXT` "
+        "(or answer the run's Airflow review task)"
+    )
+    approval = new_decision(BATCH, "publish", "shard 1 was a bad node", decided_by="dana", via="cli", now=HOUR)
+    decide_and_report(root.url, BATCH, approval)
+    publish_batch(root.url, BATCH)
 
     status = batch_status(root.url, BATCH)
 
-    assert status.dataset.suites == {"lineage": "warned", "dataset": "warned"}  # partial: a warning, not a failure
-    assert [s.state for s in status.shards] == ["committed", "not_started"]
-    assert (status.dataset.state, status.dataset.partial, status.dataset.missing_shards) == ("published", True, (1,))
+    assert (status.dataset.state, status.dataset.review) == ("published", approval)
     assert status.next_step == "nothing to run: the dataset is published without shard(s) [1]"
-    assert "PARTIAL: missing shard(s) [1]" in render_status(status)
+    text = render_status(status)
+    assert "PARTIAL: missing shard(s) [1]" in text
+    assert "  review: publish by dana (cli) at 1970-01-01T01:00:00Z: shard 1 was a bad node" in text
+    assert status.to_dict()["dataset"]["review"]["decided_by"] == "dana"
 
 
 def test_corrupt_markers_and_claims_are_reported_not_raised(tmp_path, tokenizer):

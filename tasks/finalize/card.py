@@ -1,7 +1,8 @@
 """The dataset card, ``dataset/README.md``: what a published batch holds and how to load it.
 
-Rendered from the batch config, the metrics and the parts the marker will name, so the card
-is a pure function of what was published (no timestamps: re-rendering gives the same bytes).
+Written by publish, rendered from the batch config, the metrics, the parts the marker names,
+both validation outcomes and the review decision, so the card is a pure function of what was
+published (its only timestamp is the recorded decision's: re-rendering gives the same bytes).
 Its YAML header declares the parts as the ``train`` split for Hugging Face ``datasets``. A
 partial dataset says so in the first sentence under the title, naming the missing shards.
 """
@@ -13,6 +14,7 @@ from typing import Any
 
 from tasks.finalize.dataset_schema import COLUMN_DESCRIPTIONS, DatasetRow
 from tasks.finalize.reasons import DESCRIPTIONS as REASON_DESCRIPTIONS
+from tasks.review import ReviewDecision, utc_text
 
 PARTS_GLOB = "part-*.parquet"
 
@@ -23,12 +25,15 @@ def render_card(
     config: Mapping[str, Any],
     metrics: Mapping[str, Any],
     parts: Sequence[Mapping[str, Any]],
-    audit: Mapping[str, Any] | None = None,
+    validation: Mapping[str, Mapping[str, Any]],
+    review: ReviewDecision | None,
 ) -> str:
     """Markdown of the card. ``parts``: dicts with ``path``, ``rows``, ``size``, ``sha256``.
 
-    ``metrics`` is what ``metrics.json`` holds, including ``missing_shards``.
+    ``metrics`` is what ``metrics.json`` holds, including ``missing_shards`` and ``audit``;
+    ``validation`` each suite's outcome as the committed manifest records it.
     """
+    audit = metrics.get("audit")
     sampling = config.get("sampling", {})
     sections = [
         _front_matter(batch_id),
@@ -48,6 +53,8 @@ def render_card(
         _invalid_reasons(metrics),
         _capture(metrics),
         _weight_versions(metrics),
+        _validation(validation),
+        _review(review),
     ]
     if audit is not None:
         sections.append(_audit(audit))
@@ -163,6 +170,29 @@ def _weight_versions(m: Mapping[str, Any]) -> str:
         "## Weight versions\n\nA group's version is the lowest weight version among its trainable rows; "
         "rows carry per-call spans in `weight_version_spans`.\n\n" + _table(("weight version", "groups"), rows)
     )
+
+
+def _validation(validation: Mapping[str, Mapping[str, Any]]) -> str:
+    rows = [
+        (suite, outcome.get("status"), ", ".join(f"`{name}`" for name in outcome.get("warned", [])) or "–")
+        for suite, outcome in validation.items()
+    ]
+    return "## Validation\n\n" + _table(("suite", "status", "warned"), rows)
+
+
+def _review(review: ReviewDecision | None) -> str:
+    if review is None:
+        return "## Review\n\nNone needed: both suites passed and no review was required.\n"
+    who = "nobody (the review timed out)" if review.decided_by is None else _code(review.decided_by)
+    rows = [
+        ("decision", review.choice),
+        ("decided by", who),
+        ("decided at", utc_text(review.decided_at)),
+        ("via", review.via),
+        ("reason", review.reason),
+    ]
+    intro = "A person decided to publish this batch after reading its validation reports.\n\n"
+    return "## Review\n\n" + intro + _table(("review", "value"), rows)
 
 
 def _audit(audit: Mapping[str, Any]) -> str:

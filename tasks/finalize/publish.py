@@ -4,12 +4,14 @@ Under the batch directory::
 
     dataset/part-00000.parquet ...   rows (DatasetRow schema), at most ``rows_per_part`` each
     dataset/metrics.json             batch metrics (+ the logprob audit when given)
-    dataset/README.md                the dataset card
     dataset/_STAGED.json             finalize's manifest: every file above with size and sha256,
                                      counts, schema version, the batch config and the missing
                                      shards of a partial dataset; written last by finalize
-    dataset/_COMMITTED.json          publish: the same manifest plus both validation outcomes;
-                                     the one object consumers trust (``tasks.publish``)
+    dataset/README.md                the dataset card, written by publish (it records the
+                                     validation outcomes and the review decision)
+    dataset/_COMMITTED.json          publish: the staged manifest plus the card, both validation
+                                     outcomes and the review decision; the one object consumers
+                                     trust (``tasks.publish``)
 
 Assembled groups are streamed (a shard's at a time when finalizing): besides the rows being added,
 at most one part is buffered and one is being written, in a background thread. Every object
@@ -38,18 +40,19 @@ import pyarrow.parquet as pq
 from tasks.checks import check_int, is_int
 from tasks.config import BatchConfig
 from tasks.finalize.assemble import AssembledRows
-from tasks.finalize.card import render_card
 from tasks.finalize.dataset_schema import DATASET_SCHEMA_VERSION, DatasetRow
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.ids import check_id
+from tasks.review import ReviewDecision
 from tasks.schema import read_parquet_bytes
 from tasks.storage import layout
 from tasks.storage.marker import MalformedMarkerError, MarkedFile, read_marked_bytes
 from tasks.storage.objects import ObjectConflictError, ObjectStore
 from tasks.strict_json import load_dataclass, parse_json
 
-# 2: records missing_shards and partial; 3: files are MarkedFile (with their kind), validation outcomes
-MARKER_VERSION = 3
+# 2: records missing_shards and partial; 3: files are MarkedFile (with their kind), validation outcomes;
+# 4: the card is publish's (a staged manifest names none), the review decision
+MARKER_VERSION = 4
 DEFAULT_ROWS_PER_PART = 8192
 # Dictionary-encode the repetitive text columns only: on token lists it costs half the write time.
 _DICTIONARY_COLUMNS = ["batch_id", "group_id", "mask_reason", "terminal_selection"]
@@ -64,15 +67,16 @@ class DatasetMarker:
     """``dataset/_COMMITTED.json``; constructing one checks names, order and counts.
 
     ``missing_shards`` lists (ascending) the planned shards a partial dataset was finalized
-    without; ``partial`` is true exactly when there is one. ``validation`` is None in the staged
-    manifest and holds each suite's outcome in the committed one.
+    without; ``partial`` is true exactly when there is one. ``card``, ``validation`` and
+    ``review`` are None in the staged manifest; the committed one names the card and holds each
+    suite's outcome, and the review decision when there was one (:mod:`tasks.review`).
     """
 
     batch_id: str
     schema_version: int
     parts: tuple[MarkedFile, ...]
     metrics: MarkedFile
-    card: MarkedFile
+    card: MarkedFile | None
     rows: int
     trainable_rows: int
     groups: int
@@ -81,6 +85,7 @@ class DatasetMarker:
     missing_shards: tuple[int, ...]
     partial: bool
     validation: dict[str, Any] | None = None
+    review: ReviewDecision | None = None
     marker_version: int = MARKER_VERSION
 
     def __post_init__(self) -> None:
@@ -97,15 +102,18 @@ class DatasetMarker:
             raise MalformedDatasetMarkerError(f"parts must be {layout.dataset_part(0)} onwards, consecutively")
         if sum(p.rows for p in self.parts) != self.rows:
             raise MalformedDatasetMarkerError(f"rows {self.rows} differ from the rows of the named parts")
-        if (self.metrics.path, self.card.path) != (layout.DATASET_METRICS, layout.DATASET_CARD):
+        card = () if self.card is None else (self.card,)
+        if self.metrics.path != layout.DATASET_METRICS or any(c.path != layout.DATASET_CARD for c in card):
             raise MalformedDatasetMarkerError(
                 f"metrics and card must be {layout.DATASET_METRICS} and {layout.DATASET_CARD}"
             )
-        kinds = {"part": self.parts, "metrics": (self.metrics,), "card": (self.card,)}
+        kinds = {"part": self.parts, "metrics": (self.metrics,), "card": card}
         wrong = [f.path for kind, files in kinds.items() for f in files if f.kind != kind]
-        wrong += [f.path for f in (self.metrics, self.card) if f.rows]
+        wrong += [f.path for f in (self.metrics, *card) if f.rows]
         if wrong:
             raise MalformedDatasetMarkerError(f"files {wrong} are marked with the wrong kind or rows")
+        if self.review is not None and self.review.batch_id != self.batch_id:
+            raise MalformedDatasetMarkerError(f"review is a decision on batch {self.review.batch_id!r}")
         check_int(self.trainable_rows, field="trainable_rows", maximum=self.rows, error=MalformedDatasetMarkerError)
         if self.config.get("batch_id") != self.batch_id:
             raise MalformedDatasetMarkerError(f"config is of batch {self.config.get('batch_id')!r}")
@@ -118,7 +126,7 @@ class DatasetMarker:
 
     @property
     def files(self) -> tuple[MarkedFile, ...]:
-        return (*self.parts, self.metrics, self.card)
+        return (*self.parts, self.metrics, *(() if self.card is None else (self.card,)))
 
     def same_content(self, other: DatasetMarker) -> bool:
         """Whether ``other`` commits the same files and counts (``committed_at`` aside)."""
@@ -159,9 +167,11 @@ def _read_manifest(store: ObjectStore, path: str, *, validated: bool) -> Dataset
     except FileNotFoundError:
         return None
     marker = DatasetMarker.from_json(data, source=f"{store.url}/{path}")
-    if (marker.validation is not None) != validated:
+    published = {"validation outcomes": marker.validation, "card": marker.card}
+    wrong = [name for name, value in published.items() if (value is not None) != validated]
+    if wrong or (not validated and marker.review is not None):
         raise MalformedDatasetMarkerError(
-            f"{store.url}/{path}: validation outcomes are {'missing' if validated else 'present'}"
+            f"{store.url}/{path}: {', '.join(wrong) or 'review'} {'missing' if validated else 'present'}"
         )
     return marker
 
@@ -189,9 +199,9 @@ def stage_dataset(
     ``store`` is rooted at the batch directory. ``metrics`` may already hold ledger counts
     (:meth:`DatasetMetrics.add_ledger`); every group is added to it here. ``audit`` (a JSON-ready
     dict, or a function returning one, called once every part is written) goes into
-    ``metrics.json`` and the card. ``missing_shards`` (ascending) are the planned shards the
-    groups leave out: the manifest, ``metrics.json`` and the card say the dataset is partial and
-    name them. If the staged manifest exists, nothing is read or written and it is returned.
+    ``metrics.json`` (the card publish writes shows it). ``missing_shards`` (ascending) are the
+    planned shards the groups leave out: the manifest and ``metrics.json`` say the dataset is
+    partial and name them. If the staged manifest exists, nothing is read or written and it is returned.
     Raises ValueError when groups arrive out of order or belong to another batch,
     ObjectConflictError when an object differs from one an earlier, unfinished run left (remove
     the dataset objects no manifest names, then retry).
@@ -236,20 +246,12 @@ def stage_dataset(
         kind="metrics",
         rows=0,
     )
-    card = render_card(
-        batch_id=config.batch_id,
-        config=config_dict,
-        metrics=summary,
-        parts=[dataclasses.asdict(p) for p in parts],
-        audit=audit,
-    )
-    card_file = MarkedFile.of(store.write_once(layout.DATASET_CARD, card.encode("utf-8")), kind="card", rows=0)
     marker = DatasetMarker(
         batch_id=config.batch_id,
         schema_version=DATASET_SCHEMA_VERSION,
         parts=parts,
         metrics=metrics_file,
-        card=card_file,
+        card=None,
         rows=summary["rows"],
         trainable_rows=summary["trainable_rows"],
         groups=summary["groups"],

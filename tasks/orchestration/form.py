@@ -2,7 +2,8 @@
 
 One definition serves the Airflow trigger form (``dags/rollout_batch.py`` wraps each field in a
 ``Param``), the periodic profiles (``dags/profiles.yaml`` overrides field defaults) and
-``rollout-ledger demo``. The defaults are the embedded demo batch: the bundled SmolLM2 on vLLM,
+``rollout-ledger demo``. :data:`RUN_FIELDS` are about the run, not the batch: they never reach the
+batch config. The defaults are the embedded demo batch: the bundled SmolLM2 on vLLM,
 32 rollouts in 2 shards, a few minutes on 2 CPU cores. The schema bounds mirror what
 :class:`tasks.config.BatchConfig` accepts; the config stays the authority (plan refuses what it
 refuses, naming the field). No Airflow import here: the CLI uses it too.
@@ -29,7 +30,18 @@ ADVANTAGE_LABELS = {
 }
 STORAGE_URL_VARIABLE = "ROLLOUT_LEDGER_STORAGE_URL"
 REQUIRED_FIELDS = ("environment", "num_tasks", "group_size", "shards", "model")
-SECTIONS = ("Batch", "Environment", "Model and engine", "Sampling", "Dataset", "Storage", "Validation thresholds")
+SECTIONS = (
+    "Batch",
+    "Environment",
+    "Model and engine",
+    "Sampling",
+    "Dataset",
+    "Storage",
+    "Validation thresholds",
+    "Review",
+)
+RUN_FIELDS = ("batch_id", "require_review", "review_timeout_hours")
+MAX_REVIEW_TIMEOUT_HOURS = 30 * 24
 
 
 def default_storage_url(environ: Mapping[str, str] = os.environ) -> str:
@@ -189,6 +201,22 @@ def form_fields(environ: Mapping[str, str] = os.environ) -> dict[str, dict[str, 
             type=["null", "string"],
         ),
         **_validation_fields(),
+        "require_review": _field(
+            False,
+            "Review",
+            "Require review",
+            "wait for a person's decision before publish even when both suites pass (a suite that warned always waits)",
+            type="boolean",
+        ),
+        "review_timeout_hours": _field(
+            24,
+            "Review",
+            "Review timeout (hours)",
+            "a review nobody answers within this time rejects the batch (reason review_timeout) and fails the run",
+            type="number",
+            exclusiveMinimum=0,
+            maximum=MAX_REVIEW_TIMEOUT_HOURS,
+        ),
     }
 
 
@@ -200,7 +228,8 @@ def form_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
 def batch_config_from_form(values: Mapping[str, Any], *, batch_id: str, provenance: Mapping[str, str]) -> BatchConfig:
     """The batch config the form's ``values`` describe (a ConfigError names any bad field).
 
-    ``provenance`` is the model's three hashes (:func:`tasks.models.provenance.model_provenance`).
+    ``provenance`` is the model's three hashes (:func:`tasks.models.provenance.model_provenance`);
+    :data:`RUN_FIELDS` among ``values`` are left out.
     """
     from tasks.version import code_version
 

@@ -24,9 +24,11 @@ import html
 import mimetypes
 import re
 from typing import Any
+from urllib.parse import quote
 
 from tasks.orchestration.steps import BATCH_XCOM_KEY, PLAN_TASK_ID
 
+URL_PREFIX = "/rollout-ledger"  # where the api-server mounts the app (plugins/report_viewer.py)
 DAG_ID = re.compile(r"[A-Za-z0-9_.-]{1,250}")
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,249}")
 PATH_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")  # no leading dot: no '.', '..' or hidden names
@@ -36,6 +38,11 @@ RECENT_BATCHES = 50
 
 class NotFoundError(LookupError):
     """What the request names does not exist or may not be named (answered 404)."""
+
+
+def run_report_path(dag_id: str, run_id: str, *, base_path: str = "") -> str:
+    """The URL path of a run's overview page; ``base_path`` is the api-server's own (``[api] base_url``'s path)."""
+    return f"{base_path.rstrip('/')}{URL_PREFIX}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe=':+')}/reports/"
 
 
 def report_path(path: str) -> list[str]:
@@ -203,7 +210,7 @@ def create_app() -> Any:
     @app.get("/dags/{dag_id}/runs/{run_id}/reports", dependencies=read_runs, include_in_schema=False)
     def reports_root(dag_id: str, run_id: str) -> Response:
         check_run(dag_id, run_id)
-        return RedirectResponse(f"/rollout-ledger/dags/{dag_id}/runs/{run_id}/reports/", status_code=307)
+        return RedirectResponse(run_report_path(dag_id, run_id), status_code=307)
 
     @app.get("/dags/{dag_id}/runs/{run_id}/reports/", dependencies=read_runs)
     def report_index(dag_id: str, run_id: str, session: SessionDep) -> Response:

@@ -4,11 +4,13 @@ Every step takes the run's params (the batch form, :mod:`tasks.orchestration.for
 run (anything with ``dag_id`` and ``run_id``), and returns a small dict of URIs and counts for
 XCom. The batch id is a pure function of the two (:func:`run_batch_id`), so every task of a run,
 on every try, on any worker, names the same batch without asking another task; plan returns the
-shard numbers that generate maps over. Storage credentials are resolved from the params in each
-step and never returned. Errors a retry cannot fix (bad params, a batch planned differently, a model whose
-hashes differ, a failing validation suite) raise ``AirflowFailException``, so Airflow fails the
-task at once with the reason in its log instead of retrying it; anything else propagates and the
-task's retries apply.
+shard numbers that generate maps over. The ``review`` task's operator
+(:mod:`tasks.orchestration.review_operator`) calls :func:`review_request` and :func:`decide`.
+Storage credentials are resolved from the params in each step and never returned. Errors a retry
+cannot fix (bad params, a batch planned differently, a model whose hashes differ, a failing
+validation suite, a refused publish, a rejection) raise ``AirflowFailException``, so Airflow fails
+the task at once with the reason in its log instead of retrying it; anything else propagates and
+the task's retries apply.
 """
 
 from __future__ import annotations
@@ -17,11 +19,16 @@ import logging
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from urllib.parse import urlparse
 
 from tasks.ids import MAX_ID_LENGTH
-from tasks.orchestration.form import batch_config_from_form, form_fields
+from tasks.orchestration.form import RUN_FIELDS, batch_config_from_form, form_fields
 from tasks.orchestration.storage import StorageLocation, check_storage_url, storage_location
+
+if TYPE_CHECKING:
+    from tasks.orchestration.review_form import ReviewRequest
+    from tasks.review import ReviewDecision
 
 log = logging.getLogger("rollout_ledger.airflow")
 GRPO_DATASET_ASSET = "grpo_dataset"  # the asset publish updates; its events' extra is publish's return value
@@ -79,8 +86,7 @@ def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:
     from tasks.plan import plan_batch
 
     where = location(params)
-    values = {name: params[name] for name in form_fields() if name in params}
-    values.pop("batch_id", None)
+    values = {name: params[name] for name in form_fields() if name in params and name not in RUN_FIELDS}
     batch_id = run_batch_id(params, run)
     with _permanent("plan", where.root_url):
         reference = model_reference(values["model"])
@@ -145,13 +151,101 @@ def finalize(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     return {"dataset": f"{staged.url}/dataset", "rows": marker.rows, "trainable_rows": marker.trainable_rows}
 
 
+def review_request(params: Mapping[str, Any], run: DagRunRef) -> ReviewRequest:
+    """Whether the run's batch needs a person's decision, one already made, and the form to ask with."""
+    from airflow.configuration import conf
+
+    from tasks.orchestration.report_viewer import run_report_path
+    from tasks.orchestration.review_form import review_request as request_of
+
+    where = location(params)
+    base_path = urlparse(conf.get("api", "base_url", fallback=None) or "").path
+    with _permanent("review", where.root_url):
+        return request_of(
+            where.root_url,
+            run_batch_id(params, run),
+            require_review=bool(params.get("require_review")),
+            report_url=run_report_path(run.dag_id, run.run_id, base_path=base_path),
+            timeout_hours=params["review_timeout_hours"],
+            storage_options=where.storage_options,
+        )
+
+
+def response_decision(params: Mapping[str, Any], run: DagRunRef, event: Mapping[str, Any]) -> ReviewDecision:
+    """The decision a person submitted in the review form (or its REST API); a bad one fails the task, naming why."""
+    from tasks.orchestration.review_form import OPTIONS, REASON_FIELD
+    from tasks.review import new_decision
+
+    chosen = list(event.get("chosen_options") or [])
+    user = event.get("responded_by_user") or {}
+    with _permanent("review", None):
+        return new_decision(
+            run_batch_id(params, run),
+            OPTIONS.get(chosen[0], repr(chosen[0])) if len(chosen) == 1 else repr(chosen),
+            (event.get("params_input") or {}).get(REASON_FIELD),
+            decided_by=user.get("name") or user.get("id") or "",
+            via="airflow",
+            now=event["responded_at"].timestamp(),
+        )
+
+
+def review_timed_out(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
+    """Nobody answered within ``review_timeout_hours``: recorded as a rejection (``review_timeout``); fails the task."""
+    from tasks.review import timeout_decision
+
+    log.error("nobody answered the review within %s hour(s): it counts as a rejection", params["review_timeout_hours"])
+    return decide(params, run, timeout_decision(run_batch_id(params, run)))
+
+
+def decide(params: Mapping[str, Any], run: DagRunRef, decision: ReviewDecision) -> dict[str, Any]:
+    """Record ``decision`` (as ``rollout-ledger publish --approve/--reject`` does) and follow the batch's decision."""
+    from tasks.pipeline import decide_and_report
+
+    where = location(params)
+    with _permanent("review", where.root_url):
+        recorded = decide_and_report(
+            where.root_url, run_batch_id(params, run), decision, storage_options=where.storage_options
+        )
+    if recorded != decision:
+        log.info("the batch was decided before this answer; following that decision")
+    return follow_decision(recorded)
+
+
+def follow_decision(decision: ReviewDecision) -> dict[str, Any]:
+    """The review task's result for an approval; a rejection fails the task (publish never runs)."""
+    from tasks.review import REVIEW_RECORD
+
+    if not decision.approved:
+        _fail(
+            f"batch {decision.batch_id} was rejected: {decision.describe()}; it is never published "
+            f"(decision recorded in {REVIEW_RECORD})"
+        )
+    log.info("batch %s approved: %s", decision.batch_id, decision.describe())
+    return {
+        "batch_id": decision.batch_id,
+        "choice": decision.choice,
+        "decided_by": decision.decided_by,
+        "decided_at": decision.decided_at,
+        "via": decision.via,
+    }
+
+
 def publish(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
-    """Commit the dataset both suites passed; return the Asset event's extra (URI, batch id, counts, version)."""
+    """Commit the dataset validation and any review let through; return the Asset event's extra (URI, counts, ...)."""
     from tasks.pipeline import publish_and_report
+    from tasks.publish import PublishRefusedError
 
     where = location(params)
     with _permanent("publish", where.root_url):
-        published = publish_and_report(where.root_url, run_batch_id(params, run), storage_options=where.storage_options)
+        try:
+            published = publish_and_report(
+                where.root_url,
+                run_batch_id(params, run),
+                require_review=bool(params.get("require_review")),
+                storage_options=where.storage_options,
+            )
+        except PublishRefusedError as exc:
+            _fail(str(exc), exc)
     marker = published.marker
     log.info("published %s/dataset (%d rows)", published.url, marker.rows)
     return {
@@ -222,7 +316,7 @@ def _permanent(stage: str, root: str | None) -> Iterator[None]:
         _fail(classify_error(exc, stage, root)[1], exc)
 
 
-def _fail(message: str, cause: BaseException | None = None) -> None:
+def _fail(message: str, cause: BaseException | None = None) -> NoReturn:
     """Log ``message`` as the task's error line, then fail the task without retries."""
     from airflow.sdk.exceptions import AirflowFailException
 

@@ -10,8 +10,9 @@ audit's differences. A suite that has not run, or a dataset not built yet, shows
 Reading and rendering are split. :func:`read_report_inputs` reads the batch config, the dataset
 manifest (``dataset/_COMMITTED.json`` once published, else finalize's ``dataset/_STAGED.json``),
 ``dataset/metrics.json``, a per-row profile of the parts (scalar columns and list lengths from
-Arrow; token lists never become Python objects; one part in memory at a time) and each suite's
-current summary (:func:`tasks.validate.read_suite_summary`: ``reports/{suite}/run-NNN/summary.json``).
+Arrow; token lists never become Python objects; one part in memory at a time), each suite's
+current summary (:func:`tasks.validate.read_suite_summary`: ``reports/{suite}/run-NNN/summary.json``)
+and the review decision (``reports/review.json``), which the header states.
 :func:`render_report` and the ``*_svg`` functions are pure: data in, HTML or SVG text out.
 Every interpolated string goes through :func:`html.escape`.
 
@@ -53,6 +54,7 @@ import pyarrow.compute as pc
 from tasks.config import BatchConfig
 from tasks.finalize.publish import DatasetMarker, read_dataset_marker, read_dataset_part, read_staged_marker
 from tasks.plan import batch_store, read_batch_config
+from tasks.review import REVIEW_RECORD, MalformedReviewError, ReviewDecision, read_review
 from tasks.storage import layout
 from tasks.storage.marker import read_marked_bytes
 from tasks.storage.objects import TEMP_PREFIX, TEMP_SUFFIX, ObjectStore, sha256_hex
@@ -84,8 +86,8 @@ h3{font-size:15px;margin:0 0 6px}
 a{color:#1d4ed8}
 .badge{display:inline-block;padding:1px 10px;border-radius:999px;font-size:12px;font-weight:600;color:#fff;
 background:#6b7280;vertical-align:2px}
-.passed,.published{background:#15803d}.warned,.staged,.partial{background:#b45309}
-.failed,.unreadable{background:#b91c1c}
+.passed,.published,.approved{background:#15803d}.warned,.staged,.partial,.awaiting-review{background:#b45309}
+.failed,.unreadable,.rejected{background:#b91c1c}
 .tiles{display:grid;grid-template-columns:repeat(4,minmax(0,1fr));gap:10px}
 .tile,.card,figure{background:#fff;border:1px solid #e5e7eb;border-radius:8px}
 .tile{padding:10px 12px}
@@ -183,7 +185,10 @@ class SuiteView:
 
 @dataclass(frozen=True)
 class ReportInputs:
-    """Everything the page shows; ``dataset_state`` is ``published``, ``staged`` or ``not built``."""
+    """Everything the page shows; ``dataset_state`` is one of :data:`DATASET_STATES`.
+
+    ``review`` is the decision, or the error that makes its record unreadable, or None.
+    """
 
     config: BatchConfig
     dataset_state: str
@@ -191,6 +196,10 @@ class ReportInputs:
     metrics: Mapping[str, Any] | None
     profile: DatasetProfile | None
     suites: tuple[SuiteView, ...]
+    review: ReviewDecision | str | None = None
+
+
+DATASET_STATES = ("published", "rejected", "approved", "awaiting review", "staged", "not built")
 
 
 # --- reading and writing ----------------------------------------------------------------------
@@ -210,15 +219,35 @@ def read_report_inputs(store: ObjectStore) -> ReportInputs:
     config = read_batch_config(store)
     published = read_dataset_marker(store)
     manifest = published if published is not None else read_staged_marker(store)
-    state = "published" if published is not None else "staged" if manifest is not None else "not built"
+    suites = tuple(read_suite_view(store, suite) for suite in SUITES)
+    review: ReviewDecision | str | None
+    try:
+        review = read_review(store, config.batch_id)
+    except MalformedReviewError as exc:
+        review = str(exc)
     return ReportInputs(
         config=config,
-        dataset_state=state,
+        dataset_state=dataset_state(published is not None, manifest is not None, review, suites),
         manifest=manifest,
         metrics=read_metrics(store, manifest) if manifest is not None else None,
         profile=read_dataset_profile(store, manifest) if manifest is not None else None,
-        suites=tuple(read_suite_view(store, suite) for suite in SUITES),
+        suites=suites,
+        review=review,
     )
+
+
+def dataset_state(
+    published: bool, staged: bool, review: ReviewDecision | str | None, suites: Sequence[SuiteView]
+) -> str:
+    """Published; else rejected or approved by the decision; else awaiting review (a suite warned, none failed)."""
+    if published:
+        return "published"
+    if isinstance(review, ReviewDecision):
+        return "approved" if review.approved else "rejected"
+    if not staged:
+        return "not built"
+    statuses = {view.status for view in suites}
+    return "awaiting review" if statuses <= {"passed", "warned"} and "warned" in statuses else "staged"
 
 
 def read_metrics(store: ObjectStore, manifest: DatasetMarker) -> dict[str, Any]:
@@ -379,7 +408,16 @@ def render_header(inputs: ReportInputs) -> str:
         f"temperature {_num(sampling.temperature)}, top_p {_num(sampling.top_p)}, "
         f"max_tokens {_num(sampling.max_tokens)}",
     ]
-    return f"<header><h1>{_e('Batch ' + config.batch_id)} {' '.join(badges)}</h1><p>{' · '.join(facts)}</p></header>"
+    review = inputs.review
+    decision = ""
+    if isinstance(review, ReviewDecision):
+        decision = f"<p>Review: {_e(review.describe())}</p>"
+    elif review is not None:
+        decision = f"<p>Review: the record is unreadable: {_e(review)}</p>"
+    return (
+        f"<header><h1>{_e('Batch ' + config.batch_id)} {' '.join(badges)}</h1><p>{' · '.join(facts)}</p>"
+        f"{decision}</header>"
+    )
 
 
 def render_headline(inputs: ReportInputs) -> str:
@@ -518,8 +556,11 @@ def render_plots(inputs: ReportInputs) -> str:
 
 def render_footer(inputs: ReportInputs) -> str:
     """Where the inputs came from, batch-relative."""
-    manifest = {"published": layout.DATASET_MARKER, "staged": layout.DATASET_STAGED}.get(inputs.dataset_state)
+    manifest = None
+    if inputs.manifest is not None:
+        manifest = layout.DATASET_MARKER if inputs.dataset_state == "published" else layout.DATASET_STAGED
     read = [layout.plan_config(), *([manifest, layout.DATASET_METRICS] if manifest else [])]
+    read += [REVIEW_RECORD] if inputs.review is not None else []
     read += [f"{layout.REPORTS_DIR}/{s.suite}/{s.summary.run}/summary.json" for s in inputs.suites if s.summary]
     code = inputs.config.code_version or "unknown"
     return (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -10,9 +11,11 @@ import numpy as np
 from tasks import ids
 from tasks.config import BatchConfig, ModelSpec
 from tasks.finalize.assemble import AssembledRows, assemble_rows
+from tasks.finalize.card import render_card
 from tasks.finalize.dataset_schema import CallSpan, DatasetRow, WeightSpan
 from tasks.finalize.publish import DatasetMarker
 from tasks.storage import layout
+from tasks.storage.marker import MarkedFile
 from tasks.storage.objects import ObjectStore
 
 from .verdicts import VerifiedRollout, columns_of
@@ -127,5 +130,15 @@ def mixed_groups(config: BatchConfig) -> list[AssembledRows]:
 
 def commit_by_hand(store: ObjectStore, staged: DatasetMarker) -> None:
     """Commit a staged dataset the way publish does, with passing outcomes (for tests of what reads it)."""
-    outcomes = {"lineage": {"status": "passed"}, "dataset": {"status": "passed"}}
-    store.write_once(layout.DATASET_MARKER, dataclasses.replace(staged, validation=outcomes).to_json().encode())
+    outcomes = {"lineage": {"status": "passed", "warned": []}, "dataset": {"status": "passed", "warned": []}}
+    card_text = render_card(
+        batch_id=staged.batch_id,
+        config=staged.config,
+        metrics=json.loads(store.read_bytes(layout.DATASET_METRICS)),
+        parts=[dataclasses.asdict(part) for part in staged.parts],
+        validation=outcomes,
+        review=None,
+    )
+    card = MarkedFile.of(store.write_once(layout.DATASET_CARD, card_text.encode()), kind="card", rows=0)
+    committed = dataclasses.replace(staged, card=card, validation=outcomes)
+    store.write_once(layout.DATASET_MARKER, committed.to_json().encode())

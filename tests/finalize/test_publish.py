@@ -1,4 +1,4 @@
-"""Publishing: bounded Parquet parts, metrics and card, the dataset marker last, idempotent re-runs."""
+"""Staging: bounded Parquet parts and metrics, the staged marker last, idempotent re-runs; the card publish renders."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.finalize import publish as publish_module
+from tasks.finalize.card import render_card
 from tasks.finalize.dataset_schema import DatasetRow
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.finalize.publish import (
@@ -24,6 +25,18 @@ from tasks.storage.errors import SegmentChecksumMismatchError
 from tasks.storage.objects import ObjectConflictError, ObjectStore
 
 from .rollouts import batch_config, mixed_groups, rows_of
+
+
+def card_of(marker: DatasetMarker, metrics: dict) -> str:
+    """The card publish would write for this staged dataset (both suites passed, no review)."""
+    return render_card(
+        batch_id=marker.batch_id,
+        config=marker.config,
+        metrics=metrics,
+        parts=[dataclasses.asdict(p) for p in marker.parts],
+        validation={"lineage": {"status": "passed", "warned": []}, "dataset": {"status": "passed", "warned": []}},
+        review=None,
+    )
 
 
 def published_rows(store: ObjectStore) -> list[DatasetRow]:
@@ -59,7 +72,8 @@ def test_marker_is_the_last_object_written(tmp_path):
 
     store = RecordingStore(str(tmp_path / "batch"))
     stage_dataset(store, mixed_groups(batch_config()), config=batch_config(), rows_per_part=4)
-    assert written[-3:] == [layout.DATASET_METRICS, layout.DATASET_CARD, layout.DATASET_STAGED]
+    assert written[-2:] == [layout.DATASET_METRICS, layout.DATASET_STAGED]
+    assert layout.DATASET_CARD not in written  # publish writes the card
 
 
 def test_published_batch_is_not_finalized_again(store):
@@ -166,10 +180,10 @@ def test_metrics_and_card_describe_the_batch_and_the_audit(tmp_path):
     metrics = DatasetMetrics()
     metrics.add_ledger(calls=30, token_in_calls=18, failure_reasons={"staging_write_failed": 1})
     audit = {"sampled_tokens": 40, "mean_abs_logprob_diff": 0.0012}
-    stage_dataset(store, mixed_groups(batch_config()), config=batch_config(), metrics=metrics, audit=audit)
+    marker = stage_dataset(store, mixed_groups(batch_config()), config=batch_config(), metrics=metrics, audit=audit)
     written = json.loads(store.read_bytes(layout.DATASET_METRICS))
     assert written["audit"] == audit and written["failure_reasons_by_prefix"] == {"staging": 1}
-    card = store.read_bytes(layout.DATASET_CARD).decode()
+    card = card_of(marker.marker, written)
     assert "| `capture_poisoned` | 1 |" in card and "| `missing_receipt` | 1 |" in card
     assert 'load_dataset("parquet", data_files=f"{batch}/dataset/part-*.parquet"' in card
     assert "## Logprob audit" in card and "| mean_abs_logprob_diff | 0.0012 |" in card
@@ -197,7 +211,7 @@ def test_missing_shards_are_recorded_in_the_marker_metrics_and_card(tmp_path):
     assert read_staged_marker(store) == marker
     metrics = json.loads(store.read_bytes(layout.DATASET_METRICS))
     assert (metrics["partial"], metrics["missing_shards"]) == (True, [1, 3])
-    assert "PARTIAL: shards [1, 3] are missing (of 4 planned)" in store.read_bytes(layout.DATASET_CARD).decode()
+    assert "PARTIAL: shards [1, 3] are missing (of 4 planned)" in card_of(marker, metrics)
 
 
 @pytest.mark.parametrize("missing", [[3], [1, 1], [2, 1], [-1], [True]])
@@ -231,8 +245,10 @@ def test_a_marker_whose_partial_flag_contradicts_its_missing_shards_is_refused(t
 def test_the_dataset_marker_names_its_files_with_the_shard_markers_file_type(tmp_path, where, change, message):
     store = ObjectStore(str(tmp_path / "batch"))
     published = stage_dataset(store, mixed_groups(batch_config()), config=batch_config())
-    assert {f.kind for f in published.marker.files} == {"part", "metrics", "card"}
+    assert {f.kind for f in published.marker.files} == {"part", "metrics"}  # the card is publish's
     raw = json.loads(store.read_bytes(layout.DATASET_STAGED))
+    raw["card"] = {**raw["metrics"], "path": layout.DATASET_CARD, "kind": "card"}
+    DatasetMarker.from_json(json.dumps(raw))  # a card named as publish names it is accepted
     raw[where].update(change)
     with pytest.raises(MalformedDatasetMarkerError, match=message):
         DatasetMarker.from_json(json.dumps(raw))

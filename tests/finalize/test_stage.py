@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tasks.config import ConfigError, ModelSpec
+from tasks.finalize.card import render_card
 from tasks.finalize.stage import FinalizeOptions, NoCommittedShardsError, UncommittedShardsError, finalize_batch
 from tasks.generate import generate_shard
 from tasks.plan import batch_store, plan_batch
@@ -44,10 +45,19 @@ def gapped_batch(tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Committ
 
 
 def dataset_files(batch: CommittedBatch) -> tuple[dict, dict, str]:
-    """The batch's dataset marker, metrics.json and card, as stored."""
+    """The batch's staged marker and metrics.json as stored, and the card publish would write from them."""
     marker = json.loads((batch.batch_dir / layout.DATASET_STAGED).read_text())
     metrics = json.loads((batch.batch_dir / layout.DATASET_METRICS).read_text())
-    return marker, metrics, (batch.batch_dir / layout.DATASET_CARD).read_text()
+    card = render_card(
+        batch_id=marker["batch_id"],
+        config=marker["config"],
+        metrics=metrics,
+        parts=marker["parts"],
+        validation={},
+        review=None,
+    )
+    assert not (batch.batch_dir / layout.DATASET_CARD).exists(), "the card is publish's, not finalize's"
+    return marker, metrics, card
 
 
 def test_uncommitted_shards_are_refused_by_number_unless_partial_is_allowed(gapped_batch: CommittedBatch) -> None:

@@ -1,4 +1,4 @@
-"""Helpers of the browser test: an Airflow api-server process and a headless Debian Chromium driven by Selenium."""
+"""Helpers of the browser tests: an Airflow api-server process and a headless Debian Chromium driven by Selenium."""
 
 from __future__ import annotations
 
@@ -85,3 +85,19 @@ def chromium(width: int = 1400, height: int = 1000):
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"):
         options.add_argument(argument)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def sign_in(browser, url: str) -> None:
+    """Log in to the Airflow UI at ``url`` as the local login (the UI keeps the token in a cookie)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tasks.orchestration.local_airflow import LOGIN
+
+    wait = WebDriverWait(browser, 60)
+    browser.get(url + "/")
+    wait.until(lambda b: b.find_elements(By.NAME, "username"))
+    browser.find_element(By.NAME, "username").send_keys(LOGIN[0])
+    browser.find_element(By.NAME, "password").send_keys(LOGIN[1])
+    browser.find_element(By.XPATH, "//button[normalize-space()='Sign in']").click()
+    wait.until(lambda b: "/auth/login" not in b.current_url)

@@ -35,6 +35,15 @@ def dag_bag():
 
 
 @pytest.fixture(scope="session")
+def api_server_url(airflow_db, tmp_path_factory):
+    """One ``airflow api-server`` of this run's Airflow (DB, DAGs, plugins) on loopback, shared by the tests."""
+    from .browser import api_server
+
+    with api_server(tmp_path_factory.mktemp("api-server") / "api-server.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def published_run(airflow_db, tmp_path_factory):
     """One successful ``rollout_batch`` run (2 shards, params from the run conf): ``(dag_run, conf)``."""
     dag = local_airflow.dag_bag("rollout_batch.py").dags["rollout_batch"]

@@ -14,7 +14,8 @@ BATCH_GRAPH = {
     "validate_lineage": {"generate"},
     "finalize": {"validate_lineage"},
     "validate_dataset": {"finalize"},
-    "publish": {"validate_dataset"},
+    "review": {"validate_dataset"},
+    "publish": {"review"},
     "sweep_orphans": {"plan", "publish"},
 }
 
@@ -43,6 +44,10 @@ def test_the_batch_graph_mapping_pool_retries_and_teardown(dag_bag, dag_id):
             assert task.execution_timeout is not None and task.retries >= 1, task.task_id
     (asset,) = dag.get_task("publish").outlets
     assert asset.name == "grpo_dataset"
+    assert dag.get_task("publish").trigger_rule == "none_failed"  # runs after a skipped review
+    review = dag.get_task("review")
+    assert type(review).__name__ == "BatchReviewOperator" and review.options == ["Publish", "Reject"]
+    assert set(review.params) == {"reason"}  # the decision form's one field; the batch form stays the DAG's
 
 
 def test_the_trigger_form_has_every_field_typed_titled_described_and_sectioned(dag_bag):
@@ -63,7 +68,15 @@ def test_a_bad_trigger_value_is_refused_by_the_form(dag_bag):
     from airflow.sdk.exceptions import ParamValidationError
 
     params = dag_bag.dags["rollout_batch"].params
-    for name, value in [("num_tasks", 0), ("engine", "megatronn"), ("top_p", 0), ("max_poisoned_rate", 1.5)]:
+    for name, value in [
+        ("num_tasks", 0),
+        ("engine", "megatronn"),
+        ("top_p", 0),
+        ("max_poisoned_rate", 1.5),
+        ("review_timeout_hours", 0),
+        ("review_timeout_hours", 721),
+        ("require_review", "yes"),
+    ]:
         param = params.get_param(name)
         with pytest.raises(ParamValidationError):
             param.resolve(value)

@@ -52,6 +52,7 @@ def test_a_run_with_params_from_the_run_conf_publishes_the_dataset_and_the_asset
         "validate_lineage": "success",
         "finalize": "success",
         "validate_dataset": "success",
+        "review": "skipped",  # both suites passed: nobody is asked
         "publish": "success",
         "sweep_orphans": "success",
     }
@@ -61,6 +62,7 @@ def test_a_run_with_params_from_the_run_conf_publishes_the_dataset_and_the_asset
     planned = read_batch_config(store)
     assert (planned.num_tasks, planned.shards, planned.sampling.max_tokens, planned.weight_version) == (4, 2, 16, 3)
     assert marker.rows == table.num_rows == 8 and set(marker.validation) == {"lineage", "dataset"}
+    assert marker.review is None and not store.exists("reports/review.json")
     assert store.exists("reports/index.html")
     assert {read_suite_summary(store, suite).status for suite in ("lineage", "dataset")} == {"passed"}
     with settings.Session() as session:
@@ -113,6 +115,7 @@ def test_a_failing_suite_fails_the_run_with_its_report_in_the_log_and_publishes_
         "validate_lineage": "success",
         "finalize": "success",
         "validate_dataset": "failed",
+        "review": "upstream_failed",
         "publish": "upstream_failed",
         "sweep_orphans": "success",
     }

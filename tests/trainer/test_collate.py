@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from tasks.finalize.publish import stage_dataset
-from tasks.storage import layout
 from tasks.storage.errors import SegmentChecksumMismatchError
 from tasks.storage.objects import ObjectStore
 from tasks.trainer.collate import GrpoCollator, PublishedDataset
-from tests.finalize.rollouts import batch_config, mixed_groups, rows_of
+from tests.finalize.rollouts import batch_config, commit_by_hand, mixed_groups, rows_of
 
 PAD = 7
 
@@ -30,11 +27,7 @@ def published(tmp_path):
     groups = mixed_groups(config)
     url = str(tmp_path / "batch")
     store = ObjectStore(url)
-    staged = stage_dataset(store, groups, config=config, rows_per_part=5).marker
-    committed = dataclasses.replace(
-        staged, validation={"lineage": {"status": "passed"}, "dataset": {"status": "passed"}}
-    )
-    store.write_once(layout.DATASET_MARKER, committed.to_json().encode())
+    commit_by_hand(store, stage_dataset(store, groups, config=config, rows_per_part=5).marker)
     return url, [row for g in groups for row in rows_of(g)]
 
 

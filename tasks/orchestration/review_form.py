@@ -1,0 +1,180 @@
+"""What the Airflow ``review`` task asks a person: the decision form's subject and Markdown body, read from the batch.
+
+:func:`review_request` says whether a decision is needed (a suite warned, or the run requires
+review), whether one is already recorded, and renders the form: why review is needed, the headline
+numbers, every expectation that warned with its observed value and threshold, and a link to the
+run's overview page in the report viewer. The buttons are :data:`OPTIONS`; the one field is
+:data:`REASON_FIELD`. Values from storage are escaped for Markdown. No Airflow import here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.finalize.publish import DatasetMarker, read_dataset_marker
+from tasks.plan import batch_store
+from tasks.publish import review_reasons, staged_dataset, validation_outcomes
+from tasks.review import MAX_REASON_LENGTH, PUBLISH, REJECT, TIMEOUT_REASON, ReviewDecision, read_review
+from tasks.storage.marker import read_marked_bytes
+from tasks.storage.options import StorageOptions
+from tasks.validate import read_suite_summary
+from tasks.validate.suites import SUITES
+
+OPTIONS = {"Publish": PUBLISH, "Reject": REJECT}  # the form's buttons -> the recorded choice
+REASON_FIELD = "reason"
+# Empty by default (Airflow validates a task's params, this field included, before the task runs);
+# an answer without a reason is refused when it arrives (tasks.review.new_decision).
+REASON_SCHEMA = {
+    "default": "",
+    "type": "string",
+    "maxLength": MAX_REASON_LENGTH,
+    "title": "Reason",
+    "description": "required: why you publish or reject this batch; kept in its record and the dataset card",
+}
+
+
+@dataclass(frozen=True)
+class ReviewRequest:
+    """Whether the batch needs a decision (``needed`` says why; empty: it does not), and the form to ask it with.
+
+    ``decision`` is the one already recorded (the CLI, an earlier try), ``published`` whether the
+    dataset is committed; either way nobody is asked again.
+    """
+
+    batch_id: str
+    needed: tuple[str, ...]
+    decision: ReviewDecision | None
+    published: bool
+    subject: str
+    body: str
+
+
+def review_request(
+    root_url: str,
+    batch_id: str,
+    *,
+    require_review: bool,
+    report_url: str,
+    timeout_hours: float,
+    storage_options: StorageOptions | None = None,
+) -> ReviewRequest:
+    """The batch's review request; raises :class:`tasks.publish.PublishRefusedError` when publish could not take it."""
+    store = batch_store(root_url, batch_id, storage_options)
+    decision = read_review(store, batch_id)
+    published = read_dataset_marker(store)
+    if decision is not None or published is not None:
+        return ReviewRequest(batch_id, (), decision, published is not None, "", "")
+    staged = staged_dataset(store, batch_id)
+    outcomes = validation_outcomes(store, batch_id)
+    needed = tuple(review_reasons(outcomes, require_review=require_review))
+    metrics = json.loads(read_marked_bytes(store, staged.metrics, marker="the staged dataset marker"))
+    warned = [
+        (suite, outcome)
+        for suite in SUITES
+        if (summary := read_suite_summary(store, suite)) is not None
+        for outcome in summary.expectations
+        if not outcome.success and outcome.severity == "warn"
+    ]
+    body = render_body(
+        batch_id,
+        needed=needed,
+        staged=staged,
+        metrics=metrics,
+        statuses={suite: outcome["status"] for suite, outcome in outcomes.items()},
+        warned=[(suite, o.name, o.observed, o.threshold, o.unexpected_count) for suite, o in warned],
+        report_url=report_url,
+        timeout_hours=timeout_hours,
+    )
+    return ReviewRequest(batch_id, needed, None, False, f"Review batch {batch_id} before it is published", body)
+
+
+def render_body(
+    batch_id: str,
+    *,
+    needed: Sequence[str],
+    staged: DatasetMarker,
+    metrics: Mapping[str, Any],
+    statuses: Mapping[str, str],
+    warned: Sequence[tuple[str, str, float | None, Any, int]],
+    report_url: str,
+    timeout_hours: float,
+) -> str:
+    """The form's Markdown. ``warned``: (suite, expectation, observed, threshold, rows) of each warning."""
+    audit = metrics.get("audit") or {}
+    masked = staged.rows - staged.trainable_rows
+    headline = [
+        ("rollouts planned", metrics.get("planned_rollouts")),
+        ("rows (trainable / masked)", f"{staged.rows} ({staged.trainable_rows} / {masked})"),
+        ("groups", staged.groups),
+        ("invalid row rate", metrics.get("invalid_row_rate")),
+        ("mean reward (trainable rows)", (metrics.get("reward") or {}).get("mean")),
+        ("logprob audit: mean / max abs difference", _pair(audit.get("mean_abs_diff"), audit.get("max_abs_diff"))),
+        *((f"{suite} suite", status) for suite, status in statuses.items()),
+    ]
+    if staged.partial:
+        headline.append(("missing shards (partial dataset)", ", ".join(map(str, staged.missing_shards))))
+    lines = [
+        f"Batch `{_code(batch_id)}` waits for your decision: {_text('; '.join(needed))}.",
+        "",
+        f"[Open the validation report]({report_url}) (both suites, plots, Data Docs).",
+        "",
+        "| headline | value |",
+        "| --- | --- |",
+        *(f"| {label} | {_cell(value)} |" for label, value in headline),
+        "",
+    ]
+    if warned:
+        lines += [
+            "Expectations that warned:",
+            "",
+            "| suite | expectation | observed | threshold | rows |",
+            "| --- | --- | --- | --- | --- |",
+            *(
+                f"| {suite} | `{_code(name)}` | {_cell(observed)} | {_cell(threshold)} | {rows} |"
+                for suite, name, observed, threshold, rows in warned
+            ),
+            "",
+        ]
+    lines += [
+        "**Publish** commits the dataset for training; **Reject** keeps it unpublished, for good. Either way, "
+        f"give a reason: it goes into the batch's record. Without an answer within {_hours(timeout_hours)} "
+        f"the batch is rejected (`{TIMEOUT_REASON}`).",
+    ]
+    return "\n".join(lines)
+
+
+def _pair(first: object, second: object) -> str | None:
+    if first is None and second is None:
+        return None
+    return f"{_number(first)} / {_number(second)}"
+
+
+def _cell(value: object) -> str:
+    """A value for a Markdown table cell: numbers to 4 significant digits, "–" for none, text escaped."""
+    if value is None:
+        return "–"
+    return _text(_number(value))
+
+
+def _number(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "–" if value is None else str(value)
+
+
+def _text(value: str) -> str:
+    """Text with Markdown's table, emphasis and link characters escaped."""
+    for char in "\\|*_[]<>`":
+        value = value.replace(char, "\\" + char)
+    return value.replace("\n", " ")
+
+
+def _code(value: str) -> str:
+    return value.replace("`", "'")
+
+
+def _hours(hours: float) -> str:
+    return f"{hours:g} hour{'s' if hours != 1 else ''}"

@@ -1,0 +1,118 @@
+"""The review decision record (``reports/review.json``): one schema, strictly parsed, written once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tasks.review import (
+    REVIEW_RECORD,
+    TIMEOUT_REASON,
+    MalformedReviewError,
+    ReviewDecision,
+    ReviewInputError,
+    new_decision,
+    read_review,
+    timeout_decision,
+    write_review,
+)
+from tasks.storage.objects import ObjectStore
+
+AT = 1_790_000_000.0  # 2026-09-21T14:13:20Z
+
+
+@pytest.fixture
+def store(tmp_path) -> ObjectStore:
+    return ObjectStore(str(tmp_path / "batches" / "b1"))
+
+
+def approval(**overrides) -> ReviewDecision:
+    fields = {"choice": "publish", "reason": "warnings read", "decided_by": "alice", "via": "cli", "now": AT}
+    fields.update(overrides)
+    choice = fields.pop("choice")
+    reason = fields.pop("reason")
+    return new_decision("b1", choice, reason, **fields)
+
+
+def test_a_decision_round_trips_and_says_who_when_what_and_why(store):
+    decision = approval(reason="  failure rate is the flaky env  ")
+    assert decision.reason == "failure rate is the flaky env"  # stripped
+    assert write_review(store, decision) == decision
+    assert read_review(store, "b1") == decision
+    assert json.loads(store.read_bytes(REVIEW_RECORD)) == {
+        "batch_id": "b1",
+        "choice": "publish",
+        "reason": "failure rate is the flaky env",
+        "decided_by": "alice",
+        "decided_at": AT,
+        "via": "cli",
+        "record_version": 1,
+    }
+    assert decision.describe() == "publish by alice (cli) at 2026-09-21T14:13:20Z: failure rate is the flaky env"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"reason": ""}, "needs a reason"),
+        ({"reason": "   "}, "needs a reason"),
+        ({"reason": None}, "needs a reason"),
+        ({"choice": "approve"}, "unknown review choice 'approve'"),
+        ({"decided_by": ""}, "decided_by must name who decided"),
+        ({"via": "timeout"}, "not timeout"),
+        ({"via": "email"}, "via must be one of"),
+        ({"reason": "x" * 2001}, "reason has 2001 characters; at most 2000"),
+    ],
+)
+def test_bad_input_from_a_person_is_a_review_input_error_naming_what_is_wrong(change, named):
+    with pytest.raises(ReviewInputError, match=named):
+        approval(**change)
+
+
+def test_a_timeout_rejects_with_its_reason_and_names_nobody(store):
+    decision = timeout_decision("b1", now=AT)
+    assert (decision.choice, decision.reason, decision.decided_by, decision.via) == (
+        "reject",
+        TIMEOUT_REASON,
+        None,
+        "timeout",
+    )
+    assert decision.describe().startswith("reject nobody answered (timeout) at ")
+    with pytest.raises(ValueError, match="a timeout rejects with reason 'review_timeout'"):
+        ReviewDecision(batch_id="b1", choice="publish", reason="r", decided_by=None, decided_at=AT, via="timeout")
+
+
+def test_the_first_decision_stands(store):
+    first = approval(choice="reject", reason="rewards look wrong")
+    assert write_review(store, first) == first
+    second = approval(decided_by="bob")
+    assert write_review(store, second) == first
+    assert read_review(store, "b1") == first
+
+
+@pytest.mark.parametrize(
+    ("mutate", "named"),
+    [
+        (lambda raw: raw.update(choice="maybe"), r"choice must be one of \['publish', 'reject'\]"),
+        (lambda raw: raw.pop("decided_by"), r"missing field\(s\) \['decided_by'\]"),
+        (lambda raw: raw.update(extra=1), r"unknown field\(s\) \['extra'\]"),
+        (lambda raw: raw.update(reason=""), "reason must be a non-empty text"),
+        (lambda raw: raw.update(decided_at="yesterday"), "decided_at must be seconds since the epoch"),
+        (lambda raw: raw.update(record_version=2), "record_version 2 not supported"),
+        (lambda raw: raw.update(batch_id="other"), "the decision is on batch 'other', not 'b1'"),
+    ],
+)
+def test_a_corrupted_record_on_storage_is_refused_naming_the_file_and_field(store, mutate, named):
+    raw = json.loads(approval().to_json())
+    mutate(raw)
+    store.write_once(REVIEW_RECORD, json.dumps(raw).encode())
+    with pytest.raises(MalformedReviewError, match=named) as caught:
+        read_review(store, "b1")
+    assert "reports/review.json" in str(caught.value) and caught.value.reason == "malformed_review"
+
+
+def test_a_record_that_is_not_json_is_refused(store):
+    store.write_once(REVIEW_RECORD, b"{publish")
+    with pytest.raises(MalformedReviewError, match=r"review\.json is not valid JSON"):
+        read_review(store, "b1")
