@@ -67,7 +67,8 @@ def test_a_generate_task_killed_at_a_crash_point_is_retried_by_airflow_and_the_b
     snapshot.join(timeout=30)
     assert snapshot.objects is not None, f"{trial}: the generate task was never killed at its crash point"
     states = {(ti.task_id, ti.map_index): (str(ti.state), ti.try_number) for ti in dag_run.get_task_instances()}
-    assert {state for state, _ in states.values()} == {"success"}, f"{trial}: {states}"
+    assert {state for state, _ in states.values()} <= {"success", "skipped"}, f"{trial}: {states}"
+    assert states[("publish", -1)][0] == "success", f"{trial}: {states}"
     assert states[("generate", 0)][1] == 2, f"{trial}: Airflow did not retry the killed generate task once"
     assert [c.try_number for c in read_claims(store, 0)][-1] == 2
     config = read_batch_config(store)

@@ -112,12 +112,11 @@ def trial_count(variable: str, default: int) -> int:
 
 def first_attempt_objects(store: ObjectStore) -> dict[str, str]:
     """Path -> sha256 of every complete object of attempt 0 under the shard's staging and ledger folders."""
-    attempt = "/attempt-00000/"
     return {
         path: sha256_hex(store.read_bytes(path))
         for folder in (layout.staging_shard_dir(SHARD), layout.ledger_shard_dir(SHARD))
         for path in store.list_files(folder)
-        if attempt in f"/{path}" and not is_temp_file(path)
+        if not is_temp_file(path) and path != layout.shard_marker(SHARD) and layout.attempt_of(path) == 0
     }
 
 
