@@ -14,7 +14,9 @@ committed twice: the loser returns the winner's summary.
 An interruption (SIGTERM, SIGINT) or the engine dying ends the attempt: receipts of completed
 rollouts are flushed (the retry adopts them), rollouts in flight get no receipt (the retry
 re-runs them), no marker is written, the engine is shut down, and the caller gets
-:class:`GenerateInterrupted` or :class:`~tasks.engines.base.EngineDeadError`.
+:class:`GenerateInterrupted` or :class:`~tasks.engines.base.EngineDeadError`. Storage that stays
+unavailable through an operation's retries ends the attempt the same way, with
+:class:`~tasks.storage.errors.StorageUnavailableError` (the flush of receipts may fail with it too).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from tasks.environments.base import Environment, Turn, check_messages
 from tasks.environments.registry import load_environment
 from tasks.plan import PlannedRollout, batch_store, read_batch_config, read_shard_plan
 from tasks.storage.claims import AttemptClaim, claim_attempt
+from tasks.storage.errors import StorageUnavailableError
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.marker import ShardMarker, read_marker
 from tasks.storage.objects import ObjectConflictError, ObjectStore
@@ -479,8 +482,8 @@ async def _run_rollout(
             messages = check_messages(nxt, where=f"{planned.rollout_id} turn {state.next_ordinal}")
         else:
             outcome = environment.finish_unfinished(task, messages)
-    except EngineDeadError:
-        raise  # the engine's failure, not this rollout's: no receipt, the retry re-runs it
+    except (EngineDeadError, StorageUnavailableError):
+        raise  # the engine's or the storage's failure, not this rollout's: no receipt, the retry re-runs it
     except Exception as exc:  # an environment bug fails this rollout, never the shard
         error = f"{type(exc).__name__}: {exc}"
         if len(error) > MAX_ERROR_CHARS:  # an environment's message may be huge: bounded in the receipt and the log

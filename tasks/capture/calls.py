@@ -10,7 +10,9 @@ ledger, which writes a rollout's receipt only after all of its records are durab
 Every failure writes a failure row with a named reason (``FAILURE_REASONS``) and poisons the
 rollout; the environment still gets the completion when one exists (a capture failure is not a
 generation failure), and later calls of a poisoned rollout run uncaptured. The engine dying
-(:class:`EngineDeadError`) is no failure of the call: it propagates and ends the shard attempt.
+(:class:`EngineDeadError`) and storage staying unavailable through every retry
+(:class:`StorageUnavailableError`) are no failures of the call: they propagate and end the shard
+attempt, and the retry re-runs the rollout.
 With ``capture=False`` the same path runs minus staging and ledger (the overhead benchmark).
 """
 
@@ -38,6 +40,7 @@ from tasks.capture.terminal import fingerprint_content
 from tasks.crash_points import crash_point
 from tasks.engines.base import Engine, EngineDeadError, GenerationRequest, GenerationResult, SamplingSettings
 from tasks.environments.base import Message
+from tasks.storage.errors import StorageUnavailableError
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.staging import CommitCoordinates, StagingWriter
 
@@ -227,6 +230,8 @@ class CallCapture:
             return await asyncio.to_thread(resolve_admission, admission, self._cache)  # type: ignore[arg-type]
         except PrefixMismatchError as exc:
             raise _CallFailed(PREFIX_MISMATCH, str(exc)) from None
+        except StorageUnavailableError:
+            raise
         except Exception as exc:
             raise _CallFailed(PREFIX_MISMATCH, f"parent tokens of {call_id} could not be resolved: {exc!r}") from None
 
@@ -303,9 +308,9 @@ class CallCapture:
             raise _CallFailed(INVALID_DELTA, f"delta of {call_id} is invalid: {exc}", completion) from None
         fingerprint = fingerprint_content(completion.text)
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[CallRecord | _CallFailed] = loop.create_future()
+        done: asyncio.Future[CallRecord | Exception] = loop.create_future()
 
-        def settle(result: CallRecord | _CallFailed) -> None:
+        def settle(result: CallRecord | Exception) -> None:
             if not done.done():
                 done.set_result(result)
 
@@ -314,10 +319,10 @@ class CallCapture:
             # the ledger gets the record there, and the call comes back to the loop once, not twice.
             try:
                 coordinates = staged.result()
+            except StorageUnavailableError as exc:
+                result: CallRecord | Exception = exc
             except BaseException as exc:
-                result: CallRecord | _CallFailed = _CallFailed(
-                    STAGING_FAILED, f"staging {call_id} failed: {exc!r}", completion
-                )
+                result = _CallFailed(STAGING_FAILED, f"staging {call_id} failed: {exc!r}", completion)
             else:
                 self._coordinates[delta.staging_key] = coordinates
                 try:
@@ -332,6 +337,8 @@ class CallCapture:
                     )
                     self._ledger.add_call(record)  # type: ignore[union-attr]
                     result = record
+                except StorageUnavailableError as exc:
+                    result = exc
                 except Exception as exc:
                     result = _CallFailed(LEDGER_FAILED, f"ledger record of {call_id} failed: {exc!r}", completion)
             loop.call_soon_threadsafe(settle, result)
@@ -342,7 +349,7 @@ class CallCapture:
             raise _CallFailed(STAGING_FAILED, f"staging {call_id} failed: {exc!r}", completion) from None
         staged.add_done_callback(record_when_staged)
         result = await done
-        if isinstance(result, _CallFailed):
+        if isinstance(result, Exception):
             raise result
         record = result
         return record

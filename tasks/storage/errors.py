@@ -42,3 +42,29 @@ class LedgerConflictError(StorageIntegrityError):
     """The same call id was recorded twice with differing content."""
 
     reason = "ledger_conflict"
+
+
+class StorageUnavailableError(Exception):
+    """A storage operation kept failing with transient errors until its retries ran out.
+
+    Not an integrity problem, and never a :class:`StorageIntegrityError`: each object is complete
+    or absent, the operation committed nothing a marker names, and running the stage again on
+    healthy storage completes it. ``reason`` is stable; ``operation``, ``path``, ``attempts`` and
+    ``last_error`` (also the ``__cause__``) say what failed.
+    """
+
+    reason = "storage_unavailable"
+
+    def __init__(self, operation: str, path: str, *, attempts: int, seconds: float, last_error: BaseException) -> None:
+        detail = str(last_error)
+        if len(detail) > 300:
+            detail = f"{detail[:300]}..."
+        super().__init__(
+            f"storage unavailable: {operation} {path} failed {attempts} time(s) in {seconds:.1f} s "
+            f"(last error {type(last_error).__name__}: {detail}); nothing it wrote is trusted: "
+            "run the stage again once storage is healthy"
+        )
+        self.operation = operation
+        self.path = path
+        self.attempts = attempts
+        self.last_error = last_error

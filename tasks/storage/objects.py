@@ -9,25 +9,34 @@ wins and readers never see a torn object.
   if it exists, unlike rename), unlink the temp, fsync the directory;
 * S3: ``If-None-Match: *`` on the single PUT or on CompleteMultipartUpload (s3fs mode ``xb``);
 * other filesystems (``memory://`` in tests): the filesystem's own ``xb`` mode.
+
+A write that fails leaves no object behind: the local temp file is removed, and an S3 upload is
+discarded (a multipart upload aborted), never completed with the bytes it had so far. Every
+operation is retried on transient errors (:mod:`tasks.storage.retries`); a retried write keeps the
+create-once contract, since a write that landed before its answer was lost re-writes as a no-op.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO, TypeVar
 
 import fsspec
+from fsspec.spec import AbstractBufferedFile
 
 from tasks.crash_points import crash_point
+from tasks.storage.options import RETRY_OPTION, retry_settings
+from tasks.storage.retries import RetryPolicy, call_with_retries
 
 SCHEMES_LOCAL = ("file", "local")
 # A local write's temp file, next to its target; it lives for the milliseconds of one write.
 TEMP_PREFIX, TEMP_SUFFIX = ".tmp-", ".part"
-CONFLICT_RETRIES = 4
+T = TypeVar("T")
 
 
 class ObjectConflictError(FileExistsError):
@@ -53,10 +62,13 @@ class ObjectStore:
 
     Relative paths use ``/`` and may not contain ``..`` or empty parts, so nothing is written
     outside the root. S3 settings come from the standard AWS environment variables unless
-    ``storage_options`` says otherwise.
+    ``storage_options`` says otherwise. The storage option :data:`RETRY_OPTION` (else
+    ``$ROLLOUT_LEDGER_STORAGE_RETRY``) sets the :class:`RetryPolicy` of every operation; the
+    other options go to fsspec.
     """
 
     def __init__(self, url: str, *, block_size: int | None = None, **storage_options: Any) -> None:
+        self.retry_policy = RetryPolicy.of(retry_settings(storage_options.pop(RETRY_OPTION, None), os.environ))
         fs, root = fsspec.core.url_to_fs(url, **storage_options)
         self.fs: fsspec.AbstractFileSystem = fs
         self.url = url.rstrip("/")
@@ -86,7 +98,8 @@ class ObjectStore:
         """Create ``relative`` with ``data`` unless it exists; see the module docstring."""
         path = self.full_path(relative)
         digest = sha256_hex(data)
-        created = self._link_local(path, data) if self.is_local else self._write_exclusive(path, data)
+        create = self._link_local if self.is_local else self._write_exclusive
+        created = self._retried("write", relative, lambda: create(path, data))
         if not created:
             existing = self.read_bytes(relative)
             if existing != data:
@@ -97,45 +110,65 @@ class ObjectStore:
                 )
         return WrittenObject(path=relative, size=len(data), sha256=digest, created=created)
 
+    def replace(self, relative: str, data: bytes) -> None:
+        """Write ``relative`` whole, replacing what is there: a reader sees the old bytes or the new.
+
+        Only for what is rewritten by design (the report overview page); every other object is
+        written once with :meth:`write_once`.
+        """
+        path = self.full_path(relative)
+        if self.is_local:
+            self._retried("replace", relative, lambda: self._rename_local(path, data))
+        else:
+            self._retried("replace", relative, lambda: self.fs.pipe_file(path, data))  # one whole-object PUT on S3
+
     def _link_local(self, path: str, data: bytes) -> bool:
         directory = os.path.dirname(path)
         _makedirs_durable(directory)
-        fd, temp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
+        temp = _temp_file(directory)
         try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+            with self.fs.open(temp, "wb") as handle:
+                _write_durably(handle, data)
                 crash_point("object_write", path)
             try:
-                os.link(temp, path)
+                self.fs.link(temp, path)
             except FileExistsError:
                 return False
         finally:
-            os.unlink(temp)
+            _remove_temp(temp)
         _fsync_dir(directory)
         return True
 
+    def _rename_local(self, path: str, data: bytes) -> None:
+        directory = os.path.dirname(path)
+        _makedirs_durable(directory)
+        temp = _temp_file(directory)
+        try:
+            with self.fs.open(temp, "wb") as handle:
+                _write_durably(handle, data)
+            self.fs.mv(temp, path)
+        finally:
+            _remove_temp(temp)
+        _fsync_dir(directory)
+
     def _write_exclusive(self, path: str, data: bytes) -> bool:
+        """One exclusive create: the upload is committed by ``close``, and discarded if writing it failed.
+
+        S3 answers a conditional write racing another one with 409 ConditionalRequestConflict
+        (s3fs: ``OSError(EIO)``), a transient error the retry policy tries again; the loser then sees 412.
+        """
         if not self.is_s3:
             self.fs.makedirs(self.fs._parent(path), exist_ok=True)
-        for retry in range(CONFLICT_RETRIES + 1):
-            try:
-                return self._open_exclusive(path, data)
-            except OSError as exc:
-                # S3 answers a conditional write racing another one with 409
-                # ConditionalRequestConflict (s3fs: a plain OSError): retry, then the loser sees 412.
-                if "ConditionalRequestConflict" not in str(exc) or retry == CONFLICT_RETRIES:
-                    raise
-                time.sleep(0.05 * 2**retry)
-        raise AssertionError("unreachable")
-
-    def _open_exclusive(self, path: str, data: bytes) -> bool:
         options = {"block_size": self.block_size} if self.block_size else {}
         try:
-            with self.fs.open(path, "xb", **options) as handle:
+            handle = self.fs.open(path, "xb", **options)
+            try:
                 handle.write(data)
                 crash_point("object_write", path)
+            except BaseException:
+                abandon(handle)
+                raise
+            handle.close()
         except FileExistsError:
             return False
         except (NotImplementedError, ValueError) as exc:
@@ -147,19 +180,25 @@ class ObjectStore:
             raise
         return True
 
-    # --- reads ----------------------------------------------------------------------------
+    # --- reads ---------------------------------------------------------------------------
 
     def read_bytes(self, relative: str) -> bytes:
-        return self.fs.cat_file(self.full_path(relative))
+        path = self.full_path(relative)
+        return self._retried("read", relative, lambda: self.fs.cat_file(path))
 
     def exists(self, relative: str) -> bool:
-        return self.fs.exists(self.full_path(relative))
+        path = self.full_path(relative)
+        return self._retried("exists", relative, lambda: self.fs.exists(path))
 
     def size(self, relative: str) -> int:
-        return int(self.fs.size(self.full_path(relative)))
+        path = self.full_path(relative)
+        return self._retried("info", relative, lambda: int(self.fs.size(path)))
 
     def list_files(self, relative: str = "") -> list[str]:
         """Every object below ``relative`` (recursive), as sorted paths relative to the root."""
+        return self._retried("list", relative, lambda: self._list(relative))
+
+    def _list(self, relative: str) -> list[str]:
         base = self.full_path(relative) if relative else self.root
         self.fs.invalidate_cache(base)
         if not self.fs.exists(base):
@@ -175,10 +214,25 @@ class ObjectStore:
 
     def modified_at(self, relative: str) -> float:
         """Seconds since the epoch when ``relative`` was last written."""
-        return self.fs.modified(self.full_path(relative)).timestamp()
+        path = self.full_path(relative)
+        return self._retried("info", relative, lambda: self.fs.modified(path).timestamp())
 
     def delete(self, relative: str) -> None:
-        self.fs.rm_file(self.full_path(relative))
+        """Delete ``relative``; FileNotFoundError when it is absent (also when a retried delete had landed)."""
+        path = self.full_path(relative)
+        self._retried("delete", relative, lambda: self.fs.rm_file(path))
+
+    def _retried(self, operation: str, relative: str, action: Callable[[], T]) -> T:
+        where = f"{self.url}/{relative}" if relative else self.url
+        return call_with_retries(self.retry_policy, operation, where, action)
+
+
+def abandon(handle: BinaryIO) -> None:
+    """Throw away a file being written, uncommitted: fsspec's ``discard`` (s3fs aborts a multipart
+    upload), then closed, so neither ``close`` nor garbage collection commits what it holds."""
+    handle.discard()  # type: ignore[attr-defined]
+    if isinstance(handle, AbstractBufferedFile):
+        handle.closed = True
 
 
 def is_temp_file(relative: str) -> bool:
@@ -194,6 +248,25 @@ def _check_relative(relative: str) -> str:
     if relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"object path {relative!r} must be relative, without '', '.' or '..' parts")
     return relative
+
+
+def _temp_file(directory: str) -> str:
+    """A new empty temp file in ``directory`` that only this write knows the name of."""
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
+    os.close(fd)
+    return temp
+
+
+def _write_durably(handle: BinaryIO, data: bytes) -> None:
+    handle.write(data)
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+def _remove_temp(temp: str) -> None:
+    """Remove a local write's own temp file (gone already once renamed into place)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temp)
 
 
 def _makedirs_durable(directory: str) -> None:

@@ -6,6 +6,11 @@ standard AWS environment variables (:func:`storage_options_from_env`), or all at
 ``ROLLOUT_LEDGER_STORAGE_OPTIONS`` (a JSON object: how an Airflow task hands a connection's
 options to the process it starts); the Airflow DAG from a connection. Error messages and logs
 name which variables were read, never their values.
+
+One option is rollout-ledger's own and never reaches fsspec: :data:`RETRY_OPTION`, the retry
+policy of every storage operation (:class:`tasks.storage.retries.RetryPolicy`). Without it, a
+store takes the policy from ``$ROLLOUT_LEDGER_STORAGE_RETRY`` (the same JSON object), else the
+defaults: :func:`retry_settings`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ AWS_VARIABLES = {
 }
 AWS_REGION_VARIABLES = ("AWS_REGION", "AWS_DEFAULT_REGION")
 STORAGE_OPTIONS_VARIABLE = "ROLLOUT_LEDGER_STORAGE_OPTIONS"
+# {"attempts": 6, "deadline_s": 60, "initial_wait_s": 0.2, "max_wait_s": 10}: any subset of RetryPolicy's fields.
+RETRY_OPTION = "rollout_ledger_retry"
+RETRY_VARIABLE = "ROLLOUT_LEDGER_STORAGE_RETRY"
 
 
 def is_s3_url(url: str) -> bool:
@@ -37,7 +45,7 @@ def storage_options_from_env(url: str, environ: Mapping[str, str]) -> dict[str, 
     ``AWS_ENDPOINT_URL_S3`` wins over ``AWS_ENDPOINT_URL`` (botocore's own precedence).
     """
     if environ.get(STORAGE_OPTIONS_VARIABLE):
-        return _options_variable(environ[STORAGE_OPTIONS_VARIABLE])
+        return _json_object(environ[STORAGE_OPTIONS_VARIABLE], STORAGE_OPTIONS_VARIABLE, "fsspec options")
     if not is_s3_url(url):
         return {}
     options: dict[str, Any] = {}
@@ -55,11 +63,19 @@ def aws_variables_read(environ: Mapping[str, str]) -> list[str]:
     return [v for v in (STORAGE_OPTIONS_VARIABLE, *AWS_VARIABLES, *AWS_REGION_VARIABLES) if environ.get(v)]
 
 
-def _options_variable(text: str) -> dict[str, Any]:
+def retry_settings(option: Any, environ: Mapping[str, str]) -> Any:
+    """A store's retry settings: the :data:`RETRY_OPTION` value when given, else ``$ROLLOUT_LEDGER_STORAGE_RETRY``
+    parsed, else None (the defaults)."""
+    if option is not None or not environ.get(RETRY_VARIABLE):
+        return option
+    return _json_object(environ[RETRY_VARIABLE], RETRY_VARIABLE, "storage retry settings")
+
+
+def _json_object(text: str, variable: str, what: str) -> dict[str, Any]:
     from tasks.config import ConfigError
     from tasks.strict_json import parse_json
 
-    options = parse_json(text, source=f"${STORAGE_OPTIONS_VARIABLE}", error=ConfigError)
+    options = parse_json(text, source=f"${variable}", error=ConfigError)
     if not isinstance(options, dict):
-        raise ConfigError(f"${STORAGE_OPTIONS_VARIABLE} must be a JSON object of fsspec options")
+        raise ConfigError(f"${variable} must be a JSON object of {what}")
     return options

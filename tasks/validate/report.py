@@ -26,10 +26,10 @@ Re-runs. The page changes after each validation run, but objects on the batch's 
 created once. :func:`write_report_index` therefore writes the page twice: create-once under its
 content address, ``reports/index-<sha256[:16]>.html`` (an immutable record of every distinct page
 shown; a re-run that renders the same bytes is a no-op, since the page holds no clock time),
-then the same bytes to ``reports/index.html``, the one object of the batch that is
-replaced: atomically (a temp file, fsync and ``os.replace`` on local disk; a single whole-object
-PUT on S3), so a reader sees the old page or the new one, never a torn one. No stage reads the
-page. Two runs racing leave the page of whichever replaced last; both versions stay.
+then the same bytes to ``reports/index.html``, the one object of the batch that is replaced:
+atomically (:meth:`ObjectStore.replace`: a temp file, fsync and a rename on local disk; a single
+whole-object PUT on S3), so a reader sees the old page or the new one, never a torn one. No stage
+reads the page. Two runs racing leave the page of whichever replaced last; both versions stay.
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ import hashlib
 import html
 import json
 import math
-import os
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -57,7 +55,7 @@ from tasks.plan import batch_store, read_batch_config
 from tasks.review import REVIEW_RECORD, MalformedReviewError, ReviewDecision, read_review
 from tasks.storage import layout
 from tasks.storage.marker import read_marked_bytes
-from tasks.storage.objects import TEMP_PREFIX, TEMP_SUFFIX, ObjectStore, sha256_hex
+from tasks.storage.objects import ObjectStore, sha256_hex
 from tasks.strict_json import parse_json
 from tasks.validate import read_suite_summary
 from tasks.validate.suites import SUITES
@@ -210,7 +208,7 @@ def write_report_index(root_url: str, batch_id: str, *, storage_options: Mapping
     store = batch_store(root_url, batch_id, storage_options)
     page = render_report(read_report_inputs(store)).encode("utf-8")
     store.write_once(f"{layout.REPORTS_DIR}/index-{sha256_hex(page)[:16]}.html", page)
-    _replace(store, INDEX, page)
+    store.replace(INDEX, page)
     return INDEX
 
 
@@ -316,31 +314,6 @@ def read_suite_view(store: ObjectStore, suite: str) -> SuiteView:
 def _value_counts(column: pa.ChunkedArray) -> dict[int | None, int]:
     counts = pc.value_counts(column).to_pylist()
     return {c["values"]: c["counts"] for c in counts}
-
-
-def _replace(store: ObjectStore, relative: str, data: bytes) -> None:
-    """Write ``relative`` whole, replacing what is there; a reader sees the old bytes or the new."""
-    path = store.full_path(relative)
-    if not store.is_local:
-        store.fs.pipe_file(path, data)  # one whole-object PUT on S3
-        return
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
-    directory_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(directory_fd)
-    finally:
-        os.close(directory_fd)
 
 
 # --- the page ---------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 from pathlib import Path
@@ -10,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from tasks.storage.errors import StorageUnavailableError
 from tasks.storage.objects import ObjectConflictError, ObjectStore, sha256_hex
+from tests.reliability.faulty_fs import FaultInjector, FaultRule, faulty_options, faulty_url
 
 from ._writer_process import WriterProcess
 
@@ -133,18 +136,63 @@ def test_two_writer_processes_racing_on_one_name_leave_one_whole_payload(
 
 def test_s3_conditional_conflict_409_is_retried_then_resolved_by_content(monkeypatch):
     """Real S3 may answer a racing conditional write with 409; the write is retried, not failed."""
-    store = ObjectStore("memory://rl-409-retry")
-    store.is_s3 = True  # route through the S3 retry path; the memory fs does the actual write
+    store = ObjectStore("memory://rl-409-retry", rollout_ledger_retry={"initial_wait_s": 0.001})
     calls = []
-    original = ObjectStore._open_exclusive
+    original = ObjectStore._write_exclusive
 
     def flaky(self, path, data):
         calls.append(path)
-        if len(calls) == 1:
-            raise OSError("An error occurred (ConditionalRequestConflict) when calling the PutObject operation")
+        if len(calls) == 1:  # what s3fs raises for the 409: an error code it does not map, as EIO
+            raise OSError(errno.EIO, "An error occurred (ConditionalRequestConflict) when calling PutObject")
         return original(self, path, data)
 
-    monkeypatch.setattr(ObjectStore, "_open_exclusive", flaky)
+    monkeypatch.setattr(ObjectStore, "_write_exclusive", flaky)
     assert store.write_once("a/obj", b"payload").created
     assert len(calls) == 2
     assert store.read_bytes("a/obj") == b"payload"
+
+
+def _behind_faults(kind: str, rule: FaultRule, tmp_path: Path, request: pytest.FixtureRequest) -> ObjectStore:
+    """A store on local disk or moto S3 (5 MiB parts) behind the FAULT INJECTOR, which fails writes as ``rule`` says."""
+    injector = FaultInjector([rule], seed=0)
+    if kind == "local":
+        url, target = str(tmp_path / "root"), {}
+    else:
+        url, target = f"{request.getfixturevalue('s3_bucket')}/root", {"s3": {"skip_instance_cache": True}}
+    options = faulty_options(injector, retry={"attempts": 3, "initial_wait_s": 0.0001}, **target)
+    return ObjectStore(faulty_url(url), block_size=5 * MIB, **options)
+
+
+def _healthy(store: ObjectStore) -> ObjectStore:
+    return ObjectStore(store.url.removeprefix("faulty::"), skip_instance_cache=True)
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_write_cut_off_partway_leaves_no_object_and_no_upload(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    cut = FaultRule(rate=1.0, operations=frozenset({"write"}), kinds=("partial_write",))
+    store = _behind_faults(kind, cut, tmp_path, request)
+    payload = os.urandom(11 * MIB)  # on S3, the half that gets through is a whole uploaded part
+    with pytest.raises(StorageUnavailableError, match="ConnectionResetError"):
+        store.write_once("a/big.bin", payload)
+    healthy = _healthy(store)
+    assert healthy.list_files() == [], "no object, no temp file"
+    if kind == "s3":
+        bucket = healthy.root.split("/", 1)[0]
+        assert not healthy.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads"), "the upload was aborted"
+    assert healthy.write_once("a/big.bin", payload).created
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_write_whose_answer_was_lost_rewrites_as_a_no_op(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    lost = FaultRule(rate=1.0, operations=frozenset({"write"}), kinds=("lost_response",), match="*/a/obj")
+    store = _behind_faults(kind, lost, tmp_path, request)
+    written = store.write_once("a/obj", b"payload")
+    assert (written.created, written.sha256) == (False, sha256_hex(b"payload")), "the retry found its own object"
+    with pytest.raises(ObjectConflictError):
+        store.write_once("a/obj", b"other")
+    assert _healthy(store).read_bytes("a/obj") == b"payload"
+    assert _healthy(store).list_files() == ["a/obj"]
