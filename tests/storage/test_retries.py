@@ -73,6 +73,29 @@ def test_answers_and_bugs_are_never_retried(error: BaseException) -> None:
     assert not is_transient(error)
 
 
+def _as_s3fs_raises(code: str) -> BaseException:
+    """What s3fs raises for an S3 error response with ``code`` (its own translation of botocore's ClientError)."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    return translate_boto_error(ClientError({"Error": {"Code": code, "Message": f"the {code} answer"}}, "PutObject"))
+
+
+PASSING_S3_ANSWERS = ("SlowDown", "ServiceUnavailable", "503", "InternalError", "500", "502", "504", "RequestTimeout")
+STANDING_S3_ANSWERS = ("NoSuchKey", "NoSuchBucket", "404", "AccessDenied", "403", "InvalidAccessKeyId", "ExpiredToken")
+STANDING_S3_REFUSALS = ("SignatureDoesNotMatch", "InvalidBucketName", "InvalidArgument", "PreconditionFailed")
+
+
+@pytest.mark.parametrize("code", [*PASSING_S3_ANSWERS, "ConditionalRequestConflict", "OperationAborted"])
+def test_s3_answers_that_pass_are_transient_as_s3fs_reports_them(code: str) -> None:
+    assert is_transient(_as_s3fs_raises(code))
+
+
+@pytest.mark.parametrize("code", [*STANDING_S3_ANSWERS, *STANDING_S3_REFUSALS])
+def test_s3_answers_that_stand_are_not_retried(code: str) -> None:
+    assert not is_transient(_as_s3fs_raises(code))
+
+
 def test_missing_credentials_are_never_retried() -> None:
     from botocore.exceptions import NoCredentialsError, ParamValidationError
 
