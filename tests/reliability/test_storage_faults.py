@@ -20,6 +20,7 @@ Each test prints one ``storage faults:`` JSON line: faults injected by kind, row
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ import pytest
 
 from tasks.config import BatchConfig
 from tasks.finalize.publish import read_dataset_marker, read_dataset_part, read_staged_marker
+from tasks.finalize.stage import finalize_batch
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import batch_store
 from tasks.storage.errors import StorageUnavailableError
@@ -68,10 +70,10 @@ def run_batch(where: Location, config: BatchConfig, tokenizer: Any) -> None:
     finalize_and_publish(where.url, config.batch_id, storage_options=where.options)
 
 
-def dataset_rows(store: ObjectStore) -> pa.Table:
-    """The published dataset, every part checked against the marker's size and sha256, by rollout."""
-    marker = read_dataset_marker(store)
-    assert marker is not None, "the dataset is published"
+def dataset_rows(store: ObjectStore, *, published: bool = True) -> pa.Table:
+    """The published (else the staged) dataset, every part checked against the marker's size and sha256, by rollout."""
+    marker = read_dataset_marker(store) if published else read_staged_marker(store)
+    assert marker is not None, "the dataset is published" if published else "the dataset is built"
     table = pa.concat_tables(read_dataset_part(store, part) for part in marker.parts)
     return table.sort_by(DATASET_KEY)
 
@@ -156,27 +158,42 @@ def check_markers_name_whole_objects(store: ObjectStore, config: BatchConfig) ->
     return committed
 
 
-def test_a_ledger_that_refuses_every_write_fails_generate_closed(tmp_path: Path, reference, tokenizer) -> None:
+@pytest.mark.parametrize(
+    ("refused", "failed_object"),
+    [
+        ("ledger/*/calls-*", "ledger/shard-00000/attempt-00/calls-000000.parquet"),
+        ("staging/*", "staging/shard-00000/attempt-00/seg-"),
+    ],
+    ids=["calls", "staging"],
+)
+def test_storage_that_refuses_every_write_of_a_kind_fails_generate_closed(
+    refused: str, failed_object: str, tmp_path: Path, reference, tokenizer
+) -> None:
+    """No rollout is poisoned for the storage's failure, no marker is written, the retry commits attempt 1."""
     config = faults_config()
     healthy = Location(str(tmp_path / "runs"), {})
-    calls_writes = FaultRule(rate=1.0, operations=frozenset({"write"}), kinds=REFUSALS, match="*/calls-*")
-    injector = FaultInjector([calls_writes], seed=3)
+    refusing = FaultRule(rate=1.0, operations=frozenset({"write"}), kinds=REFUSALS, match=f"*/{refused}")
+    injector = FaultInjector([refusing], seed=3)
     faulty = Location(faulty_url(healthy.url), faulty_options(injector, retry=GIVE_UP_RETRY))
     with pytest.raises(StorageUnavailableError, match="storage unavailable: write") as failed:
         generate_all(faulty.url, config, tokenizer, faulty.options)
     error = failed.value
     assert (error.reason, error.operation, error.attempts) == ("storage_unavailable", "write", 3)
-    assert "/ledger/shard-00000/attempt-00/calls-000000.parquet" in error.path
+    assert f"/batches/{config.batch_id}/{failed_object}" in error.path
     store = healthy.store(config.batch_id)
-    assert read_marker(store, 0) is None, "no shard marker over calls that were never written"
-    assert not [p for p in store.list_files("ledger") if "/calls-" in p or p.endswith(".part")], "nothing half-written"
+    assert read_marker(store, 0) is None, "no shard marker over objects that were never written"
+    kind = refused.split("/", 1)[0]
+    assert not [p for p in store.list_files(kind) if fnmatch.fnmatch(p, refused) or p.endswith(".part")], (
+        "nothing half-written"
+    )
+    assert not store.list_files("ledger/shard-00000/attempt-00/receipts-000000.parquet"), "no rollout receipted"
 
-    run_batch(healthy, config, tokenizer)  # the retry, on healthy storage
+    generate_all(healthy.url, config, tokenizer)  # the retry, on healthy storage
     assert check_markers_name_whole_objects(store, config) == config.shards
     assert read_marker(store, 0).attempt == 1
-    rows = dataset_rows(store)
-    assert without_call_ids(rows) == without_call_ids(reference)
-    print(figures("ledger refuses every calls write (local)", injector, rows_lost=0))
+    finalize_batch(healthy.url, config.batch_id)
+    assert without_call_ids(dataset_rows(store, published=False)) == without_call_ids(reference)
+    print(figures(f"every {refused} write refused (local)", injector, rows_lost=0))
 
 
 def test_a_store_that_goes_away_mid_batch_fails_closed_and_the_retry_completes(s3_bucket, reference, tokenizer) -> None:
@@ -192,32 +209,36 @@ def test_a_store_that_goes_away_mid_batch_fails_closed_and_the_retry_completes(s
     committed = check_markers_name_whole_objects(store, config)
     assert committed < config.shards, "the store went away before the batch was generated"
 
-    run_batch(healthy, config, tokenizer)
+    generate_all(healthy.url, config, tokenizer)
     assert check_markers_name_whole_objects(store, config) == config.shards
-    assert without_call_ids(dataset_rows(store)) == without_call_ids(reference)
+    finalize_batch(healthy.url, config.batch_id)
+    assert without_call_ids(dataset_rows(store, published=False)) == without_call_ids(reference)
     print(figures("store goes away mid-batch (s3)", injector, shards_committed_before=committed, rows_lost=0))
 
 
-@pytest.mark.parametrize("refused", ["dataset/part-*", "dataset/_COMMITTED.json"])
-def test_finalize_and_publish_fail_closed_on_a_dataset_they_cannot_write(
-    refused: str, tmp_path: Path, reference, tokenizer
-) -> None:
+def test_finalize_and_publish_fail_closed_on_a_dataset_they_cannot_write(tmp_path: Path, reference, tokenizer) -> None:
+    """Parts refused: finalize fails, no dataset manifest; then the published marker refused: publish fails;
+    then healthy storage: the identical dataset is published."""
     config = faults_config()
     healthy = Location(str(tmp_path / "runs"), {})
-    generate_all(healthy.url, config, tokenizer)
-    rule = FaultRule(rate=1.0, operations=frozenset({"write"}), kinds=REFUSALS, match=f"*/{refused}")
-    injector = FaultInjector([rule], seed=5)
-    faulty = Location(faulty_url(healthy.url), faulty_options(injector, retry=GIVE_UP_RETRY))
-    with pytest.raises(StorageUnavailableError, match=f"storage unavailable: write .*/{refused.replace('*', '')}"):
-        finalize_and_publish(faulty.url, config.batch_id, storage_options=faulty.options)
     store = healthy.store(config.batch_id)
-    assert read_dataset_marker(store) is None, "nothing published"
-    if refused.startswith("dataset/part-"):
-        assert read_staged_marker(store) is None, "no dataset manifest over parts that were never written"
+    generate_all(healthy.url, config, tokenizer)
+    injected = []
+    for refused in ("dataset/part-*", "dataset/_COMMITTED.json"):
+        rule = FaultRule(rate=1.0, operations=frozenset({"write"}), kinds=REFUSALS, match=f"*/{refused}")
+        injector = FaultInjector([rule], seed=5)
+        faulty = Location(faulty_url(healthy.url), faulty_options(injector, retry=GIVE_UP_RETRY))
+        with pytest.raises(StorageUnavailableError, match=f"write .*/{refused.replace('*', '')}"):
+            finalize_and_publish(faulty.url, config.batch_id, storage_options=faulty.options)
+        assert read_dataset_marker(store) is None, "nothing published"
+        if refused.startswith("dataset/part-"):
+            assert read_staged_marker(store) is None, "no dataset manifest over parts that were never written"
+        injected.append(injector)
 
     finalize_and_publish(healthy.url, config.batch_id)
     assert dataset_rows(store).equals(reference)
-    print(figures(f"{refused} refused (local)", injector, rows_lost=0))
+    for refused, injector in zip(("dataset parts", "dataset/_COMMITTED.json"), injected, strict=True):
+        print(figures(f"{refused} refused (local)", injector, rows_lost=0))
 
 
 def test_unavailable_storage_is_a_retryable_failure_for_the_cli_and_the_orchestrator() -> None:
