@@ -233,19 +233,15 @@ def follow_decision(decision: ReviewDecision) -> dict[str, Any]:
 def publish(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     """Commit the dataset validation and any review let through; return the Asset event's extra (URI, counts, ...)."""
     from tasks.pipeline import publish_and_report
-    from tasks.publish import PublishRefusedError
 
     where = location(params)
     with _permanent("publish", where.root_url):
-        try:
-            published = publish_and_report(
-                where.root_url,
-                run_batch_id(params, run),
-                require_review=bool(params.get("require_review")),
-                storage_options=where.storage_options,
-            )
-        except PublishRefusedError as exc:
-            _fail(str(exc), exc)
+        published = publish_and_report(
+            where.root_url,
+            run_batch_id(params, run),
+            require_review=bool(params.get("require_review")),
+            storage_options=where.storage_options,
+        )
     marker = published.marker
     log.info("published %s/dataset (%d rows)", published.url, marker.rows)
     return {
@@ -304,15 +300,17 @@ def sweep(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
 
 @contextmanager
 def _permanent(stage: str, root: str | None) -> Iterator[None]:
-    """Turn input errors and conflicts with storage (the CLI's exit 2 and 3) into a failure without retry.
+    """Turn input errors, conflicts with storage (the CLI's exit 2 and 3) and a refused publish into a failure
+    without retry.
 
     Errors reaching storage are left to the retries: on a worker they are often transient.
     """
     from tasks.cli import CONFLICT_ERRORS, USAGE_ERRORS, classify_error
+    from tasks.publish import PublishRefusedError
 
     try:
         yield
-    except USAGE_ERRORS + CONFLICT_ERRORS as exc:
+    except (*USAGE_ERRORS, *CONFLICT_ERRORS, PublishRefusedError) as exc:
         _fail(classify_error(exc, stage, root)[1], exc)
 
 

@@ -68,3 +68,66 @@ def test_s3_storage_gets_the_connections_credentials(s3_connection, s3_endpoint,
     # a child process gets the same options from one variable
     assert storage_options_from_env(where.root_url, where.environment()) == where.storage_options
     assert list(where.environment()) == [STORAGE_OPTIONS_VARIABLE]
+
+
+def test_a_recorded_rejection_fails_the_review_and_the_publish_steps_without_retry(tmp_path):
+    """The steps follow a decision already on storage (here the CLI's): neither asks again, publish refuses for good."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tasks.orchestration import steps
+    from tasks.plan import batch_store
+    from tasks.review import new_decision, write_review
+
+    params = {"storage_url": f"file://{tmp_path}", "batch_id": "b1", "require_review": False}
+    rejection = new_decision("b1", "reject", "rewards look wrong", decided_by="alice", via="cli")
+    write_review(batch_store(params["storage_url"], "b1"), rejection)
+
+    request = steps.review_request({**params, "review_timeout_hours": 24}, RUN)
+    assert (request.decision, request.needed, request.body) == (rejection, (), "")
+    with pytest.raises(AirflowFailException, match=r"batch b1 was rejected: reject by alice \(cli\)"):
+        steps.follow_decision(request.decision)
+    with pytest.raises(AirflowFailException, match="a rejected batch is never published"):
+        steps.publish(params, RUN)
+
+
+def review_answer(chosen: list[str], reason: str | None) -> dict:
+    """The event a review task resumes with after a person's answer (as the HITL REST API records it)."""
+    import datetime as dt
+
+    return {
+        "chosen_options": chosen,
+        "params_input": {"reason": reason},
+        "responded_by_user": {"id": "admin", "name": "admin"},
+        "responded_at": dt.datetime(2026, 12, 1, tzinfo=dt.UTC),
+    }
+
+
+def test_an_answer_to_the_review_form_is_a_decision_by_who_answered_when_they_did():
+    from tasks.orchestration import steps
+
+    decision = steps.response_decision({"batch_id": "b1"}, RUN, review_answer(["Reject"], "  rewards look wrong "))
+    assert (decision.choice, decision.reason, decision.decided_by, decision.via) == (
+        "reject",
+        "rewards look wrong",
+        "admin",
+        "airflow",
+    )
+    assert decision.decided_at == review_answer([], None)["responded_at"].timestamp()
+
+
+@pytest.mark.parametrize(
+    ("chosen", "reason", "named"),
+    [
+        (["Reject"], "", "a decision to reject needs a reason"),
+        (["Publish"], None, "a decision to publish needs a reason"),
+        (["Maybe"], "why", "unknown review choice \"'Maybe'\""),
+        (["Publish", "Reject"], "why", "unknown review choice"),
+    ],
+)
+def test_a_bad_answer_to_the_review_form_fails_the_task_naming_what_is_wrong(chosen, reason, named):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tasks.orchestration import steps
+
+    with pytest.raises(AirflowFailException, match=named):
+        steps.response_decision({"batch_id": "b1"}, RUN, review_answer(chosen, reason))
