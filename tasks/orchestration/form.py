@@ -41,7 +41,7 @@ SECTIONS = (
     "Review",
 )
 RUN_FIELDS = ("batch_id", "require_review", "review_timeout_hours")
-MAX_REVIEW_TIMEOUT_HOURS = 30 * 24
+DEFAULT_REVIEW_TIMEOUT_HOURS, MAX_REVIEW_TIMEOUT_HOURS = 24, 30 * 24
 
 
 def default_storage_url(environ: Mapping[str, str] = os.environ) -> str:
@@ -209,7 +209,7 @@ def form_fields(environ: Mapping[str, str] = os.environ) -> dict[str, dict[str, 
             type="boolean",
         ),
         "review_timeout_hours": _field(
-            24,
+            DEFAULT_REVIEW_TIMEOUT_HOURS,
             "Review",
             "Review timeout (hours)",
             "a review nobody answers within this time rejects the batch (reason review_timeout) and fails the run",

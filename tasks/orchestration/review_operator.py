@@ -22,6 +22,7 @@ from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import Param
 
 from tasks.orchestration import steps
+from tasks.orchestration.form import DEFAULT_REVIEW_TIMEOUT_HOURS
 from tasks.orchestration.review_form import OPTIONS, REASON_FIELD, REASON_SCHEMA
 
 
@@ -34,7 +35,7 @@ class BatchReviewOperator(HITLOperator):
             subject="Review the batch before it is published",
             options=list(OPTIONS),
             params={REASON_FIELD: Param(**REASON_SCHEMA)},
-            response_timeout=dt.timedelta(hours=24),  # replaced by the run's review_timeout_hours in execute
+            response_timeout=dt.timedelta(hours=DEFAULT_REVIEW_TIMEOUT_HOURS),  # execute sets the run's
             **kwargs,
         )
 
