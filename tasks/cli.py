@@ -27,7 +27,7 @@ from tasks.environments.registry import EnvironmentLoadError
 from tasks.models.bundled import ModelFolderError
 from tasks.models.reference import ModelMismatchError, ModelReferenceError
 from tasks.review import ReviewInputError
-from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
+from tasks.storage.errors import StorageIntegrityError, StorageUnavailableError, UncommittedShardError
 from tasks.storage.objects import ObjectConflictError
 from tasks.storage.options import aws_variables_read, is_s3_url, storage_options_from_env
 from tasks.validate import NothingToValidateError
@@ -524,13 +524,19 @@ def classify_error(exc: BaseException, command: str, root: str | None) -> tuple[
         return EXIT_USAGE, f"{prefix}: error: {exc}"
     if isinstance(exc, CONFLICT_ERRORS):
         return EXIT_CONFLICT, f"{prefix}: conflict: {exc}"
+    if isinstance(exc, StorageUnavailableError):  # transient faults outlasted the retries: retry the command later
+        return EXIT_FAILED, f"{prefix}: failed: {exc}{_where(root)}"
     if root is not None and _is_storage_access_error(exc):
-        where = f"storage {root}"
-        if is_s3_url(root):
-            read = aws_variables_read(os.environ)
-            where += f" (AWS variables read: {', '.join(read) if read else 'none set'})"
-        return EXIT_USAGE, f"{prefix}: error: cannot use {where}: {type(exc).__name__}: {exc}"
+        return EXIT_USAGE, f"{prefix}: error: cannot use storage {root}{_where(root)}: {type(exc).__name__}: {exc}"
     return EXIT_FAILED, f"{prefix}: failed: {type(exc).__name__}: {exc} (-v shows the traceback)"
+
+
+def _where(root: str | None) -> str:
+    """For an S3 root, which AWS variables were read (names, never values); else nothing."""
+    if root is None or not is_s3_url(root):
+        return ""
+    read = aws_variables_read(os.environ)
+    return f" (AWS variables read: {', '.join(read) if read else 'none set'})"
 
 
 def _is_storage_access_error(exc: BaseException) -> bool:

@@ -319,7 +319,7 @@ def _last_activity(store: ObjectStore, claim: AttemptClaim | None, found: list[t
     times = [claim.started_at] if claim is not None else []
     for path in newest.values():
         try:
-            times.append(store.fs.modified(store.full_path(path)).timestamp())
+            times.append(store.modified_at(path))
         except (FileNotFoundError, NotImplementedError):  # swept meanwhile, or a filesystem without times
             continue
     return max(times, default=None)

@@ -42,6 +42,18 @@ def assert_no_credentials(text: str, where: str) -> None:
         assert secret not in text, f"{where} contains {secret!r}"
 
 
+@pytest.fixture(autouse=True)
+def _root_log_handlers_removed():
+    """The CLI's logging setup and Airflow's (both run in this process here) add root log handlers
+    bound to the test's captured stderr, which pytest closes after the test: they go with the test,
+    or a later log line (moto's server thread) fails to write."""
+    root = logging.getLogger()
+    before = list(root.handlers)
+    yield
+    for handler in [h for h in root.handlers if h not in before]:
+        root.removeHandler(handler)
+
+
 @pytest.fixture
 def leak_check(s3_endpoint, s3_bucket, monkeypatch, caplog):
     """A bucket reachable only through an Airflow connection holding the distinctive credentials."""
@@ -142,7 +154,13 @@ def test_cli_storage_errors_name_the_variables_read_never_their_values(
 def test_cli_endpoint_down_error_has_no_credentials(monkeypatch, capsys):
     for name in AWS_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    options = {"key": KEY, "secret": SECRET, "endpoint_url": "http://127.0.0.1:9", "config_kwargs": {"retries": {}}}
+    options = {
+        "key": KEY,
+        "secret": SECRET,
+        "endpoint_url": "http://127.0.0.1:9",
+        "config_kwargs": {"retries": {}},
+        "rollout_ledger_retry": {"attempts": 1},  # the endpoint stays down: one try gives up at once
+    }
     monkeypatch.setenv(STORAGE_OPTIONS_VARIABLE, json.dumps(options))
     code, output = cli_error(["status", "--root", "s3://bucket-leakcheck/runs", "--batch-id", "b1"], capsys)
     assert code != 0 and STORAGE_OPTIONS_VARIABLE in output
