@@ -30,7 +30,7 @@ import fsspec
 from fsspec.spec import AbstractBufferedFile
 
 from tasks.crash_points import crash_point
-from tasks.storage.options import RETRY_OPTION, retry_settings
+from tasks.storage.options import RETRY_OPTION, is_s3_url, retry_settings
 from tasks.storage.retries import RetryPolicy, call_with_retries
 
 SCHEMES_LOCAL = ("file", "local")
@@ -64,11 +64,15 @@ class ObjectStore:
     outside the root. S3 settings come from the standard AWS environment variables unless
     ``storage_options`` says otherwise. The storage option :data:`RETRY_OPTION` (else
     ``$ROLLOUT_LEDGER_STORAGE_RETRY``) sets the :class:`RetryPolicy` of every operation; the
-    other options go to fsspec.
+    other options go to fsspec. On S3, listings are not cached (``use_listings_cache`` False unless
+    given): other processes write the same prefixes, and a marker another task committed must be
+    seen at once, not after a cached listing of its folder expires.
     """
 
     def __init__(self, url: str, *, block_size: int | None = None, **storage_options: Any) -> None:
         self.retry_policy = RetryPolicy.of(retry_settings(storage_options.pop(RETRY_OPTION, None), os.environ))
+        if is_s3_url(url):
+            storage_options.setdefault("use_listings_cache", False)
         fs, root = fsspec.core.url_to_fs(url, **storage_options)
         self.fs: fsspec.AbstractFileSystem = fs
         self.url = url.rstrip("/")

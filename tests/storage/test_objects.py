@@ -196,3 +196,15 @@ def test_a_write_whose_answer_was_lost_rewrites_as_a_no_op(
         store.write_once("a/obj", b"other")
     assert _healthy(store).read_bytes("a/obj") == b"payload"
     assert _healthy(store).list_files() == ["a/obj"]
+
+
+def test_s3_objects_another_writer_creates_are_seen_at_once_whatever_this_store_listed(s3_bucket: str) -> None:
+    """A finalize task must see the marker a generate process committed after it last listed the folder."""
+    reader = ObjectStore(f"{s3_bucket}/root")
+    writer = ObjectStore(f"{s3_bucket}/root", skip_instance_cache=True)  # another process's filesystem
+    reader.write_once("ledger/shard-0/calls.parquet", b"calls")
+    assert reader.list_files("ledger") == ["ledger/shard-0/calls.parquet"]
+    assert not reader.exists("ledger/shard-0/_COMMITTED.json")
+    writer.write_once("ledger/shard-0/_COMMITTED.json", b"{}")
+    assert reader.exists("ledger/shard-0/_COMMITTED.json")
+    assert reader.read_bytes("ledger/shard-0/_COMMITTED.json") == b"{}"
