@@ -55,7 +55,7 @@ test-deploy: setup deploy-packages
 # The full crash trials (docs/reliability.md, about 30 min): 15 kill -9s of `rollout-ledger generate`
 # and 5 of a rollout_batch run's generate task, each retried; `make test` runs one of each.
 crash-trials: setup
-	CRASH_TRIALS_CLI=15 CRASH_TRIALS_DAG=5 $(PY) -m pytest -m crash_trials \
+	CRASH_TRIALS_CLI=15 CRASH_TRIALS_DAG=5 $(PY) -m pytest -m crash_trials -rP \
 		tests/reliability/test_crash_trials.py tests/orchestration/test_crash_trials_e2e.py
 
 bench: setup

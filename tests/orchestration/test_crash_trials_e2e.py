@@ -54,6 +54,7 @@ def test_a_generate_task_killed_at_a_crash_point_is_retried_by_airflow_and_the_b
     rollout_batch = local_airflow.dag_bag("rollout_batch.py").dags["rollout_batch"]
     rollout_batch.get_task("generate").partial_kwargs["retry_delay"] = dt.timedelta(seconds=1)
     trial = Trial.of_seed(seed, tmp_path / "crashed")
+    print(trial)
     monkeypatch.setenv("PYTHONPATH", str(local_airflow.CHECKOUT))
     monkeypatch.setenv(CRASH_AT_VARIABLE, trial.crash.to_json())
     root = str(tmp_path / "runs")

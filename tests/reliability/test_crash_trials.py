@@ -43,6 +43,7 @@ def test_a_generate_process_killed_at_a_crash_point_is_retried_without_losing_a_
     seed, planned, clean_run, tmp_path, request
 ):
     trial = Trial.of_seed(seed, tmp_path / "crashed")
+    print(trial)
     config = dataclasses.replace(planned, batch_id=f"crash-{seed}")
     root = request.getfixturevalue("s3_bucket") + "/runs" if (seed // 6) % 2 else str(tmp_path / "runs")
     plan_batch(root, config)
