@@ -6,8 +6,9 @@ pandas data source with a dataframe asset per profile table, one GX suite per ta
 table's id column (``result_format`` SUMMARY with ``unexpected_index_column_names``: the first
 :data:`PARTIAL_UNEXPECTED` of them, so a rate broken by many rows keeps results and Data Docs small). Data Docs
 are built, in this process, into ``site_dir`` (a ``TupleFilesystemStoreBackend``); the caller
-copies that tree to the batch's storage. GX is imported here, inside :func:`run_suite`, never
-when :mod:`tasks.validate` is imported.
+copies that tree to the batch's storage. GX is imported by :func:`load_gx` (which :func:`run_suite`
+calls, and the stage calls earlier on a thread so the import overlaps profiling), never when
+:mod:`tasks.validate` is imported.
 """
 
 from __future__ import annotations
@@ -55,13 +56,9 @@ def run_suite(
     Returns each expectation's result by name. An expectation that raises inside GX is a failed
     result carrying the error message, never an exception here.
     """
-    # 1.24.1 has no usage-statistics code left (the context config says so too); older 1.x read this.
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
-    import great_expectations as gx
+    gx = load_gx()
     from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.expectations.registry import get_expectation_impl
-
-    import tasks.validate.expectations  # noqa: F401  (registers the custom expectations)
 
     context = gx.get_context(mode="ephemeral", project_config=_project_config(site_dir))
     source = context.data_sources.add_pandas(suite.name)
@@ -105,6 +102,25 @@ def run_suite(
 
 
 _SITE = "rollout_ledger"
+
+
+def load_gx() -> Any:
+    """Import GX (seconds, once per process), register the custom expectations, and return the module.
+
+    GX fingerprints every in-memory frame under 1 GB (an md5 over pandas' row hashes, kept only in
+    the batch markers); the profiles are built here from objects already checked by sha256, and
+    that fingerprint cost about a second of validation at 10^8 tokens, so it is switched off.
+    Safe to call from several threads: Python's import lock makes the later callers wait.
+    """
+    # 1.24.1 has no usage-statistics code left (the context config says so too); older 1.x read this.
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    import great_expectations as gx
+    from great_expectations.execution_engine import pandas_execution_engine
+
+    import tasks.validate.expectations  # noqa: F401  (registers the custom expectations)
+
+    pandas_execution_engine.HASH_THRESHOLD = 0  # GX hashes a frame only when its memory is below this
+    return gx
 
 
 def _project_config(site_dir: Path) -> Any:
