@@ -127,6 +127,27 @@ class ObjectStore:
             self._retried("replace", relative, lambda: self.fs.pipe_file(path, data))  # one whole-object PUT on S3
 
     def _link_local(self, path: str, data: bytes) -> bool:
+        def link(temp: str) -> bool:
+            try:
+                self.fs.link(temp, path)
+            except FileExistsError:
+                return False
+            return True
+
+        return self._through_temp_local(path, data, link)
+
+    def _rename_local(self, path: str, data: bytes) -> None:
+        def rename(temp: str) -> bool:
+            self.fs.mv(temp, path)
+            return True
+
+        self._through_temp_local(path, data, rename)
+
+    def _through_temp_local(self, path: str, data: bytes, place: Callable[[str], bool]) -> bool:
+        """Write ``data`` durably to a temp file beside ``path``, then ``place`` it there (False: not placed).
+
+        The temp file goes whatever happens; the directory is fsynced once something was placed.
+        """
         directory = os.path.dirname(path)
         _makedirs_durable(directory)
         temp = _temp_file(directory)
@@ -134,26 +155,12 @@ class ObjectStore:
             with self.fs.open(temp, "wb") as handle:
                 _write_durably(handle, data)
                 crash_point("object_write", path)
-            try:
-                self.fs.link(temp, path)
-            except FileExistsError:
-                return False
+            placed = place(temp)
         finally:
             _remove_temp(temp)
-        _fsync_dir(directory)
-        return True
-
-    def _rename_local(self, path: str, data: bytes) -> None:
-        directory = os.path.dirname(path)
-        _makedirs_durable(directory)
-        temp = _temp_file(directory)
-        try:
-            with self.fs.open(temp, "wb") as handle:
-                _write_durably(handle, data)
-            self.fs.mv(temp, path)
-        finally:
-            _remove_temp(temp)
-        _fsync_dir(directory)
+        if placed:
+            _fsync_dir(directory)
+        return placed
 
     def _write_exclusive(self, path: str, data: bytes) -> bool:
         """One exclusive create: the upload is committed by ``close``, and discarded if writing it failed.
