@@ -158,7 +158,7 @@ def test_cli_endpoint_down_error_has_no_credentials(monkeypatch, capsys):
         "key": KEY,
         "secret": SECRET,
         "endpoint_url": "http://127.0.0.1:9",
-        "config_kwargs": {"retries": {}},
+        "config_kwargs": {"retries": {"total_max_attempts": 1}},
         "rollout_ledger_retry": {"attempts": 1},  # the endpoint stays down: one try gives up at once
     }
     monkeypatch.setenv(STORAGE_OPTIONS_VARIABLE, json.dumps(options))
