@@ -17,7 +17,7 @@ import pytest
 
 from tasks.config import BatchConfig, ModelSpec
 from tasks.engines.base import SamplingSettings
-from tasks.generate import generate_shard
+from tasks.generate import generate_shards
 from tasks.plan import batch_store, plan_batch
 from tasks.storage.objects import ObjectStore
 
@@ -67,16 +67,15 @@ def generate_all(root: str, config: BatchConfig, tokenizer: Any, storage_options
 
     plan_batch(root, config, storage_options)
     engine = FakeScriptedEngine(tokenizer, reply=lambda request: str(request.seed % 8 + 1))
-    for shard in range(config.shards):
-        generate_shard(
-            root,
-            config.batch_id,
-            shard,
-            engine=engine,
-            run=asyncio.run,
-            progress=False,
-            storage_options=storage_options,
-        )
+    generate_shards(
+        root,
+        config.batch_id,
+        range(config.shards),
+        engine=engine,
+        run=asyncio.run,
+        progress=False,
+        storage_options=storage_options,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -113,7 +113,7 @@ def run_load(
     """
     from tasks.finalize.publish import read_dataset_part, read_staged_marker
     from tasks.finalize.stage import finalize_batch
-    from tasks.generate import generate_shard
+    from tasks.generate import generate_shards
     from tasks.pipeline import finalize_and_publish
     from tasks.plan import batch_store, plan_batch
     from tasks.storage.marker import read_marker
@@ -127,18 +127,15 @@ def run_load(
         with timed(seconds, "plan"):
             plan_batch(root_url, config, storage_options)
         with timed(seconds, "generate"):
-            summaries = [
-                generate_shard(
-                    root_url,
-                    config.batch_id,
-                    shard,
-                    engine=engine,
-                    run=asyncio.run,
-                    progress=False,
-                    storage_options=storage_options,
-                )
-                for shard in range(config.shards)
-            ]
+            summaries = generate_shards(
+                root_url,
+                config.batch_id,
+                range(config.shards),
+                engine=engine,
+                run=asyncio.run,
+                progress=False,
+                storage_options=storage_options,
+            )
         generate_peak = rss.peak_mb
         with timed(seconds, "finalize"):
             staged = finalize_batch(root_url, config.batch_id, storage_options=storage_options)
