@@ -162,8 +162,9 @@ def test_the_deadline_bounds_the_retries() -> None:
 
     with pytest.raises(StorageUnavailableError) as raised:
         call_with_retries(policy, "list", "file:///root", action)
-    assert calls[-1] - calls[0] < 0.05, "no try starts after the deadline"
-    assert raised.value.attempts == len(calls) < 10_000
+    # No wait is planned past the deadline; a loaded machine may overshoot a planned sleep a little.
+    assert calls[-1] - calls[0] < 0.05 + 0.25, "no try starts well after the deadline"
+    assert 1 < raised.value.attempts == len(calls) < 10_000, "the deadline, not the attempts, stopped the retries"
 
 
 def test_one_attempt_turns_retries_off() -> None:
