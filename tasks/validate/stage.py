@@ -14,7 +14,6 @@ import json
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -28,7 +27,7 @@ from tasks.plan import batch_store, read_batch_config
 from tasks.storage import layout
 from tasks.storage.objects import ObjectStore, sha256_hex
 from tasks.validate.dataset_profile import profile_dataset
-from tasks.validate.gx_run import load_gx, run_suite
+from tasks.validate.gx_run import run_suite
 from tasks.validate.lineage_profile import lineage_inputs, profile_lineage
 from tasks.validate.suite_runs import (
     INDEX_NAME,
@@ -129,10 +128,7 @@ def _run(
     current = read_suite_summary(store, suite.name)
     if current is not None and current.run_key == run_key:
         return _outcome(store, current, created=False)
-    with ThreadPoolExecutor(1, thread_name_prefix="gx-import") as importer:
-        imported = importer.submit(load_gx)  # the import's seconds overlap the profile's reads
-        tables = profile()
-        imported.result()
+    tables = profile()
     run = claim_run(store, suite.name, run_key=run_key, batch_id=batch_id)
     with tempfile.TemporaryDirectory(prefix=f"rollout-ledger-{suite.name}-docs-") as tmp:
         site = Path(tmp)
