@@ -58,7 +58,7 @@ from tasks.storage.marker import read_marked_bytes
 from tasks.storage.objects import ObjectStore, sha256_hex
 from tasks.strict_json import parse_json
 from tasks.validate import read_suite_summary
-from tasks.validate.suites import SUITES
+from tasks.validate.suites import DATASET_TABLES, LINEAGE, LINEAGE_TABLES, SUITES
 from tasks.validate.summary import ExpectationOutcome, SuiteSummary
 
 INDEX = layout.REPORTS_INDEX
@@ -166,12 +166,18 @@ class DatasetProfile:
 
 @dataclass(frozen=True)
 class SuiteView:
-    """A suite's current summary (None: not run), why it could not be read, and whether its Data Docs exist."""
+    """A suite's current summary (None: not run), why it could not be read, and whether its Data Docs exist.
+
+    ``pages``: (table, batch-relative path) of the run's validation result pages, in the suite's
+    table order. Linked from the card as well as from the Data Docs index, whose list of them is
+    drawn by scripts from public CDNs and stays empty offline.
+    """
 
     suite: str
     summary: SuiteSummary | None
     error: str | None = None
     docs: bool = False
+    pages: tuple[tuple[str, str], ...] = ()
 
     @property
     def status(self) -> str:
@@ -307,8 +313,19 @@ def read_suite_view(store: ObjectStore, suite: str) -> SuiteView:
     try:
         docs = store.exists(summary.report)
     except ValueError:  # not a batch-relative path
-        docs = False
-    return SuiteView(suite, summary, docs=docs)
+        return SuiteView(suite, summary)
+    return SuiteView(suite, summary, docs=docs, pages=_validation_pages(store, suite, summary.report) if docs else ())
+
+
+def _validation_pages(store: ObjectStore, suite: str, report: str) -> tuple[tuple[str, str], ...]:
+    """The validation result pages beside the Data Docs index ``report``: ``validations/.../{suite}-{table}.html``."""
+    found = {}
+    for path in store.list_files(f"{report.rsplit('/', 1)[0]}/validations"):
+        name = path.rsplit("/", 1)[-1]
+        if name.startswith(f"{suite}-") and name.endswith(".html"):
+            found[name.removeprefix(f"{suite}-").removesuffix(".html")] = path
+    tables = LINEAGE_TABLES if suite == LINEAGE else DATASET_TABLES
+    return tuple((table.name, found[table.name]) for table in tables if table.name in found)
 
 
 def _value_counts(column: pa.ChunkedArray) -> dict[int | None, int]:
@@ -627,6 +644,9 @@ def _suite_card(view: SuiteView) -> str:
         if view.docs
         else f'<span class="muted">no Data Docs at {_e(summary.report)}</span>'
     )
+    if view.pages:
+        links = " · ".join(f'<a href="{_e(docs_link(path))}">{_e(table)}</a>' for table, path in view.pages)
+        docs += f"<br>results by table: {links}"
     counts = summary.counts
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(summary.created_at))
     return (

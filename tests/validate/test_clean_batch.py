@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from tasks.validate import (
     validate_dataset,
     validate_lineage,
 )
+from tasks.validate.report import write_report_index
 from tasks.validate.suites import DATASET_TABLES, LINEAGE_TABLES
 from tasks.validate.summary import MalformedSummaryError
 
@@ -95,6 +97,18 @@ def test_reports_are_written_under_the_run_directory(validated):
         tables = {"lineage": LINEAGE_TABLES, "dataset": DATASET_TABLES}[suite]
         assert pages == sorted(f"{suite}-{table.name}.html" for table in tables)
     assert not [p for p in batch.root.rglob("gx") if p.is_dir()]
+
+
+def test_the_overview_links_each_tables_validation_page(validated):
+    """Offline, the Data Docs index lists nothing (its table is drawn by CDN scripts): the overview links every page."""
+    batch, _ = validated
+    page = (batch.dir / write_report_index(str(batch.root), batch.batch_id)).read_text()
+    for suite, tables in (("lineage", LINEAGE_TABLES), ("dataset", DATASET_TABLES)):
+        for table in tables:
+            pattern = rf'<a href="({suite}/run-000/validations/[^"]+/{suite}-{table.name}\.html)">{table.name}</a>'
+            links = re.findall(pattern, page)
+            assert len(links) == 1, (suite, table.name)
+            assert (batch.dir / "reports" / links[0]).is_file()
 
 
 def test_summary_json_keeps_the_documented_format(validated):
