@@ -8,7 +8,8 @@ Each shard not yet committed then runs as a new attempt: it claims the attempt
 (``_CLAIM.json``, create-once), adopts every rollout an earlier attempt receipted (a receipt is
 final), runs the rest concurrently (at most ``max_in_flight`` at once in the engine's
 continuous batch), writes a receipt per rollout and then the shard's commit marker, and sweeps
-orphans. A shard committed meanwhile by another writer (a zombie and its retry) is not
+orphans. The engine starts when the first attempt has a rollout to run: a retry after a crash at
+commit time, which adopts every rollout, commits without one. A shard committed meanwhile by another writer (a zombie and its retry) is not
 committed twice: the loser returns the winner's summary.
 
 An interruption (SIGTERM, SIGINT) or the engine dying ends the attempt: receipts of completed
@@ -155,7 +156,8 @@ def generate_shards(
 
     With ``engine`` given, ``run`` must execute a coroutine on the loop the engine lives on
     (``BackgroundLoop.run``) and the engine must serve at least the planned weight version;
-    otherwise the engine the batch config names is created at the planned weight version and
+    otherwise the engine the batch config names is created at the planned weight version when an
+    attempt first has a rollout to run (never, when earlier attempts receipted them all), and
     shut down before returning, on every path. ``on_engine_start(expected_seconds)`` wraps the
     engine's whole life (the CLI prints a notice and redirects engine output there).
     ``try_number`` (the orchestrator's) is recorded in each attempt's claim.
@@ -168,7 +170,7 @@ def generate_shards(
         if run is None:
             raise ValueError("an engine passed in needs `run`, which runs a coroutine on the engine's event loop")
         _check_engine_version(engine, batch.config)
-        return run(_run_shards(batch, shards, engine))
+        return run(_run_shards(batch, shards, _ShardEngine(batch.config, engine=engine)))
     return _with_own_engine(batch, shards, on_engine_start)
 
 
@@ -212,41 +214,75 @@ def _check_engine_version(engine: Engine, config: BatchConfig) -> None:
 def _with_own_engine(
     batch: _Batch, shards: Sequence[int], on_engine_start: Callable[[float], Any] | None
 ) -> list[ShardSummary]:
-    from tasks.engines.startup import expected_start_seconds
-
-    expected = expected_start_seconds(batch.config.engine.name)
-    wrap = on_engine_start(expected) if on_engine_start is not None else contextlib.nullcontext()
     stop = _StopSignals()
-    with wrap:
-        try:
-            return asyncio.run(_serve_with_own_engine(batch, shards, stop))
-        except BaseException as exc:
-            # Ctrl-C reaches the engine's processes too: whatever broke first, a signal stopped us.
-            if stop.signum is None:
-                raise
-            raise GenerateInterrupted(stop.signum, [s for s in shards if s not in batch.summaries]) from exc
+    try:
+        return asyncio.run(_serve_with_own_engine(batch, shards, stop, on_engine_start))
+    except BaseException as exc:
+        # Ctrl-C reaches the engine's processes too: whatever broke first, a signal stopped us.
+        if stop.signum is None:
+            raise
+        raise GenerateInterrupted(stop.signum, [s for s in shards if s not in batch.summaries]) from exc
 
 
-async def _serve_with_own_engine(batch: _Batch, shards: Sequence[int], stop: _StopSignals) -> list[ShardSummary]:
-    from tasks.engines import create_engine
-    from tasks.engines.startup import record_start_seconds
-
-    config = batch.config
+async def _serve_with_own_engine(
+    batch: _Batch, shards: Sequence[int], stop: _StopSignals, on_engine_start: Callable[[float], Any] | None
+) -> list[ShardSummary]:
+    engine = _ShardEngine(batch.config, on_start=on_engine_start, model_folder=batch.model_folder)
     with stop.cancelling(asyncio.current_task()):
+        try:
+            return await _run_shards(batch, shards, engine)
+        finally:
+            await engine.close()
+
+
+class _ShardEngine:
+    """The engine the shards run on: one passed in, or the batch's own, started the first time an
+    attempt has a rollout to run (a retry that adopts every rollout starts none) and shut down by
+    :meth:`close`, with ``on_start(expected_seconds)`` entered before it starts and left after."""
+
+    def __init__(
+        self,
+        config: BatchConfig,
+        *,
+        engine: Engine | None = None,
+        on_start: Callable[[float], contextlib.AbstractContextManager[Any]] | None = None,
+        model_folder: Path | None = None,
+    ) -> None:
+        self._config, self._engine, self._own = config, engine, engine is None
+        self._on_start, self._model_folder = on_start, model_folder
+        self._context = contextlib.ExitStack()
+
+    async def get(self) -> Engine:
+        if self._engine is None:
+            self._engine = await self._start()
+        return self._engine
+
+    async def _start(self) -> Engine:
+        from tasks.engines import create_engine
+        from tasks.engines.startup import expected_start_seconds, record_start_seconds
+
+        config = self._config
+        if self._on_start is not None:
+            self._context.enter_context(self._on_start(expected_start_seconds(config.engine.name)))
         started = time.monotonic()
         log.info("starting the %s engine on %s", config.engine.name, config.model.reference)
         engine = await create_engine(
             config.engine.name,
-            model_path=batch.model_folder,  # type: ignore[arg-type]
+            model_path=self._model_folder,  # type: ignore[arg-type]
             options=config.engine.options,
             weight_version=config.weight_version,
         )
         record_start_seconds(config.engine.name, time.monotonic() - started)
         log.info("engine started in %.0f s", time.monotonic() - started)
+        return engine
+
+    async def close(self) -> None:
+        """Shut down an engine this started (one passed in stays up); leave ``on_start``'s context."""
         try:
-            return await _run_shards(batch, shards, engine)
+            if self._own and self._engine is not None:
+                await self._engine.close()
         finally:
-            await engine.close()
+            self._context.close()
 
 
 class _StopSignals:
@@ -285,7 +321,7 @@ class _StopSignals:
                 signal.signal(signum, handler)
 
 
-async def _run_shards(batch: _Batch, shards: Sequence[int], engine: Engine) -> list[ShardSummary]:
+async def _run_shards(batch: _Batch, shards: Sequence[int], engine: _ShardEngine) -> list[ShardSummary]:
     for shard in shards:
         marker = batch.committed.get(shard) or await asyncio.to_thread(read_marker, batch.store, shard)
         if marker is not None:
@@ -318,7 +354,7 @@ class _Finished:
     calls: int
 
 
-async def _run_attempt(batch: _Batch, claim: AttemptClaim, engine: Engine) -> ShardSummary:
+async def _run_attempt(batch: _Batch, claim: AttemptClaim, engine: _ShardEngine) -> ShardSummary:
     store, config, shard, attempt = batch.store, batch.config, claim.shard, claim.attempt
     started = time.monotonic()
     try:
@@ -338,6 +374,7 @@ async def _run_attempt(batch: _Batch, claim: AttemptClaim, engine: Engine) -> Sh
         len(recovery.rollouts),
         len(todo),
     )
+    running = await engine.get() if todo else None  # an attempt that adopts every rollout needs no engine
     staging = StagingWriter(
         store,
         shard=shard,
@@ -347,7 +384,50 @@ async def _run_attempt(batch: _Batch, claim: AttemptClaim, engine: Engine) -> Sh
         max_delay_ms=config.staging.max_delay_ms,
     )
     ledger = LedgerWriter(store, batch_id=config.batch_id, shard=shard, attempt=attempt, adopted=recovery)
-    reader = StagedReader(store)
+    try:
+        finished = [] if running is None else await _run_rollouts(batch, claim, todo, running, staging, ledger)
+    finally:
+        await _stop_writers(staging, ledger if batch.capture else None)
+    extra = {
+        "generated_tokens": sum(f.generated_tokens for f in finished),
+        "seconds": time.monotonic() - started,
+        "already_committed": False,
+    }
+    if not batch.capture:
+        return ShardSummary(
+            batch_id=config.batch_id,
+            shard=shard,
+            attempt=attempt,
+            rollouts=len(finished),
+            ok=0,
+            poisoned=0,
+            failed=0,
+            adopted=0,
+            calls=sum(f.calls for f in finished),
+            failures=0,
+            swept=0,
+            **extra,
+        )
+    outcomes = [*(f.outcome for f in finished), *(_outcome(b.receipt, b.manifest) for b in recovery.rollouts)]
+    try:
+        marker = await asyncio.to_thread(ledger.commit, staging_segments=staging.segments)
+    except ObjectConflictError:
+        return await _committed_by_another(store, shard, attempt)
+    report = await asyncio.to_thread(sweep_orphans, store, shard)
+    return ShardSummary.of_marker(marker, swept=len(report.deleted), signal=TrainingSignal.of(outcomes), **extra)
+
+
+async def _run_rollouts(
+    batch: _Batch,
+    claim: AttemptClaim,
+    todo: Sequence[PlannedRollout],
+    engine: Engine,
+    staging: StagingWriter,
+    ledger: LedgerWriter,
+) -> list[_Finished]:
+    """Run ``todo`` on ``engine``, at most ``max_in_flight`` at once, captured into ``staging`` and ``ledger``."""
+    config, shard, attempt = batch.config, claim.shard, claim.attempt
+    reader = StagedReader(batch.store)
     cache = ChainPrefixCache()
     capture = CallCapture(
         engine=engine,
@@ -387,34 +467,7 @@ async def _run_attempt(batch: _Batch, claim: AttemptClaim, engine: Engine) -> Sh
     finally:
         heartbeat.cancel()
         progress.close()
-        await _stop_writers(staging, ledger if batch.capture else None)
-    extra = {
-        "generated_tokens": sum(f.generated_tokens for f in finished),
-        "seconds": time.monotonic() - started,
-        "already_committed": False,
-    }
-    if not batch.capture:
-        return ShardSummary(
-            batch_id=config.batch_id,
-            shard=shard,
-            attempt=attempt,
-            rollouts=len(finished),
-            ok=0,
-            poisoned=0,
-            failed=0,
-            adopted=0,
-            calls=sum(f.calls for f in finished),
-            failures=0,
-            swept=0,
-            **extra,
-        )
-    outcomes = [*(f.outcome for f in finished), *(_outcome(b.receipt, b.manifest) for b in recovery.rollouts)]
-    try:
-        marker = await asyncio.to_thread(ledger.commit, staging_segments=staging.segments)
-    except ObjectConflictError:
-        return await _committed_by_another(store, shard, attempt)
-    report = await asyncio.to_thread(sweep_orphans, store, shard)
-    return ShardSummary.of_marker(marker, swept=len(report.deleted), signal=TrainingSignal.of(outcomes), **extra)
+    return finished
 
 
 async def _stop_writers(staging: StagingWriter, ledger: LedgerWriter | None) -> None:

@@ -200,6 +200,31 @@ def test_a_model_whose_hashes_differ_from_the_plan_is_refused_before_any_engine_
         generate_shard(root, config.batch_id, 0, progress=False)
 
 
+def test_a_retry_that_adopts_every_rollout_commits_without_starting_an_engine(root, tokenizer, monkeypatch):
+    """A crash between the last receipt and the marker: the retry adopts everything, so no engine starts."""
+    from tasks.models.provenance import model_provenance
+    from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+
+    planned = model_provenance(resolve_model_reference(BUNDLED_REFERENCE))
+    config = make_config(shards=1, num_tasks=2, model=ModelSpec(reference=BUNDLED_REFERENCE, **planned))
+    plan_batch(root, config)
+    store = batch_store(root, config.batch_id)
+    (first,) = run(root, config, [0], FakeScriptedEngine(tokenizer))
+    store.delete(layout.shard_marker(0))  # attempt 0 receipted every rollout; its marker never landed
+
+    async def no_engine(*args, **kwargs):
+        raise AssertionError("an engine was started for a shard with nothing left to run")
+
+    notices = []
+    monkeypatch.setattr("tasks.engines.create_engine", no_engine)
+    summary = generate_shard(root, config.batch_id, 0, progress=False, on_engine_start=notices.append)
+    assert (summary.attempt, summary.adopted, summary.rollouts) == (1, first.rollouts, first.rollouts)
+    assert (summary.generated_tokens, notices) == (0, [])
+    marker = read_marker(store, 0)
+    assert marker is not None and marker.attempt == 1
+    assert {r.attempt for r in LedgerReader(store, 0).receipts} == {0}
+
+
 def test_an_edited_prompt_file_is_refused_before_any_engine_starts(root, tmp_path, monkeypatch):
     from tasks.environments.registry import EnvironmentLoadError
 
