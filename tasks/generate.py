@@ -9,8 +9,9 @@ Each shard not yet committed then runs as a new attempt: it claims the attempt
 final), runs the rest concurrently (at most ``max_in_flight`` at once in the engine's
 continuous batch), writes a receipt per rollout and then the shard's commit marker, and sweeps
 orphans. The engine starts when the first attempt has a rollout to run: a retry after a crash at
-commit time, which adopts every rollout, commits without one. A shard committed meanwhile by another writer (a zombie and its retry) is not
-committed twice: the loser returns the winner's summary.
+commit time, which adopts every rollout, commits without one. A shard committed meanwhile by
+another writer (a zombie and its retry) is not committed twice: the loser returns the winner's
+summary.
 
 An interruption (SIGTERM, SIGINT) or the engine dying ends the attempt: receipts of completed
 rollouts are flushed (the retry adopts them), rollouts in flight get no receipt (the retry
