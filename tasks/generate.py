@@ -375,7 +375,6 @@ async def _run_attempt(batch: _Batch, claim: AttemptClaim, engine: _ShardEngine)
         len(recovery.rollouts),
         len(todo),
     )
-    running = await engine.get() if todo else None  # an attempt that adopts every rollout needs no engine
     staging = StagingWriter(
         store,
         shard=shard,
@@ -386,7 +385,8 @@ async def _run_attempt(batch: _Batch, claim: AttemptClaim, engine: _ShardEngine)
     )
     ledger = LedgerWriter(store, batch_id=config.batch_id, shard=shard, attempt=attempt, adopted=recovery)
     try:
-        finished = [] if running is None else await _run_rollouts(batch, claim, todo, running, staging, ledger)
+        # An attempt that adopts every rollout starts no engine.
+        finished = await _run_rollouts(batch, claim, todo, engine, staging, ledger) if todo else []
     finally:
         await _stop_writers(staging, ledger if batch.capture else None)
     extra = {
@@ -422,16 +422,16 @@ async def _run_rollouts(
     batch: _Batch,
     claim: AttemptClaim,
     todo: Sequence[PlannedRollout],
-    engine: Engine,
+    engine: _ShardEngine,
     staging: StagingWriter,
     ledger: LedgerWriter,
 ) -> list[_Finished]:
-    """Run ``todo`` on ``engine``, at most ``max_in_flight`` at once, captured into ``staging`` and ``ledger``."""
+    """Run ``todo`` on ``engine`` (started if it is not yet), at most ``max_in_flight`` at once, captured."""
     config, shard, attempt = batch.config, claim.shard, claim.attempt
     reader = StagedReader(batch.store)
     cache = ChainPrefixCache()
     capture = CallCapture(
-        engine=engine,
+        engine=await engine.get(),
         sampling=config.sampling,
         staging=staging,
         ledger=ledger,
