@@ -21,33 +21,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from tasks.config import ADVANTAGES, ON_INVALID, BatchConfig, ConfigError, SamplingSettings
-from tasks.environments.prompts_file import PromptFileError
-from tasks.environments.registry import EnvironmentLoadError
-from tasks.models.bundled import ModelFolderError
-from tasks.models.reference import ModelMismatchError, ModelReferenceError
-from tasks.review import ReviewInputError
-from tasks.storage.errors import StorageIntegrityError, StorageUnavailableError, UncommittedShardError
-from tasks.storage.objects import ObjectConflictError
+from tasks.config import ADVANTAGES, ON_INVALID, BatchConfig, SamplingSettings
+from tasks.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ConfigError,
+    ConflictError,
+    EngineDeadError,
+    GenerateInterrupted,
+    RefusedError,
+    ReviewInputError,
+    StorageUnavailableError,
+    UsageError,
+    exit_code,
+)
 from tasks.storage.options import aws_variables_read, is_s3_url, storage_options_from_env
-from tasks.validate import NothingToValidateError
 from tasks.validate.suites import SUITES
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICT = 0, 1, 2, 3
-EXIT_SIGNAL_BASE = 128
 QUIET_LIBRARIES = ("great_expectations",)
 log = logging.getLogger("rollout_ledger")
-USAGE_ERRORS = (
-    ConfigError,
-    EnvironmentLoadError,
-    PromptFileError,
-    ModelReferenceError,
-    ModelFolderError,
-    UncommittedShardError,
-    NothingToValidateError,
-    ReviewInputError,
-)
-CONFLICT_ERRORS = (ObjectConflictError, ModelMismatchError, StorageIntegrityError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -502,30 +495,30 @@ COMMANDS = {
 
 
 def classify_error(exc: BaseException, command: str, root: str | None) -> tuple[int, str]:
-    """The exit code and the one line a person sees for an error of ``command`` (no traceback)."""
-    from tasks.engines.base import EngineDeadError
-    from tasks.generate import GenerateInterrupted
-    from tasks.pipeline import ValidationFailedError
-    from tasks.publish import PublishRefusedError
+    """The exit code and the one line a person sees for an error of ``command`` (no traceback).
 
+    The code is the error's own (:mod:`tasks.errors`); an error reaching storage that is not ours
+    (a missing bucket, no credentials) is the user's setup: a usage error.
+    """
     prefix = f"rollout-ledger {command}"
+    code = exit_code(exc)
     if isinstance(exc, GenerateInterrupted):
-        return EXIT_SIGNAL_BASE + exc.signum, f"{prefix}: {exc}"
+        return code, f"{prefix}: {exc}"
     if isinstance(exc, KeyboardInterrupt):
-        return EXIT_SIGNAL_BASE + 2, f"{prefix}: interrupted; nothing was committed by this run"
+        return code, f"{prefix}: interrupted; nothing was committed by this run"
     if isinstance(exc, EngineDeadError):
-        return EXIT_FAILED, (
+        return code, (
             f"{prefix}: failed: the engine died ({exc}); receipts of completed rollouts were flushed and no "
             "shard marker was written: run generate again to adopt them and re-run the rest"
         )
-    if isinstance(exc, (ValidationFailedError, PublishRefusedError)):
-        return EXIT_FAILED, f"{prefix}: {exc}"
-    if isinstance(exc, USAGE_ERRORS):
-        return EXIT_USAGE, f"{prefix}: error: {exc}"
-    if isinstance(exc, CONFLICT_ERRORS):
-        return EXIT_CONFLICT, f"{prefix}: conflict: {exc}"
+    if isinstance(exc, RefusedError):
+        return code, f"{prefix}: {exc}"
+    if isinstance(exc, UsageError) or code == EXIT_USAGE:
+        return code, f"{prefix}: error: {exc}"
+    if isinstance(exc, ConflictError):
+        return code, f"{prefix}: conflict: {exc}"
     if isinstance(exc, StorageUnavailableError):  # transient faults outlasted the retries: retry the command later
-        return EXIT_FAILED, f"{prefix}: failed: {exc}{_where(root)}"
+        return code, f"{prefix}: failed: {exc}{_where(root)}"
     if root is not None and _is_storage_access_error(exc):
         return EXIT_USAGE, f"{prefix}: error: cannot use storage {root}{_where(root)}: {type(exc).__name__}: {exc}"
     return EXIT_FAILED, f"{prefix}: failed: {type(exc).__name__}: {exc} (-v shows the traceback)"

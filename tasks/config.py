@@ -16,6 +16,7 @@ from typing import Any, Self
 
 from tasks.checks import check_choice, check_finite, check_hex_digest, check_int, check_text
 from tasks.engines.base import SamplingSettings
+from tasks.errors import ConfigError
 from tasks.ids import check_id
 from tasks.strict_json import load_dataclass, parse_json
 
@@ -25,10 +26,6 @@ ON_INVALID = ("mask", "drop")
 ADVANTAGES = ("grpo", "dr_grpo", "rloo")
 SAFE_OVERRIDES = ("on_invalid", "advantage", "validation")
 PROVENANCE_FIELDS = ("weights_sha256", "tokenizer_sha256", "chat_template_sha256")
-
-
-class ConfigError(ValueError):
-    """A batch config field is missing, unknown or out of range; the message names it."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ rollouts are flushed (the retry adopts them), rollouts in flight get no receipt 
 re-runs them), no marker is written, the engine is shut down, and the caller gets
 :class:`GenerateInterrupted` or :class:`~tasks.engines.base.EngineDeadError`. Storage that stays
 unavailable through an operation's retries ends the attempt the same way, with
-:class:`~tasks.storage.errors.StorageUnavailableError` (the flush of receipts may fail with it too).
+:class:`~tasks.errors.StorageUnavailableError` (the flush of receipts may fail with it too).
 """
 
 from __future__ import annotations
@@ -40,18 +40,25 @@ from tasks.capture.calls import CallCapture, RolloutCapture
 from tasks.capture.prefix_cache import ChainPrefixCache
 from tasks.capture.records import CallRecord, Receipt, canonical_json
 from tasks.capture.terminal import attribute_terminal
-from tasks.config import BatchConfig, ConfigError
-from tasks.engines.base import Engine, EngineDeadError
+from tasks.config import BatchConfig
+from tasks.engines.base import Engine
 from tasks.environments.base import Environment, Turn, check_messages
 from tasks.environments.registry import load_environment
+from tasks.errors import (
+    ConfigError,
+    EngineDeadError,
+    GenerateInterrupted,
+    ObjectConflictError,
+    ShardAlreadyCommittedError,
+    StorageUnavailableError,
+)
 from tasks.plan import PlannedRollout, batch_store, read_batch_config, read_shard_plan
 from tasks.storage.claims import AttemptClaim, claim_attempt
-from tasks.storage.errors import StorageUnavailableError
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.marker import ShardMarker, read_marker
-from tasks.storage.objects import ObjectConflictError, ObjectStore
+from tasks.storage.objects import ObjectStore
 from tasks.storage.options import StorageOptions
-from tasks.storage.recovery import ShardAlreadyCommittedError, recover_earlier_attempts
+from tasks.storage.recovery import recover_earlier_attempts
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import StagingWriter
 from tasks.storage.sweep import sweep_orphans
@@ -67,18 +74,6 @@ HEARTBEAT_SECONDS = 10.0
 LEDGER_FLUSH_SECONDS = 10.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 Runner = Callable[[Coroutine[Any, Any, Any]], Any]
-
-
-class GenerateInterrupted(Exception):
-    """A signal stopped generation; completed rollouts were flushed, no shard marker was written."""
-
-    def __init__(self, signum: int, shards: Sequence[int]) -> None:
-        name = signal.Signals(signum).name
-        super().__init__(
-            f"stopped by {name}: receipts of completed rollouts were flushed and no shard marker was written "
-            f"(shards {list(shards)} stay uncommitted); run generate again to adopt them and re-run the rest"
-        )
-        self.signum = signum
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.config import ConfigError, ValidationSpec
+from tasks.config import ValidationSpec
+from tasks.errors import ConfigError, ValidationFailedError
 from tasks.finalize.publish import StagedDataset
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.plan import batch_store, read_batch_config
 from tasks.publish import PublishedBatch, publish_batch, record_decision
 from tasks.review import ReviewDecision
 from tasks.storage.options import StorageOptions
-
-
-class ValidationFailedError(RuntimeError):
-    """A suite failed the batch: its failing expectations and report are in the message."""
 
 
 @dataclass(frozen=True)

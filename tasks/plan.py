@@ -17,18 +17,15 @@ import pyarrow.parquet as pq
 
 from tasks import ids
 from tasks.capture.records import canonical_json
-from tasks.config import BatchConfig, ConfigError
+from tasks.config import BatchConfig
 from tasks.environments.base import Environment
 from tasks.environments.prompts_file import PromptsFile
 from tasks.environments.registry import load_environment
+from tasks.errors import ConfigError, ObjectConflictError, PlanConflictError
 from tasks.schema import ArrowRecord, column, read_parquet_bytes
 from tasks.storage import layout
-from tasks.storage.objects import ObjectConflictError, ObjectStore
+from tasks.storage.objects import ObjectStore
 from tasks.storage.options import StorageOptions
-
-
-class PlanConflictError(ObjectConflictError):
-    """The batch id was already planned with a different config; the message names the differing fields."""
 
 
 @dataclass(frozen=True, eq=False)

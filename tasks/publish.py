@@ -27,30 +27,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.errors import ObjectConflictError, PublishRefusedError, ReviewConflictError
 from tasks.finalize.card import render_card
 from tasks.finalize.publish import DatasetMarker, read_dataset_marker, read_staged_marker
 from tasks.plan import batch_store
 from tasks.review import ReviewDecision, read_review, write_review
 from tasks.storage import layout
 from tasks.storage.marker import MarkedFile, read_marked_bytes
-from tasks.storage.objects import ObjectConflictError, ObjectStore
+from tasks.storage.objects import ObjectStore
 from tasks.storage.options import StorageOptions
 from tasks.validate.suites import SUITES
 
 PUBLISHABLE = ("passed", "warned")
-REFUSALS = ("not_staged", "not_validated", "validation_failed", "review_required", "rejected")
-
-
-class PublishRefusedError(RuntimeError):
-    """The staged dataset may not be published (yet); ``reason`` is one of :data:`REFUSALS`, the message says why."""
-
-    def __init__(self, message: str, *, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class ReviewConflictError(ObjectConflictError):
-    """A decision that contradicts what the batch already holds (an earlier decision, a published dataset)."""
 
 
 @dataclass(frozen=True)

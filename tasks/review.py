@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Self
 
+from tasks.errors import MalformedReviewError, ObjectConflictError, ReviewInputError
 from tasks.ids import check_id
 from tasks.storage import layout
-from tasks.storage.errors import StorageIntegrityError
-from tasks.storage.objects import ObjectConflictError, ObjectStore
+from tasks.storage.objects import ObjectStore
 from tasks.strict_json import load_dataclass, parse_json
 
 REVIEW_RECORD = f"{layout.REPORTS_DIR}/review.json"
@@ -39,16 +39,6 @@ SOURCES = ("airflow", "cli", "timeout")
 TIMEOUT_REASON = "review_timeout"
 MAX_REASON_LENGTH = 2000
 MAX_NAME_LENGTH = 256
-
-
-class ReviewInputError(ValueError):
-    """A decision from a person breaks a rule (empty reason, unknown choice, ...); the message names which."""
-
-
-class MalformedReviewError(StorageIntegrityError):
-    """``reports/review.json`` cannot be trusted; the message names the file and the field."""
-
-    reason = "malformed_review"
 
 
 @dataclass(frozen=True)

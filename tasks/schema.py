@@ -19,6 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks.errors import SchemaMismatchError
+
 
 def read_parquet_bytes(data: bytes, *, use_threads: bool = False) -> pa.Table:
     """The table of one in-memory Parquet file.
@@ -28,10 +30,6 @@ def read_parquet_bytes(data: bytes, *, use_threads: bool = False) -> pa.Table:
     files and parallelise across them.
     """
     return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=use_threads)
-
-
-class SchemaMismatchError(ValueError):
-    """A table does not have exactly the columns and types its record class declares."""
 
 
 def column(

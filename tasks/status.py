@@ -28,13 +28,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.config import BatchConfig
+from tasks.errors import MalformedClaimError, MalformedReviewError, StorageIntegrityError, UncommittedShardError
 from tasks.finalize.publish import read_dataset_marker, read_staged_marker
 from tasks.plan import batch_store, read_batch_config
 from tasks.publish import PUBLISHABLE
-from tasks.review import MalformedReviewError, ReviewDecision, read_review
+from tasks.review import ReviewDecision, read_review
 from tasks.storage import layout
-from tasks.storage.claims import AttemptClaim, MalformedClaimError, read_claims
-from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
+from tasks.storage.claims import AttemptClaim, read_claims
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import SHARD_FILE_KINDS, ShardCounts, parse_shard_object
 from tasks.storage.objects import ObjectStore

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cli import EXIT_CONFLICT, EXIT_USAGE, build_parser, main
+from tasks.cli import build_parser, main
+from tasks.errors import EXIT_CONFLICT, EXIT_USAGE
 from tasks.plan import batch_store
 from tasks.storage import layout
 from tasks.storage.ledger_reader import LedgerReader

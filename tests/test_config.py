@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from tasks.config import CONFIG_VERSION, BatchConfig, ConfigError, EngineSpec, ModelSpec
+from tasks.config import CONFIG_VERSION, BatchConfig, EngineSpec, ModelSpec
+from tasks.errors import ConfigError
 
 HASH = "ab" * 32
 

@@ -6,12 +6,11 @@ import json
 
 import pytest
 
+from tasks.errors import MalformedReviewError, ReviewInputError
 from tasks.review import (
     REVIEW_RECORD,
     TIMEOUT_REASON,
-    MalformedReviewError,
     ReviewDecision,
-    ReviewInputError,
     new_decision,
     read_review,
     timeout_decision,

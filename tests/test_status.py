@@ -9,13 +9,14 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from tasks.config import BatchConfig, ConfigError, ModelSpec, ValidationSpec
-from tasks.engines.base import EngineError, SamplingSettings
+from tasks.config import BatchConfig, ModelSpec, ValidationSpec
+from tasks.engines.base import SamplingSettings
+from tasks.errors import ConfigError, EngineError, PublishRefusedError
 from tasks.finalize.stage import FinalizeOptions
 from tasks.generate import generate_shard
 from tasks.pipeline import decide_and_report, finalize_and_publish, run_suite
 from tasks.plan import batch_store, plan_batch
-from tasks.publish import PublishRefusedError, publish_batch
+from tasks.publish import publish_batch
 from tasks.review import new_decision
 from tasks.status import AttemptStatus, batch_status, render_status
 from tasks.storage import layout

@@ -38,9 +38,9 @@ from tasks.capture.records import CallRecord, FailureRow, StagedDelta
 from tasks.capture.splice import ChatPromptBuilder
 from tasks.capture.terminal import fingerprint_content
 from tasks.crash_points import crash_point
-from tasks.engines.base import Engine, EngineDeadError, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
 from tasks.environments.base import Message
-from tasks.storage.errors import StorageUnavailableError
+from tasks.errors import EngineDeadError, StorageUnavailableError
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.staging import CommitCoordinates, StagingWriter
 

@@ -6,14 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tasks.engines.base import (
-    Engine,
-    EngineDeadError,
-    EngineError,
-    GenerationRequest,
-    GenerationResult,
-    SamplingSettings,
-)
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.errors import EngineDeadError, EngineError
 
 ENGINE_NAMES = ("vllm", "megatron")
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tasks.checks import check_finite, check_int, is_int
+from tasks.errors import EngineError
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -77,18 +78,6 @@ class GenerationResult:
             raise ValueError(
                 f"request {self.request_id}: {len(self.logprobs)} logprobs for {len(self.token_ids)} sampled tokens"
             )
-
-
-class EngineError(RuntimeError):
-    """The engine failed one request; the call is recorded as the failure row ``engine_error``."""
-
-
-class EngineDeadError(EngineError):
-    """The engine itself is gone (its process died, it was closed, a refit left it unusable).
-
-    Not a failure of the request in hand: the shard attempt ends without a commit marker and
-    the rollouts in flight are re-run by the retry (ARCHITECTURE section 10).
-    """
 
 
 class Engine(abc.ABC):

@@ -41,18 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from tasks.engines.base import (
-    Engine,
-    EngineDeadError,
-    EngineError,
-    GenerationRequest,
-    GenerationResult,
-    SamplingSettings,
-    next_weight_version,
-)
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings, next_weight_version
 from tasks.engines.megatron_stepper import StepThread
 from tasks.engines.megatron_weights import LlamaShape, WeightMappingError, load_megatron_state, read_llama_shape
-from tasks.models.bundled import ModelFolderError, check_model_folder, load_tokenizer
+from tasks.errors import EngineDeadError, EngineError, ModelFolderError
+from tasks.models.bundled import check_model_folder, load_tokenizer
 from tasks.models.provenance import model_provenance
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from tasks.engines.base import EngineDeadError, EngineError
+from tasks.errors import EngineDeadError, EngineError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

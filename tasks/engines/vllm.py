@@ -28,17 +28,10 @@ from typing import Any
 import numpy as np
 import psutil
 
-from tasks.engines.base import (
-    FINISH_REASONS,
-    Engine,
-    EngineDeadError,
-    EngineError,
-    GenerationRequest,
-    GenerationResult,
-    next_weight_version,
-)
+from tasks.engines.base import FINISH_REASONS, Engine, GenerationRequest, GenerationResult, next_weight_version
 from tasks.engines.reaper import Reaper, reap_with_this_process
-from tasks.models.bundled import ModelFolderError, check_model_folder, load_tokenizer
+from tasks.errors import EngineDeadError, EngineError, ModelFolderError
+from tasks.models.bundled import check_model_folder, load_tokenizer
 from tasks.models.provenance import model_provenance
 
 log = logging.getLogger(__name__)

@@ -5,13 +5,9 @@ Built-ins: ``arithmetic``, ``guess_number``, ``calculator``; prompt files (``.pa
 """
 
 from tasks.environments.base import Environment, Message, Turn, check_messages
-from tasks.environments.registry import (
-    BUILTIN_ENVIRONMENTS,
-    EnvironmentLoadError,
-    environment_class,
-    load_environment,
-)
+from tasks.environments.registry import BUILTIN_ENVIRONMENTS, environment_class, load_environment
 from tasks.environments.rewards import REWARD_FUNCTIONS, Score, reward_function
+from tasks.errors import EnvironmentLoadError
 
 __all__ = [
     "BUILTIN_ENVIRONMENTS",

@@ -32,13 +32,10 @@ from tasks.environments.base import Environment, Message, Turn, check_messages
 from tasks.environments.parsing import last_assistant_content
 from tasks.environments.rewards import reward_function
 from tasks.environments.seeding import check_task_request
+from tasks.errors import PromptFileError
 
 SUFFIXES = (".parquet", ".jsonl", ".json")
 DEFAULT_REWARD = "exact_match"
-
-
-class PromptFileError(ValueError):
-    """A prompt file that cannot be used: unreadable, malformed, changed, or too short."""
 
 
 def is_prompt_file(spec: str) -> bool:

@@ -3,7 +3,7 @@
 Resolution order: a spec ending in ``.parquet`` / ``.jsonl`` / ``.json`` is a prompt file (its
 path becomes the ``path`` option); a spec containing ``:`` is an import path whose attribute
 must be an :class:`Environment` subclass; anything else must be a built-in name. Every failure
-is an :class:`EnvironmentLoadError` whose ``reason`` is one of :data:`LOAD_REASONS`.
+is an :class:`EnvironmentLoadError` whose ``reason`` is one of :data:`tasks.errors.ENVIRONMENT_LOAD_REASONS`.
 """
 
 from __future__ import annotations
@@ -17,31 +17,14 @@ from tasks.environments.arithmetic import Arithmetic
 from tasks.environments.base import Environment
 from tasks.environments.calculator import Calculator
 from tasks.environments.guess_number import GuessNumber
-from tasks.environments.prompts_file import SUFFIXES, PromptFileError, PromptsFile, is_prompt_file, recorded_path
+from tasks.environments.prompts_file import SUFFIXES, PromptsFile, is_prompt_file, recorded_path
+from tasks.errors import EnvironmentLoadError, PromptFileError
 
 BUILTIN_ENVIRONMENTS: Mapping[str, type[Environment]] = {
     Arithmetic.name: Arithmetic,
     GuessNumber.name: GuessNumber,
     Calculator.name: Calculator,
 }
-LOAD_REASONS = (
-    "unknown_environment",
-    "bad_import_path",
-    "module_not_found",
-    "import_failed",
-    "attribute_missing",
-    "not_an_environment",
-    "bad_options",
-    "bad_prompt_file",
-)
-
-
-class EnvironmentLoadError(ValueError):
-    """An environment spec or its options cannot be loaded; ``reason`` names why (see LOAD_REASONS)."""
-
-    def __init__(self, spec: str, reason: str, detail: str) -> None:
-        super().__init__(f"environment {spec!r}: {detail} [{reason}]")
-        self.spec, self.reason = spec, reason
 
 
 def _import_class(spec: str) -> type[Environment]:

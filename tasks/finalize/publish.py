@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 from tasks.checks import check_int, is_int
 from tasks.config import BatchConfig
+from tasks.errors import MalformedDatasetMarkerError, ObjectConflictError
 from tasks.finalize.assemble import AssembledRows
 from tasks.finalize.dataset_schema import DATASET_SCHEMA_VERSION, DatasetRow
 from tasks.finalize.metrics import DatasetMetrics
@@ -46,8 +47,8 @@ from tasks.ids import check_id
 from tasks.review import ReviewDecision
 from tasks.schema import read_parquet_bytes
 from tasks.storage import layout
-from tasks.storage.marker import MalformedMarkerError, MarkedFile, read_marked_bytes
-from tasks.storage.objects import ObjectConflictError, ObjectStore
+from tasks.storage.marker import MarkedFile, read_marked_bytes
+from tasks.storage.objects import ObjectStore
 from tasks.strict_json import load_dataclass, parse_json
 
 # 2: records missing_shards and partial; 3: files are MarkedFile (with their kind), validation outcomes;
@@ -56,10 +57,6 @@ MARKER_VERSION = 4
 DEFAULT_ROWS_PER_PART = 8192
 # Dictionary-encode the repetitive text columns only: on token lists it costs half the write time.
 _DICTIONARY_COLUMNS = ["batch_id", "group_id", "mask_reason", "terminal_selection"]
-
-
-class MalformedDatasetMarkerError(MalformedMarkerError):
-    """A dataset marker (not a shard marker) that cannot be trusted."""
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,16 @@
 
 Every reason a verdict (:class:`~tasks.finalize.verify.verdicts.VerifiedRollouts`) can carry is a constant here,
 listed in :data:`ALL_REASONS` and described in :data:`DESCRIPTIONS` (one line each, for the docs
-and reports). Storage reasons reuse the ``reason`` of :mod:`tasks.storage.errors`; terminal
+and reports). Storage reasons reuse the ``reason`` of :mod:`tasks.errors`; terminal
 selection reasons reuse :mod:`tasks.capture.terminal`. The strings are a contract: tests assert
 them and dashboards count them, so a reason is never renamed, only added.
 """
 
 from __future__ import annotations
 
+from tasks import errors
 from tasks.capture import terminal
-from tasks.storage import errors, ledger_files, marker
+from tasks.storage import ledger_files, marker
 
 # --- guards: the receipt and the manifest, before any token is read ----------------------
 MISSING_RECEIPT = "missing_receipt"

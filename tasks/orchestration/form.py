@@ -16,8 +16,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tasks.config import ADVANTAGES, ON_INVALID, BatchConfig, ConfigError, ValidationSpec
+from tasks.config import ADVANTAGES, ON_INVALID, BatchConfig, ValidationSpec
 from tasks.environments.registry import BUILTIN_ENVIRONMENTS
+from tasks.errors import ConfigError
 from tasks.ids import ID_PATTERN, MAX_ID_LENGTH
 from tasks.models.reference import BUNDLED_REFERENCE
 

@@ -25,13 +25,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.errors import EXIT_CODES, EXIT_CONFLICT, EXIT_SIGNAL_BASE, EXIT_USAGE
 from tasks.orchestration.storage import StorageLocation
 from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
 
 GENERATE_PYTHON_VARIABLE = "ROLLOUT_LEDGER_GENERATE_PYTHON"
 STOP_GRACE_SECONDS = 120.0
-# CLI exit codes that a retry cannot fix: a usage/input error (2) or a conflict with storage (3).
-PERMANENT_EXIT_CODES = {2: "usage or input error", 3: "conflict with what storage holds"}
+PERMANENT_EXIT_CODES = (EXIT_USAGE, EXIT_CONFLICT)  # CLI exit codes that a retry of the same command cannot fix
 _PR_SET_PDEATHSIG = 1
 
 
@@ -90,7 +90,11 @@ def run_generate(command: GenerateCommand, *, log: Callable[[str], Any], python:
         stop(process, log=log)
         pump.join(timeout=5)
     if returncode != 0:
-        why = PERMANENT_EXIT_CODES.get(returncode, "stopped by a signal" if returncode > 128 else "failed")
+        why = (
+            EXIT_CODES.get(returncode, "stopped by a signal")
+            if returncode < EXIT_SIGNAL_BASE
+            else "stopped by a signal"
+        )
         last = stderr_tail[-1] if stderr_tail else "(no output)"
         raise GenerateProcessError(returncode, f"generate shard {command.shard} exited {returncode} ({why}): {last}")
     (summary,) = json.loads(stdout)

@@ -25,15 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import ProfileError
 from tasks.orchestration.form import form_fields
 
 PROFILE_NAME = re.compile(r"[a-z0-9_]+")
 PROFILE_KEYS = {"schedule", "timezone", "paused", "description", "params"}
 DAG_ID_PREFIX = "rollout_batch__"
-
-
-class ProfileError(ValueError):
-    """A profile file or one of its fields is invalid (the message names which)."""
 
 
 @dataclass(frozen=True)

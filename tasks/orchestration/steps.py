@@ -300,17 +300,19 @@ def sweep(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
 
 @contextmanager
 def _permanent(stage: str, root: str | None) -> Iterator[None]:
-    """Turn input errors, conflicts with storage (the CLI's exit 2 and 3) and a refused publish into a failure
-    without retry.
+    """Turn an error a retry cannot fix (input, a conflict with storage, a refused publish: :mod:`tasks.errors`)
+    into a failure without retry.
 
     Errors reaching storage are left to the retries: on a worker they are often transient.
     """
-    from tasks.cli import CONFLICT_ERRORS, USAGE_ERRORS, classify_error
-    from tasks.publish import PublishRefusedError
+    from tasks.cli import classify_error
+    from tasks.errors import LedgerError
 
     try:
         yield
-    except (*USAGE_ERRORS, *CONFLICT_ERRORS, PublishRefusedError) as exc:
+    except LedgerError as exc:
+        if exc.retryable:
+            raise
         _fail(classify_error(exc, stage, root)[1], exc)
 
 

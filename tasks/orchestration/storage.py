@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.config import ConfigError
+from tasks.errors import ConfigError
 from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
 
 S3_PROTOCOLS = ("s3", "s3a")

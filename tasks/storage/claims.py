@@ -16,19 +16,13 @@ import time
 from dataclasses import asdict, dataclass
 
 from tasks.checks import check_finite, check_int
+from tasks.errors import MalformedClaimError, ObjectConflictError
 from tasks.ids import check_id
 from tasks.storage import layout
-from tasks.storage.errors import StorageIntegrityError
-from tasks.storage.objects import ObjectConflictError, ObjectStore
+from tasks.storage.objects import ObjectStore
 from tasks.strict_json import load_dataclass, parse_json
 
 MAX_CLAIM_RACES = 64
-
-
-class MalformedClaimError(StorageIntegrityError):
-    """An attempt claim that cannot be read as one."""
-
-    reason = "malformed_claim"
 
 
 @dataclass(frozen=True)

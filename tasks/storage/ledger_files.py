@@ -20,24 +20,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.capture.records import CallRecord, FailureRow, Receipt
+from tasks.errors import CorruptLedgerFileError, DuplicateReceiptError
 from tasks.schema import read_parquet_bytes
 from tasks.storage import layout
-from tasks.storage.errors import StorageIntegrityError
 
 LedgerRecord = CallRecord | FailureRow | Receipt
 RECORD_OF_KIND: dict[str, type[LedgerRecord]] = {"calls": CallRecord, "failures": FailureRow, "receipts": Receipt}
-
-
-class CorruptLedgerFileError(StorageIntegrityError):
-    """A ledger object that cannot be parsed or contradicts where it is stored."""
-
-    reason = "corrupt_ledger_file"
-
-
-class DuplicateReceiptError(StorageIntegrityError):
-    """Two receipts for one rollout among the files a shard commits or adopts."""
-
-    reason = "duplicate_receipt"
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,10 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.capture.records import CallRecord, FailureRow, Receipt
+from tasks.errors import CorruptLedgerFileError, MalformedMarkerError, UncommittedShardError
 from tasks.storage import layout
-from tasks.storage.errors import UncommittedShardError
 from tasks.storage.ledger_files import (
     RECORD_OF_KIND,
-    CorruptLedgerFileError,
     RolloutBundle,
     bundle_rollouts,
     check_receipt_attempts,
@@ -30,7 +29,7 @@ from tasks.storage.ledger_files import (
     parse_ledger_table,
     prove_rows,
 )
-from tasks.storage.marker import MalformedMarkerError, MarkedFile, read_marked_bytes, read_marker
+from tasks.storage.marker import MarkedFile, read_marked_bytes, read_marker
 from tasks.storage.objects import ObjectStore
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from tasks.capture.records import CallRecord, FailureRow, Receipt
 from tasks.checks import check_int
+from tasks.errors import LedgerConflictError
 from tasks.ids import check_id
 from tasks.storage import layout
-from tasks.storage.errors import LedgerConflictError
 from tasks.storage.ledger_files import RECORD_OF_KIND, encode_ledger_file
 from tasks.storage.marker import MarkedFile, ShardCounts, ShardMarker, parse_shard_object, write_marker
 from tasks.storage.objects import ObjectStore

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Self
 
 from tasks.checks import check_choice, check_finite, check_hex_digest, check_int
+from tasks.errors import MalformedMarkerError, SegmentChecksumMismatchError
 from tasks.ids import check_id
 from tasks.storage import layout
-from tasks.storage.errors import SegmentChecksumMismatchError, StorageIntegrityError
 from tasks.storage.objects import ObjectStore, WrittenObject, sha256_hex
 from tasks.strict_json import load_dataclass, parse_json
 
@@ -28,12 +28,6 @@ SHARD_FILE_KINDS = ("staging", *layout.LEDGER_KINDS)
 DATASET_FILE_KINDS = ("part", "metrics", "card")
 FILE_KINDS = (*SHARD_FILE_KINDS, *DATASET_FILE_KINDS)
 _OBJECT_INDEX = re.compile(r"-(\d+)\.parquet$")
-
-
-class MalformedMarkerError(StorageIntegrityError, ValueError):
-    """A commit marker that cannot be trusted: bad JSON, wrong version, missing or odd fields."""
-
-    reason = "malformed_marker"
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import fsspec
 from fsspec.spec import AbstractBufferedFile
 
 from tasks.crash_points import crash_point
+from tasks.errors import ObjectConflictError
 from tasks.storage.options import RETRY_OPTION, is_s3_url, retry_settings
 from tasks.storage.retries import RetryPolicy, call_with_retries
 
@@ -37,10 +38,6 @@ SCHEMES_LOCAL = ("file", "local")
 # A local write's temp file, next to its target; it lives for the milliseconds of one write.
 TEMP_PREFIX, TEMP_SUFFIX = ".tmp-", ".part"
 T = TypeVar("T")
-
-
-class ObjectConflictError(FileExistsError):
-    """An object already exists under this name with different content."""
 
 
 @dataclass(frozen=True)

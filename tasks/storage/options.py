@@ -72,7 +72,7 @@ def retry_settings(option: Any, environ: Mapping[str, str]) -> Any:
 
 
 def _json_object(text: str, variable: str, what: str) -> dict[str, Any]:
-    from tasks.config import ConfigError
+    from tasks.errors import ConfigError
     from tasks.strict_json import parse_json
 
     options = parse_json(text, source=f"${variable}", error=ConfigError)

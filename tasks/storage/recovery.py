@@ -15,12 +15,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks.errors import CorruptLedgerFileError, MissingStagingRowError, ShardAlreadyCommittedError
 from tasks.ids import attempt_name
 from tasks.storage import layout
-from tasks.storage.errors import MissingStagingRowError
 from tasks.storage.ledger_files import (
     RECORD_OF_KIND,
-    CorruptLedgerFileError,
     RolloutBundle,
     bundle_rollouts,
     check_receipt_attempts,
@@ -29,10 +28,6 @@ from tasks.storage.ledger_files import (
 )
 from tasks.storage.marker import MarkedFile, parse_shard_object, read_marker
 from tasks.storage.objects import ObjectStore, sha256_hex
-
-
-class ShardAlreadyCommittedError(RuntimeError):
-    """Recovery was asked for a shard whose marker exists: there is nothing left to adopt."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Only errors that name a passing condition are retried (:func:`is_transient`): ti
 connections, S3 throttling and 5xx answers, and ``OSError``s with a transient errno. A missing
 object, an existing one (the create-once conflict), a permission or credential problem and a bad
 path are answers, not faults: they propagate at once, unchanged. When the retries run out,
-:class:`~tasks.storage.errors.StorageUnavailableError` names the operation, the object, the attempts
+:class:`~tasks.errors.StorageUnavailableError` names the operation, the object, the attempts
 and the last error, so a stage fails closed with a reason instead of a bare network error.
 
 Retrying a create-once write is safe: an identical re-write of an object that landed is a no-op,
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import tenacity
 
 from tasks.checks import check_finite, check_int
-from tasks.storage.errors import StorageUnavailableError
+from tasks.errors import StorageUnavailableError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class RetryPolicy:
     max_wait_s: float = 10.0
 
     def __post_init__(self) -> None:
-        from tasks.config import ConfigError
+        from tasks.errors import ConfigError
 
         check_int(self.attempts, field="storage retry attempts", minimum=1, error=ConfigError)
         for name in ("deadline_s", "initial_wait_s", "max_wait_s"):
@@ -84,7 +84,7 @@ class RetryPolicy:
     @classmethod
     def of(cls, option: RetryPolicy | Mapping[str, Any] | None) -> RetryPolicy:
         """The policy a storage option names: the defaults, overridden by the fields it sets (others are refused)."""
-        from tasks.config import ConfigError
+        from tasks.errors import ConfigError
 
         if option is None or isinstance(option, RetryPolicy):
             return option or cls()

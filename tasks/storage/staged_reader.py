@@ -16,15 +16,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.capture.records import StagedDelta
-from tasks.schema import SchemaMismatchError, read_parquet_bytes
-from tasks.storage.errors import (
+from tasks.errors import (
     CallIdMismatchError,
     DuplicateStagingKeyError,
     MissingStagingRowError,
+    SchemaMismatchError,
     SegmentChecksumMismatchError,
     StagingKeyMismatchError,
     StorageIntegrityError,
 )
+from tasks.schema import read_parquet_bytes
 from tasks.storage.objects import ObjectStore, sha256_hex
 from tasks.storage.staging import CommitCoordinates
 

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from tasks.capture.records import StagedDelta
 from tasks.checks import check_finite, check_int
 from tasks.crash_points import crash_point
-from tasks.storage.errors import (
+from tasks.errors import (
     DuplicateStagingKeyError,
 )
 from tasks.storage.layout import staging_segment

@@ -5,7 +5,8 @@ Both run Great Expectations Core over small Arrow-computed profiles and leave Da
 does not import Great Expectations (seconds to import): only a running suite does.
 """
 
-from tasks.validate.stage import NothingToValidateError, SuiteOutcome, validate_dataset, validate_lineage
+from tasks.errors import NothingToValidateError
+from tasks.validate.stage import SuiteOutcome, validate_dataset, validate_lineage
 from tasks.validate.suite_runs import read_suite_summary
 from tasks.validate.summary import SuiteSummary
 

@@ -50,9 +50,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.config import BatchConfig
+from tasks.errors import MalformedReviewError
 from tasks.finalize.publish import DatasetMarker, read_dataset_marker, read_dataset_part, read_staged_marker
 from tasks.plan import batch_store, read_batch_config
-from tasks.review import REVIEW_RECORD, MalformedReviewError, ReviewDecision, read_review
+from tasks.review import REVIEW_RECORD, ReviewDecision, read_review
 from tasks.storage import layout
 from tasks.storage.marker import read_marked_bytes
 from tasks.storage.objects import ObjectStore, sha256_hex

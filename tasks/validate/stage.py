@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.config import BatchConfig, ValidationSpec
+from tasks.errors import NothingToValidateError
 from tasks.finalize.publish import read_staged_marker
 from tasks.plan import batch_store, read_batch_config
 from tasks.storage import layout
@@ -38,10 +39,6 @@ from tasks.validate.suite_runs import (
 )
 from tasks.validate.suites import SuiteSpec, dataset_suite, lineage_suite
 from tasks.validate.summary import SuiteSummary, build_summary
-
-
-class NothingToValidateError(ValueError):
-    """The batch holds nothing the suite reads (no committed shard, no staged dataset); the message says what to run."""
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,11 @@ import re
 import socket
 import time
 
+from tasks.errors import MalformedSummaryError, ObjectConflictError
 from tasks.storage import layout
-from tasks.storage.objects import ObjectConflictError, ObjectStore
+from tasks.storage.objects import ObjectStore
 from tasks.validate.suites import SUITES
-from tasks.validate.summary import MalformedSummaryError, SuiteSummary
+from tasks.validate.summary import SuiteSummary
 
 SUMMARY_NAME = "summary.json"
 CLAIM_NAME = "_CLAIM.json"

@@ -16,15 +16,12 @@ from typing import Any, Self
 
 from tasks.checks import check_choice, check_finite, check_int, check_text, is_hex_digest, is_number
 from tasks.config import ValidationSpec
+from tasks.errors import MalformedSummaryError
 from tasks.strict_json import load_dataclass, parse_json
 from tasks.validate.gx_run import ExpectationResult
 from tasks.validate.suites import SEVERITIES, SUITES, ExpectationSpec, SuiteSpec
 
 STATUSES = ("passed", "warned", "failed")
-
-
-class MalformedSummaryError(ValueError):
-    """A ``summary.json`` that cannot be trusted; the message names the file and the field."""
 
 
 @dataclass(frozen=True)

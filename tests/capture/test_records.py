@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tasks.capture import digest as dg
 from tasks.capture.records import CallRecord, FailureRow, Receipt, StagedDelta, canonical_json
-from tasks.schema import SchemaMismatchError
+from tasks.errors import SchemaMismatchError
 
 STAGED_COLUMNS = (
     "schema_version, digest_version, extras_digest_version, batch_id, rollout_id, call_id, parent_call_id, mode, "

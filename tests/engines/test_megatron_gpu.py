@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tasks.engines.base import EngineError, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.engines.base import GenerationRequest, GenerationResult, SamplingSettings
+from tasks.errors import EngineError
 
 
 def _gpu_ready() -> bool:

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tasks.config import ConfigError, EngineSpec
+from tasks.config import EngineSpec
 from tasks.engines import check_engine, create_engine
-from tasks.engines.base import EngineError, SamplingSettings
+from tasks.engines.base import SamplingSettings
 from tasks.engines.megatron import (
     MegatronOptions,
     MegatronSampling,
@@ -24,6 +24,7 @@ from tasks.engines.megatron import (
     require_megatron,
     to_generation_result,
 )
+from tasks.errors import ConfigError, EngineError
 
 needs_no_megatron_machine = pytest.mark.skipif(
     sys.version_info >= (3, 12), reason="checks the refusal on machines without the megatron extra (CI: 3.11)"

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tasks.engines.base import EngineDeadError, EngineError
 from tasks.engines.megatron_stepper import StepThread
+from tasks.errors import EngineDeadError, EngineError
 
 TIMEOUT = 10
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from tasks.engines import check_engine, create_engine
-from tasks.engines.base import EngineError, GenerationRequest, SamplingSettings
+from tasks.engines.base import GenerationRequest, SamplingSettings
 from tasks.engines.vllm import LOGPROBS_MODE, VllmEngine, VllmOptions, cpu_env_defaults, to_generation_result
+from tasks.errors import EngineError
 
 MODEL = Path("/models/m")
 

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.environments import load_environment
-from tasks.environments.prompts_file import PromptFileError, PromptsFile
+from tasks.environments.prompts_file import PromptsFile
+from tasks.errors import PromptFileError
 
 ROWS = [
     {

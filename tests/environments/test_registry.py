@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks.environments import BUILTIN_ENVIRONMENTS, EnvironmentLoadError, load_environment
+from tasks.environments import BUILTIN_ENVIRONMENTS, load_environment
 from tasks.environments.arithmetic import Arithmetic
 from tasks.environments.guess_number import GuessNumber
 from tasks.environments.prompts_file import PromptsFile
-from tasks.environments.registry import LOAD_REASONS, environment_class
+from tasks.environments.registry import environment_class
+from tasks.errors import ENVIRONMENT_LOAD_REASONS as LOAD_REASONS
+from tasks.errors import EnvironmentLoadError
 
 USER_MODULE = '''
 from tasks.environments.base import Environment, Turn

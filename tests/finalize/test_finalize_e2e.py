@@ -10,7 +10,8 @@ import torch
 
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
-from tasks.finalize.stage import FinalizeOptions, UncommittedShardsError, finalize_batch
+from tasks.errors import UncommittedShardsError
+from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.models.provenance import model_provenance
 from tasks.pipeline import finalize_and_publish

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import ConfigError, ModelSpec
+from tasks.config import ModelSpec
+from tasks.errors import ConfigError, NoCommittedShardsError, UncommittedShardsError
 from tasks.finalize.card import render_card
-from tasks.finalize.stage import FinalizeOptions, NoCommittedShardsError, UncommittedShardsError, finalize_batch
+from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.plan import batch_store, plan_batch
 from tasks.storage import layout

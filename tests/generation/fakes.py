@@ -13,8 +13,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tasks.engines.base import Engine, EngineError, GenerationRequest, GenerationResult, next_weight_version
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult, next_weight_version
 from tasks.environments.base import Environment, Message, Turn
+from tasks.errors import EngineError
 
 
 class FatalEngineCrash(BaseException):

@@ -14,10 +14,9 @@ import threading
 import pytest
 
 from tasks import generate as generate_module
-from tasks.config import BatchConfig, ConfigError, ModelSpec
-from tasks.engines.base import EngineDeadError
+from tasks.config import BatchConfig, ModelSpec
+from tasks.errors import ConfigError, EngineDeadError, ModelMismatchError
 from tasks.generate import generate_shard, generate_shards
-from tasks.models.reference import ModelMismatchError
 from tasks.plan import batch_store, plan_batch
 from tasks.storage import layout
 from tasks.storage.claims import attempts_used, claim_attempt, read_claims
@@ -226,7 +225,7 @@ def test_a_retry_that_adopts_every_rollout_commits_without_starting_an_engine(ro
 
 
 def test_an_edited_prompt_file_is_refused_before_any_engine_starts(root, tmp_path, monkeypatch):
-    from tasks.environments.registry import EnvironmentLoadError
+    from tasks.errors import EnvironmentLoadError
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "Say 1.", "ground_truth": "1"}\n{"prompt": "Say 2.", "ground_truth": "2"}\n')

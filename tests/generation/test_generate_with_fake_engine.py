@@ -10,7 +10,7 @@ import pytest
 
 from tasks import generate as generate_module
 from tasks.config import BatchConfig
-from tasks.engines.base import EngineError
+from tasks.errors import EngineError
 from tasks.generate import generate_shard
 from tasks.plan import batch_store, plan_batch
 from tasks.storage.claims import read_claims

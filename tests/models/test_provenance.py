@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.models.bundled import ModelFolderError, weight_files
+from tasks.errors import ModelFolderError
+from tasks.models.bundled import weight_files
 from tasks.models.provenance import chat_template_text, model_provenance, tokenizer_files
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.config import ConfigError, ValidationSpec
+from tasks.config import ValidationSpec
+from tasks.errors import ConfigError
 from tasks.orchestration.form import (
     STORAGE_URL_VARIABLE,
     batch_config_from_form,

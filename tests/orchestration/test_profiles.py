@@ -9,8 +9,9 @@ import textwrap
 
 import pytest
 
+from tasks.errors import ProfileError
 from tasks.orchestration import local_airflow
-from tasks.orchestration.profiles import ProfileError, load_profiles
+from tasks.orchestration.profiles import load_profiles
 
 GOOD = """
 profiles:

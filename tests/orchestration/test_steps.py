@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.config import ConfigError
+from tasks.errors import ConfigError
 from tasks.ids import MAX_ID_LENGTH, is_id
 from tasks.orchestration.steps import batch_id_for_run, run_batch_id
 from tasks.orchestration.storage import storage_location

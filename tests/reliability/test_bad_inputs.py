@@ -29,13 +29,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks import ids
-from tasks.config import BatchConfig, ConfigError
+from tasks.config import BatchConfig
 from tasks.engines.base import SamplingSettings
+from tasks.errors import ConfigError, StorageIntegrityError
 from tasks.finalize.publish import read_dataset_part, read_staged_marker
 from tasks.finalize.stage import finalize_batch
 from tasks.generate import MAX_ERROR_CHARS, generate_shard
 from tasks.plan import batch_store, plan_batch
-from tasks.storage.errors import StorageIntegrityError
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import read_marker
 from tasks.storage.sweep import sweep_orphans
@@ -199,7 +199,8 @@ def test_the_airflow_form_names_a_wrong_type(values, named):
     ],
 )
 def test_a_profile_with_a_wrong_type_is_named(tmp_path, params, named):
-    from tasks.orchestration.profiles import ProfileError, load_profiles
+    from tasks.errors import ProfileError
+    from tasks.orchestration.profiles import load_profiles
 
     path = tmp_path / "profiles.yaml"
     path.write_text(f'profiles:\n  p:\n    schedule: "0 3 * * *"\n    params: {params}\n')

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from tasks.cli import main as cli_main
-from tasks.config import ConfigError
+from tasks.errors import ConfigError
 from tasks.orchestration import steps
 from tasks.orchestration.generate_process import GenerateCommand
 from tasks.orchestration.storage import storage_location

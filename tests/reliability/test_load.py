@@ -91,7 +91,7 @@ def timed(seconds: dict[str, float], stage: str) -> Iterator[None]:
 
 def fail_some(request: Any) -> BaseException | None:
     """About one first call in :data:`FAIL_EVERY` fails (a named ``engine_error``), so some rows are masked."""
-    from tasks.engines.base import EngineError
+    from tasks.errors import EngineError
 
     if request.request_id.endswith(".c000") and request.seed % FAIL_EVERY == 0:
         return EngineError("fake engine: scripted failure")

@@ -30,11 +30,11 @@ import pyarrow as pa
 import pytest
 
 from tasks.config import BatchConfig
+from tasks.errors import StorageUnavailableError
 from tasks.finalize.publish import read_dataset_marker, read_dataset_part, read_staged_marker
 from tasks.finalize.stage import finalize_batch
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import batch_store
-from tasks.storage.errors import StorageUnavailableError
 from tasks.storage.marker import read_marked_bytes, read_marker
 from tasks.storage.objects import ObjectStore
 
@@ -244,7 +244,8 @@ def test_finalize_and_publish_fail_closed_on_a_dataset_they_cannot_write(tmp_pat
 def test_unavailable_storage_is_a_retryable_failure_for_the_cli_and_the_orchestrator() -> None:
     """The CLI exits 1 (not 2 or 3, which the Airflow generate task never retries) with the named error,
     and the Airflow steps' permanent-failure classes do not include it, so Airflow retries the task."""
-    from tasks.cli import CONFLICT_ERRORS, EXIT_FAILED, USAGE_ERRORS, classify_error
+    from tasks.cli import classify_error
+    from tasks.errors import EXIT_FAILED, is_retryable
     from tasks.orchestration.generate_process import PERMANENT_EXIT_CODES
 
     path = "s3://bucket/runs/batches/b/ledger/shard-00000/attempt-00/calls-000000.parquet"
@@ -254,4 +255,4 @@ def test_unavailable_storage_is_a_retryable_failure_for_the_cli_and_the_orchestr
     assert code == EXIT_FAILED and code not in PERMANENT_EXIT_CODES
     assert f"storage unavailable: write {path} failed 6 time(s) in 12.5 s" in line
     assert "ConnectionResetError" in line and "run the stage again" in line
-    assert not isinstance(error, USAGE_ERRORS + CONFLICT_ERRORS)
+    assert is_retryable(error)

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tasks.errors import LedgerConflictError, ObjectConflictError
 from tasks.ids import rollout_id
 from tasks.storage import layout
-from tasks.storage.errors import LedgerConflictError
 from tasks.storage.ledger_files import decode_ledger_file
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.marker import ShardCounts, parse_shard_object, read_marker
-from tasks.storage.objects import ObjectConflictError, ObjectStore, sha256_hex
+from tasks.storage.objects import ObjectStore, sha256_hex
 from tasks.storage.staging import CommitCoordinates
 
 from ._writer_process import BATCH, make_call, make_chain, make_failure, make_receipt, run_attempt

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from tasks.errors import MalformedMarkerError, ObjectConflictError
 from tasks.storage import layout
-from tasks.storage.marker import MalformedMarkerError, ShardCounts, ShardMarker, read_marker, write_marker
-from tasks.storage.objects import ObjectConflictError, ObjectStore
+from tasks.storage.marker import ShardCounts, ShardMarker, read_marker, write_marker
+from tasks.storage.objects import ObjectStore
 
 from .markers import SHARD, marked_file, marker_of
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tasks.storage.errors import StorageUnavailableError
-from tasks.storage.objects import ObjectConflictError, ObjectStore, sha256_hex
+from tasks.errors import ObjectConflictError, StorageUnavailableError
+from tasks.storage.objects import ObjectStore, sha256_hex
 from tests.reliability.faulty_fs import FaultInjector, FaultRule, faulty_options, faulty_url
 
 from ._writer_process import WriterProcess

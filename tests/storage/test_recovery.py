@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from tasks.errors import (
+    CorruptLedgerFileError,
+    DuplicateReceiptError,
+    LedgerConflictError,
+    MissingStagingRowError,
+    ShardAlreadyCommittedError,
+)
 from tasks.ids import rollout_id
 from tasks.storage import layout
 from tasks.storage.claims import claim_attempt
-from tasks.storage.errors import LedgerConflictError, MissingStagingRowError
-from tasks.storage.ledger_files import CorruptLedgerFileError, DuplicateReceiptError
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.objects import ObjectStore
-from tasks.storage.recovery import ShardAlreadyCommittedError, read_uncommitted_attempt, recover_earlier_attempts
+from tasks.storage.recovery import read_uncommitted_attempt, recover_earlier_attempts
 
 from ._writer_process import BATCH, make_chain, make_receipt, run_attempt
 from .markers import SHARD

@@ -8,9 +8,8 @@ import time
 
 import pytest
 
-from tasks.config import ConfigError
-from tasks.storage.errors import StorageIntegrityError, StorageUnavailableError
-from tasks.storage.objects import ObjectConflictError, ObjectStore
+from tasks.errors import ConfigError, ObjectConflictError, StorageIntegrityError, StorageUnavailableError
+from tasks.storage.objects import ObjectStore
 from tasks.storage.options import RETRY_VARIABLE
 from tasks.storage.retries import RetryPolicy, call_with_retries, describe_error, is_transient
 

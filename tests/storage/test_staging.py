@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.capture.records import StagedDelta
-from tasks.storage.errors import (
+from tasks.errors import (
     CallIdMismatchError,
     DuplicateStagingKeyError,
     MissingStagingRowError,

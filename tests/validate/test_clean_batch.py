@@ -12,17 +12,11 @@ from pathlib import Path
 import pytest
 
 from tasks.config import ValidationSpec
+from tasks.errors import MalformedSummaryError, NothingToValidateError
 from tasks.plan import plan_batch
-from tasks.validate import (
-    NothingToValidateError,
-    SuiteOutcome,
-    read_suite_summary,
-    validate_dataset,
-    validate_lineage,
-)
+from tasks.validate import SuiteOutcome, read_suite_summary, validate_dataset, validate_lineage
 from tasks.validate.report import write_report_index
 from tasks.validate.suites import DATASET_TABLES, LINEAGE_TABLES
-from tasks.validate.summary import MalformedSummaryError
 
 from .batches import Batch, copy_batch
 from .conftest import validation_config

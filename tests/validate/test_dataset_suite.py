@@ -14,11 +14,10 @@ import pyarrow as pa
 import pytest
 
 from tasks.config import ValidationSpec
+from tasks.errors import SchemaMismatchError, SegmentChecksumMismatchError
 from tasks.finalize.dataset_schema import DatasetRow
 from tasks.finalize.publish import read_staged_marker
-from tasks.schema import SchemaMismatchError
 from tasks.storage import layout
-from tasks.storage.errors import SegmentChecksumMismatchError
 from tasks.validate import SuiteOutcome, dataset_profile, validate_dataset
 from tasks.validate.dataset_profile import part_batches, profile_dataset, row_profile
 from tasks.validate.gx_run import run_suite

@@ -9,13 +9,14 @@ import json
 
 import pytest
 
-from tasks.cli import EXIT_FAILED, main
+from tasks.cli import main
 from tasks.config import ValidationSpec
+from tasks.errors import EXIT_FAILED, PublishRefusedError, ValidationFailedError
 from tasks.finalize.publish import read_dataset_marker, read_staged_marker
 from tasks.finalize.stage import FinalizeOptions
-from tasks.pipeline import ValidationFailedError, finalize_and_publish, run_suite
+from tasks.pipeline import finalize_and_publish, run_suite
 from tasks.plan import batch_store
-from tasks.publish import PublishRefusedError, publish_batch
+from tasks.publish import publish_batch
 from tasks.storage import layout
 from tasks.trainer.collate import PublishedDataset
 

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from tasks.config import BatchConfig, ModelSpec, ValidationSpec
-from tasks.engines.base import EngineError, GenerationRequest, SamplingSettings
+from tasks.engines.base import GenerationRequest, SamplingSettings
+from tasks.errors import EngineError
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shards
 from tasks.plan import batch_store, plan_batch

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from tasks.capture.records import Receipt
 from tasks.config import BatchConfig
+from tasks.errors import StorageIntegrityError, UncommittedShardError
 from tasks.finalize import reasons as r
 from tasks.finalize.ragged import gather, take_rows
 from tasks.finalize.verify.chains import ShardChains, shard_chains
@@ -40,7 +41,6 @@ from tasks.finalize.verify.guards import rollout_verdict
 from tasks.finalize.verify.staged_rows import ChainRows
 from tasks.finalize.verify.verdicts import Linearized, VerdictsBuilder, VerifiedRollouts
 from tasks.plan import PlannedRollout, read_shard_plan
-from tasks.storage.errors import StorageIntegrityError, UncommittedShardError
 from tasks.storage.ledger_reader import LedgerReader, LedgerTables
 from tasks.storage.objects import ObjectStore
 from tasks.storage.staged_reader import StagedReader
