@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks import ids
 from tasks.capture.prefix_cache import Admission, ChainPrefixCache, resolve_admission
-from tasks.capture.records import StagedDelta
 from tasks.capture.splice import ChatPromptBuilder, splice_chat_prompt
 from tasks.models.bundled import load_bundled_tokenizer
+from tasks.records.ledger import StagedDelta
 from tasks.storage.objects import ObjectStore
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import CommitCoordinates, StagingWriter

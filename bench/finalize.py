@@ -50,10 +50,10 @@ BUILT = "bench-build.json"  # what build() staged under a --keep directory, for 
 def build(root: str, tokens: float, shards: int) -> dict:
     """Plan a synthetic batch and stage/commit every shard without an engine."""
     from tasks import ids
-    from tasks.capture.records import CallRecord, Receipt, StagedDelta, canonical_json
     from tasks.config import BatchConfig, ModelSpec
     from tasks.engines.base import SamplingSettings
     from tasks.plan import batch_store, read_shard_plan
+    from tasks.records.ledger import CallRecord, Receipt, StagedDelta, canonical_json
     from tasks.storage.ledger_writer import LedgerWriter
     from tasks.storage.staging import StagingWriter
 
@@ -171,9 +171,9 @@ def measure_raw_scan(root: str, batch_id: str) -> dict:
 
 
 def measure_finalize(root: str, batch_id: str) -> dict:
-    from tasks.capture import digest as dg
-    from tasks.capture import digest_batch
     from tasks.finalize.stage import FinalizeOptions, finalize_batch
+    from tasks.records import digest as dg
+    from tasks.records import digest_batch
 
     spent = [0.0]
     hashing = [(digest_batch, name) for name in ("call_digests", "chain_hashes", "cumulative_hash")]

@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.capture import digest as dg
-from tasks.capture.records import StagedDelta
+from tasks.records import digest as dg
+from tasks.records.ledger import StagedDelta
 from tasks.storage.objects import ObjectStore
 from tasks.storage.staging import CommitCoordinates, StagingWriter, encode_segment
 

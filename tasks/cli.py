@@ -36,8 +36,8 @@ from tasks.errors import (
     UsageError,
     exit_code,
 )
+from tasks.records.suite_summary import SUITES
 from tasks.storage.options import aws_variables_read, is_s3_url, storage_options_from_env
-from tasks.validate.suites import SUITES
 
 QUIET_LIBRARIES = ("great_expectations",)
 log = logging.getLogger("rollout_ledger")
@@ -349,10 +349,10 @@ def _engine_notice(args: argparse.Namespace) -> Callable[[float], Any]:
 
 
 def _finalize(args: argparse.Namespace) -> int:
+    from tasks import layout
     from tasks.finalize.stage import FinalizeOptions
     from tasks.pipeline import finalize_and_publish, thresholds_with
     from tasks.plan import batch_store
-    from tasks.storage import layout
     from tasks.training_signal import TrainingSignal
 
     options = FinalizeOptions(
@@ -419,7 +419,7 @@ def _publish(args: argparse.Namespace) -> int:
     import getpass
 
     from tasks.pipeline import decide_and_report, publish_and_report
-    from tasks.review import PUBLISH, REJECT, new_decision
+    from tasks.records.review import PUBLISH, REJECT, new_decision
 
     storage = _storage(args)
     choice = PUBLISH if args.approve else REJECT if args.reject else None

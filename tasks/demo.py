@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import time
 
+from tasks import layout
 from tasks.generate import generate_shards
 from tasks.models.provenance import model_provenance
 from tasks.models.reference import model_reference, resolve_model_reference
 from tasks.orchestration.form import batch_config_from_form, form_defaults
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import batch_store, plan_batch
-from tasks.storage import layout
 from tasks.storage.options import StorageOptions
 
 STORAGE_FIELDS = ("batch_id", "storage_url", "storage_conn_id")

@@ -38,7 +38,6 @@ from typing import Any
 
 from tasks.capture.calls import CallCapture, RolloutCapture
 from tasks.capture.prefix_cache import ChainPrefixCache
-from tasks.capture.records import CallRecord, Receipt, canonical_json
 from tasks.capture.terminal import attribute_terminal
 from tasks.config import BatchConfig
 from tasks.engines.base import Engine
@@ -52,7 +51,9 @@ from tasks.errors import (
     ShardAlreadyCommittedError,
     StorageUnavailableError,
 )
-from tasks.plan import PlannedRollout, batch_store, read_batch_config, read_shard_plan
+from tasks.plan import batch_store, read_batch_config, read_shard_plan
+from tasks.records.ledger import CallRecord, Receipt, canonical_json
+from tasks.records.planned import PlannedRollout
 from tasks.storage.claims import AttemptClaim, claim_attempt
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.marker import ShardMarker, read_marker

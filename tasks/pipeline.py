@@ -17,11 +17,11 @@ from typing import Any
 
 from tasks.config import ValidationSpec
 from tasks.errors import ConfigError, ValidationFailedError
-from tasks.finalize.publish import StagedDataset
+from tasks.finalize.dataset_writer import StagedDataset
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.plan import batch_store, read_batch_config
 from tasks.publish import PublishedBatch, publish_batch, record_decision
-from tasks.review import ReviewDecision
+from tasks.records.review import ReviewDecision
 from tasks.storage.options import StorageOptions
 
 

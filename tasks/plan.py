@@ -15,29 +15,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks import ids
-from tasks.capture.records import canonical_json
+from tasks import ids, layout
 from tasks.config import BatchConfig
 from tasks.environments.base import Environment
 from tasks.environments.prompts_file import PromptsFile
 from tasks.environments.registry import load_environment
 from tasks.errors import ConfigError, ObjectConflictError, PlanConflictError
-from tasks.schema import ArrowRecord, column, read_parquet_bytes
-from tasks.storage import layout
+from tasks.records.ledger import canonical_json
+from tasks.records.planned import PlannedRollout
+from tasks.schema import read_parquet_bytes
 from tasks.storage.objects import ObjectStore
 from tasks.storage.options import StorageOptions
-
-
-@dataclass(frozen=True, eq=False)
-class PlannedRollout(ArrowRecord):
-    """One rollout of the plan: which task, which sample of its group, and its seed."""
-
-    rollout_id: str = column(pa.string())
-    group_id: str = column(pa.string())
-    task_index: int = column(pa.int64())
-    sample_index: int = column(pa.int32())
-    seed: int = column(pa.int64())
-    task_json: str = column(pa.string())
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 ``dataset/_COMMITTED.json`` — the one object consumers trust — is the staged manifest
 (``dataset/_STAGED.json``, written by finalize) plus each suite's outcome (status, report,
-expectations that warned), the review decision (:mod:`tasks.review`) and the dataset card, which
+expectations that warned), the review decision (:mod:`tasks.records.review`) and the dataset card, which
 publish writes just before it. Publish refuses, with :class:`PublishRefusedError` and a named
 ``reason``, when
 
@@ -27,16 +27,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tasks import layout
 from tasks.errors import ObjectConflictError, PublishRefusedError, ReviewConflictError
 from tasks.finalize.card import render_card
-from tasks.finalize.publish import DatasetMarker, read_dataset_marker, read_staged_marker
 from tasks.plan import batch_store
-from tasks.review import ReviewDecision, read_review, write_review
-from tasks.storage import layout
+from tasks.records.review import ReviewDecision, read_review, write_review
+from tasks.records.suite_summary import SUITES
+from tasks.storage.dataset_manifest import DatasetMarker, read_dataset_marker, read_staged_marker
 from tasks.storage.marker import MarkedFile, read_marked_bytes
 from tasks.storage.objects import ObjectStore
 from tasks.storage.options import StorageOptions
-from tasks.validate.suites import SUITES
 
 PUBLISHABLE = ("passed", "warned")
 

@@ -3,7 +3,7 @@
 A record class declares each column once with :func:`column`; its Arrow schema, its Parquet
 I/O (:meth:`ArrowRecord.to_table` / :meth:`ArrowRecord.from_table`) and the schema check
 readers run (:meth:`ArrowRecord.check_table`) are all derived from that declaration, so the
-column list is never typed twice. Invariants are each record's own (see :mod:`tasks.record_rules`).
+column list is never typed twice. Invariants are each record's own (see :mod:`tasks.records.rules`).
 List columns are held as read-only numpy arrays so tables build without per-token loops;
 a list<struct> column is held as a tuple of frozen dataclasses (its ``item`` class).
 """

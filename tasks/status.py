@@ -27,19 +27,19 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks import layout
 from tasks.config import BatchConfig
 from tasks.errors import MalformedClaimError, MalformedReviewError, StorageIntegrityError, UncommittedShardError
-from tasks.finalize.publish import read_dataset_marker, read_staged_marker
 from tasks.plan import batch_store, read_batch_config
 from tasks.publish import PUBLISHABLE
-from tasks.review import ReviewDecision, read_review
-from tasks.storage import layout
+from tasks.records.review import ReviewDecision, read_review
+from tasks.records.suite_summary import SUITES
 from tasks.storage.claims import AttemptClaim, read_claims
+from tasks.storage.dataset_manifest import read_dataset_marker, read_staged_marker
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import SHARD_FILE_KINDS, ShardCounts, parse_shard_object
 from tasks.storage.objects import ObjectStore
 from tasks.validate import read_suite_summary
-from tasks.validate.suites import SUITES
 
 ACTIVE_WITHIN_S = 600.0  # an attempt that wrote nothing for this long is taken as abandoned
 SHARD_STATES = ("committed", "in_progress", "abandoned", "not_started", "unreadable")

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tasks import layout
 from tasks.cli import build_parser, main
 from tasks.errors import EXIT_CONFLICT, EXIT_USAGE
 from tasks.plan import batch_store
-from tasks.storage import layout
 from tasks.storage.ledger_reader import LedgerReader
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

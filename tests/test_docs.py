@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tasks.capture.calls import FAILURE_REASONS
 from tasks.finalize import reasons
-from tasks.finalize.dataset_schema import DatasetRow
+from tasks.records.dataset_row import DatasetRow
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from tasks import layout
 from tasks.config import BatchConfig, ModelSpec, ValidationSpec
 from tasks.engines.base import SamplingSettings
 from tasks.errors import ConfigError, EngineError, PublishRefusedError
@@ -17,9 +18,8 @@ from tasks.generate import generate_shard
 from tasks.pipeline import decide_and_report, finalize_and_publish, run_suite
 from tasks.plan import batch_store, plan_batch
 from tasks.publish import publish_batch
-from tasks.review import new_decision
+from tasks.records.review import new_decision
 from tasks.status import AttemptStatus, batch_status, render_status
-from tasks.storage import layout
 from tasks.storage.claims import claim_attempt
 from tasks.storage.marker import read_marker
 from tasks.storage.objects import ObjectStore

@@ -34,13 +34,13 @@ from tasks.capture.prefix_cache import (
     resolve_admission,
     resolve_cached_admission,
 )
-from tasks.capture.records import CallRecord, FailureRow, StagedDelta
 from tasks.capture.splice import ChatPromptBuilder
 from tasks.capture.terminal import fingerprint_content
 from tasks.crash_points import crash_point
 from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
 from tasks.environments.base import Message
 from tasks.errors import EngineDeadError, StorageUnavailableError
+from tasks.records.ledger import CallRecord, FailureRow, StagedDelta
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.staging import CommitCoordinates, StagingWriter
 

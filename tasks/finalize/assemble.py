@@ -1,7 +1,7 @@
 """Dataset rows of planned groups from their verified rollouts, group by group (ARCHITECTURE section 8).
 
 :func:`assemble_rows` turns the verified rollouts of planned groups (a shard's, as columns) into
-one table of :class:`~tasks.finalize.dataset_schema.DatasetRow` rows, built column by column so
+one table of :class:`~tasks.records.dataset_row.DatasetRow` rows, built column by column so
 that every row satisfies the row's invariants by construction: with ``on_invalid = "mask"``
 exactly one row per planned rollout (invalid and missing ones masked, advantage 0), with
 ``"drop"`` only the valid ones. Advantages are computed per group over its valid rows only
@@ -20,9 +20,9 @@ import pyarrow as pa
 from tasks.config import ADVANTAGES, ON_INVALID
 from tasks.finalize import reasons
 from tasks.finalize.advantages import group_advantages
-from tasks.finalize.dataset_schema import CALL_SPAN_TYPE, WEIGHT_SPAN_TYPE, DatasetRow
 from tasks.finalize.ragged import offsets
 from tasks.finalize.verify.verdicts import VerifiedRollouts
+from tasks.records.dataset_row import CALL_SPAN_TYPE, WEIGHT_SPAN_TYPE, DatasetRow
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tasks.finalize.dataset_schema import COLUMN_DESCRIPTIONS, DatasetRow
 from tasks.finalize.reasons import DESCRIPTIONS as REASON_DESCRIPTIONS
-from tasks.review import ReviewDecision, utc_text
+from tasks.records.dataset_row import COLUMN_DESCRIPTIONS, DatasetRow
+from tasks.records.review import ReviewDecision, utc_text
 
 PARTS_GLOB = "part-*.parquet"
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from tasks.capture.records import TERMINAL_SELECTIONS
 from tasks.checks import check_int
 from tasks.finalize import reasons
 from tasks.finalize.assemble import AssembledRows
 from tasks.finalize.ragged import run_sums
+from tasks.records.ledger import TERMINAL_SELECTIONS
 
 METRICS_VERSION = 1
 

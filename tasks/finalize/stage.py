@@ -2,7 +2,7 @@
 
 Shard by shard (bounded memory): verify and linearize every receipt (:mod:`tasks.finalize.verify`),
 assemble the planned groups with their advantages (:mod:`tasks.finalize.assemble`), and stream
-the rows into the dataset's parts (:mod:`tasks.finalize.publish`). The optional logprob audit
+the rows into the dataset's parts (:mod:`tasks.finalize.dataset_writer`). The optional logprob audit
 (:mod:`tasks.trainer.logprob_audit`, imported only when it runs: it needs torch) recomputes the
 sampled tokens' logprobs of a seeded sample of trainable rows with the HF model.
 
@@ -31,11 +31,12 @@ import pyarrow.compute as pc
 from tasks.config import BatchConfig
 from tasks.errors import NoCommittedShardsError, UncommittedShardsError
 from tasks.finalize.assemble import AssembledRows, assemble_rows
-from tasks.finalize.dataset_schema import DatasetRow
+from tasks.finalize.dataset_writer import StagedDataset, stage_dataset
 from tasks.finalize.metrics import DatasetMetrics
-from tasks.finalize.publish import StagedDataset, read_staged_marker, stage_dataset
 from tasks.finalize.verify.shard import prepare_shard
 from tasks.plan import batch_store, read_batch_config
+from tasks.records.dataset_row import DatasetRow
+from tasks.storage.dataset_manifest import read_staged_marker
 from tasks.storage.marker import read_marker
 from tasks.storage.objects import ObjectStore
 from tasks.storage.options import StorageOptions

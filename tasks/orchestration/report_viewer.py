@@ -172,7 +172,7 @@ def recent_batches(session: Any, dag_ids: set[str]) -> list[dict[str, Any]]:
 
 
 def _published(record: dict[str, Any]) -> bool:
-    from tasks.storage import layout
+    from tasks import layout
 
     try:
         return (reports_dir(record).parent / layout.DATASET_MARKER).exists()

@@ -14,19 +14,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.finalize.publish import DatasetMarker, read_dataset_marker
 from tasks.plan import batch_store
 from tasks.publish import review_reasons, staged_dataset, validation_outcomes
-from tasks.review import MAX_REASON_LENGTH, PUBLISH, REJECT, TIMEOUT_REASON, ReviewDecision, read_review
+from tasks.records.review import MAX_REASON_LENGTH, PUBLISH, REJECT, TIMEOUT_REASON, ReviewDecision, read_review
+from tasks.records.suite_summary import SUITES
+from tasks.storage.dataset_manifest import DatasetMarker, read_dataset_marker
 from tasks.storage.marker import read_marked_bytes
 from tasks.storage.options import StorageOptions
 from tasks.validate import read_suite_summary
-from tasks.validate.suites import SUITES
 
 OPTIONS = {"Publish": PUBLISH, "Reject": REJECT}  # the form's buttons -> the recorded choice
 REASON_FIELD = "reason"
 # Empty by default (Airflow validates a task's params, this field included, before the task runs);
-# an answer without a reason is refused when it arrives (tasks.review.new_decision).
+# an answer without a reason is refused when it arrives (tasks.records.review.new_decision).
 REASON_SCHEMA = {
     "default": "",
     "type": "string",

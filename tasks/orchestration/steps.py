@@ -28,7 +28,7 @@ from tasks.orchestration.storage import StorageLocation, check_storage_url, stor
 
 if TYPE_CHECKING:
     from tasks.orchestration.review_form import ReviewRequest
-    from tasks.review import ReviewDecision
+    from tasks.records.review import ReviewDecision
 
 log = logging.getLogger("rollout_ledger.airflow")
 GRPO_DATASET_ASSET = "grpo_dataset"  # the asset publish updates; its events' extra is publish's return value
@@ -174,7 +174,7 @@ def review_request(params: Mapping[str, Any], run: DagRunRef) -> ReviewRequest:
 def response_decision(params: Mapping[str, Any], run: DagRunRef, event: Mapping[str, Any]) -> ReviewDecision:
     """The decision a person submitted in the review form (or its REST API); a bad one fails the task, naming why."""
     from tasks.orchestration.review_form import OPTIONS, REASON_FIELD
-    from tasks.review import new_decision
+    from tasks.records.review import new_decision
 
     chosen = list(event.get("chosen_options") or [])
     user = event.get("responded_by_user") or {}
@@ -191,7 +191,7 @@ def response_decision(params: Mapping[str, Any], run: DagRunRef, event: Mapping[
 
 def review_timed_out(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     """Nobody answered within ``review_timeout_hours``: recorded as a rejection (``review_timeout``); fails the task."""
-    from tasks.review import timeout_decision
+    from tasks.records.review import timeout_decision
 
     log.error("nobody answered the review within %s hour(s): it counts as a rejection", params["review_timeout_hours"])
     return decide(params, run, timeout_decision(run_batch_id(params, run)))
@@ -213,7 +213,7 @@ def decide(params: Mapping[str, Any], run: DagRunRef, decision: ReviewDecision) 
 
 def follow_decision(decision: ReviewDecision) -> dict[str, Any]:
     """The review task's result for an approval; a rejection fails the task (publish never runs)."""
-    from tasks.review import REVIEW_RECORD
+    from tasks.records.review import REVIEW_RECORD
 
     if not decision.approved:
         _fail(
@@ -261,7 +261,7 @@ def published_dataset(event: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises when the dataset is not published (no ``_COMMITTED.json``) or its batch id differs.
     """
-    from tasks.finalize.publish import read_dataset_marker
+    from tasks.storage.dataset_manifest import read_dataset_marker
     from tasks.storage.objects import ObjectStore
 
     where = storage_location(event["dataset"], event.get("storage_conn_id"))

@@ -15,10 +15,10 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 
+from tasks import layout
 from tasks.checks import check_finite, check_int
 from tasks.errors import MalformedClaimError, ObjectConflictError
 from tasks.ids import check_id
-from tasks.storage import layout
 from tasks.storage.objects import ObjectStore
 from tasks.strict_json import load_dataclass, parse_json
 

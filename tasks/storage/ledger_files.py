@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.capture.records import CallRecord, FailureRow, Receipt
+from tasks import layout
 from tasks.errors import CorruptLedgerFileError, DuplicateReceiptError
+from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.schema import read_parquet_bytes
-from tasks.storage import layout
 
 LedgerRecord = CallRecord | FailureRow | Receipt
 RECORD_OF_KIND: dict[str, type[LedgerRecord]] = {"calls": CallRecord, "failures": FailureRow, "receipts": Receipt}

@@ -16,9 +16,9 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-from tasks.capture.records import CallRecord, FailureRow, Receipt
+from tasks import layout
 from tasks.errors import CorruptLedgerFileError, MalformedMarkerError, UncommittedShardError
-from tasks.storage import layout
+from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.storage.ledger_files import (
     RECORD_OF_KIND,
     RolloutBundle,

@@ -17,11 +17,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from tasks.capture.records import CallRecord, FailureRow, Receipt
+from tasks import layout
 from tasks.checks import check_int
 from tasks.errors import LedgerConflictError
 from tasks.ids import check_id
-from tasks.storage import layout
+from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.storage.ledger_files import RECORD_OF_KIND, encode_ledger_file
 from tasks.storage.marker import MarkedFile, ShardCounts, ShardMarker, parse_shard_object, write_marker
 from tasks.storage.objects import ObjectStore

@@ -16,10 +16,10 @@ import re
 from dataclasses import dataclass
 from typing import Self
 
+from tasks import layout
 from tasks.checks import check_choice, check_finite, check_hex_digest, check_int
 from tasks.errors import MalformedMarkerError, SegmentChecksumMismatchError
 from tasks.ids import check_id
-from tasks.storage import layout
 from tasks.storage.objects import ObjectStore, WrittenObject, sha256_hex
 from tasks.strict_json import load_dataclass, parse_json
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks import layout
 from tasks.errors import CorruptLedgerFileError, MissingStagingRowError, ShardAlreadyCommittedError
 from tasks.ids import attempt_name
-from tasks.storage import layout
 from tasks.storage.ledger_files import (
     RECORD_OF_KIND,
     RolloutBundle,

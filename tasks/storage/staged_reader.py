@@ -15,7 +15,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.capture.records import StagedDelta
 from tasks.errors import (
     CallIdMismatchError,
     DuplicateStagingKeyError,
@@ -25,6 +24,7 @@ from tasks.errors import (
     StagingKeyMismatchError,
     StorageIntegrityError,
 )
+from tasks.records.ledger import StagedDelta
 from tasks.schema import read_parquet_bytes
 from tasks.storage.objects import ObjectStore, sha256_hex
 from tasks.storage.staging import CommitCoordinates

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.capture.records import StagedDelta
 from tasks.checks import check_finite, check_int
 from tasks.crash_points import crash_point
 from tasks.errors import (
     DuplicateStagingKeyError,
 )
-from tasks.storage.layout import staging_segment
+from tasks.layout import staging_segment
+from tasks.records.ledger import StagedDelta
 from tasks.storage.objects import ObjectStore, WrittenObject
 
 DEFAULT_MAX_ROWS = 512

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from tasks import layout
 from tasks.errors import UncommittedShardError
-from tasks.storage import layout
 from tasks.storage.claims import is_claim_path
 from tasks.storage.marker import read_marker
 from tasks.storage.objects import ObjectStore, is_temp_file

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from tasks.finalize.dataset_schema import DatasetRow
-from tasks.finalize.publish import read_dataset_marker, read_dataset_part
+from tasks.records.dataset_row import DatasetRow
+from tasks.storage.dataset_manifest import read_dataset_marker, read_dataset_part
 from tasks.storage.objects import ObjectStore
 from tasks.storage.options import StorageOptions
 

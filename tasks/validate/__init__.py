@@ -6,9 +6,9 @@ does not import Great Expectations (seconds to import): only a running suite doe
 """
 
 from tasks.errors import NothingToValidateError
+from tasks.records.suite_summary import SuiteSummary
 from tasks.validate.stage import SuiteOutcome, validate_dataset, validate_lineage
 from tasks.validate.suite_runs import read_suite_summary
-from tasks.validate.summary import SuiteSummary
 
 __all__ = [
     "NothingToValidateError",

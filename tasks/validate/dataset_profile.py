@@ -30,11 +30,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.config import BatchConfig
-from tasks.finalize.dataset_schema import DatasetRow
-from tasks.finalize.publish import DatasetMarker
 from tasks.finalize.ragged import offsets, owners_of, run_sums
 from tasks.ids import shard_name
 from tasks.plan import read_shard_plan
+from tasks.records.dataset_row import DatasetRow
+from tasks.storage.dataset_manifest import DatasetMarker
 from tasks.storage.marker import MarkedFile, read_marked_bytes
 from tasks.storage.objects import ObjectStore
 
@@ -74,7 +74,7 @@ def profile_dataset(store: ObjectStore, manifest: DatasetMarker, config: BatchCo
 def part_batches(store: ObjectStore, part: MarkedFile) -> Iterator[pa.Table]:
     """The rows of a part the marker names, :data:`BATCH_ROWS` at a time; its size, sha256 and schema checked first.
 
-    The checks are :func:`tasks.finalize.publish.read_dataset_part`'s: the file's schema is checked
+    The checks are :func:`tasks.finalize.dataset_writer.read_dataset_part`'s: the file's schema is checked
     before any row is decoded, and each batch's nulls as it is.
     """
     file = pq.ParquetFile(pa.BufferReader(read_marked_bytes(store, part, marker="the dataset marker")))

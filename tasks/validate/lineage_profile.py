@@ -33,13 +33,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.capture.records import CallRecord, FailureRow, Receipt
+from tasks import layout
 from tasks.config import BatchConfig
 from tasks.errors import StorageIntegrityError
 from tasks.finalize.verify.guards import OFF_CHAIN_TOLERATED_FAILURE, RECEIPT_REASONS
 from tasks.ids import shard_name
 from tasks.plan import read_shard_plan
-from tasks.storage import layout
+from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.storage.ledger_reader import LedgerReader, LedgerTables
 from tasks.storage.objects import ObjectStore, sha256_hex
 

@@ -49,18 +49,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks import layout
 from tasks.config import BatchConfig
 from tasks.errors import MalformedReviewError
-from tasks.finalize.publish import DatasetMarker, read_dataset_marker, read_dataset_part, read_staged_marker
 from tasks.plan import batch_store, read_batch_config
-from tasks.review import REVIEW_RECORD, ReviewDecision, read_review
-from tasks.storage import layout
+from tasks.records.review import REVIEW_RECORD, ReviewDecision, read_review
+from tasks.records.suite_summary import LINEAGE, SUITES, ExpectationOutcome, SuiteSummary
+from tasks.storage.dataset_manifest import DatasetMarker, read_dataset_marker, read_dataset_part, read_staged_marker
 from tasks.storage.marker import read_marked_bytes
 from tasks.storage.objects import ObjectStore, sha256_hex
 from tasks.strict_json import parse_json
 from tasks.validate import read_suite_summary
-from tasks.validate.suites import DATASET_TABLES, LINEAGE, LINEAGE_TABLES, SUITES
-from tasks.validate.summary import ExpectationOutcome, SuiteSummary
+from tasks.validate.suites import DATASET_TABLES, LINEAGE_TABLES
 
 INDEX = layout.REPORTS_INDEX
 MAX_GROUPS_SHOWN = 48  # the reward plot draws an evenly spaced sample of groups beyond this

@@ -21,11 +21,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from tasks import layout
 from tasks.config import BatchConfig, ValidationSpec
 from tasks.errors import NothingToValidateError
-from tasks.finalize.publish import read_staged_marker
 from tasks.plan import batch_store, read_batch_config
-from tasks.storage import layout
+from tasks.records.suite_summary import SuiteSummary
+from tasks.storage.dataset_manifest import read_staged_marker
 from tasks.storage.objects import ObjectStore, sha256_hex
 from tasks.validate.dataset_profile import profile_dataset
 from tasks.validate.gx_run import run_suite
@@ -38,7 +39,7 @@ from tasks.validate.suite_runs import (
     summary_path,
 )
 from tasks.validate.suites import SuiteSpec, dataset_suite, lineage_suite
-from tasks.validate.summary import SuiteSummary, build_summary
+from tasks.validate.summary import build_summary
 
 
 @dataclass(frozen=True)

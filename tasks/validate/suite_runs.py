@@ -24,11 +24,10 @@ import re
 import socket
 import time
 
+from tasks import layout
 from tasks.errors import MalformedSummaryError, ObjectConflictError
-from tasks.storage import layout
+from tasks.records.suite_summary import SUITES, SuiteSummary
 from tasks.storage.objects import ObjectStore
-from tasks.validate.suites import SUITES
-from tasks.validate.summary import SuiteSummary
 
 SUMMARY_NAME = "summary.json"
 CLAIM_NAME = "_CLAIM.json"

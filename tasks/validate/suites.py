@@ -21,10 +21,8 @@ from typing import Any
 
 from tasks.checks import check_choice
 from tasks.config import ON_INVALID, ValidationSpec
+from tasks.records.suite_summary import DATASET, LINEAGE, SEVERITIES
 
-LINEAGE, DATASET = "lineage", "dataset"
-SUITES = (LINEAGE, DATASET)
-SEVERITIES = ("fail", "warn")
 # What ``observed`` reports: the share of checked rows that broke the rule, or that kept it.
 OBSERVED = ("unexpected_rate", "expected_rate")
 

@@ -1,150 +1,30 @@
-"""A suite run's machine-readable outcome, ``summary.json`` (issue 10 item 3): what passed, what failed, which rows.
-
-Status: ``failed`` when a ``fail`` expectation failed, else ``warned`` when a ``warn`` one did,
-else ``passed``; ``success`` is ``status != "failed"`` (publish may go ahead). The JSON keeps
-the field order of the dataclasses (the documented format) and is parsed strictly: an unknown,
-missing or inconsistent field raises :class:`MalformedSummaryError` naming it.
-"""
+"""Building a suite run's summary (:class:`~tasks.records.suite_summary.SuiteSummary`) from GX's results."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Self
 
-from tasks.checks import check_choice, check_finite, check_int, check_text, is_hex_digest, is_number
 from tasks.config import ValidationSpec
-from tasks.errors import MalformedSummaryError
-from tasks.strict_json import load_dataclass, parse_json
+from tasks.records.suite_summary import ExpectationOutcome, SuiteSummary, SummaryCounts, failures, status_of
 from tasks.validate.gx_run import ExpectationResult
-from tasks.validate.suites import SEVERITIES, SUITES, ExpectationSpec, SuiteSpec
-
-STATUSES = ("passed", "warned", "failed")
+from tasks.validate.suites import ExpectationSpec, SuiteSpec
 
 
-@dataclass(frozen=True)
-class ExpectationOutcome:
-    """One expectation's line in the summary.
-
-    ``observed`` is the share of checked rows that broke the rule (``expected_rate`` specs: that
-    kept it), None when no row was checked; ``threshold`` the bound used (None for a plain rule);
-    ``examples`` a few ids of offending rows; ``error`` GX's message when the expectation raised.
-    """
-
-    name: str
-    expectation: str
-    severity: str
-    success: bool
-    observed: float | None
-    threshold: Any
-    unexpected_count: int
-    examples: tuple[str, ...]
-    error: str | None
-
-    def __post_init__(self) -> None:
-        check_text(self.name, field="name")
-        check_text(self.expectation, field=f"{self.name}.expectation")
-        check_choice(self.severity, SEVERITIES, field=f"{self.name}.severity")
-        if not isinstance(self.success, bool):
-            raise TypeError(f"{self.name}.success must be a bool, got {self.success!r}")
-        if self.observed is not None:
-            check_finite(self.observed, field=f"{self.name}.observed")
-        if not (self.threshold is None or is_number(self.threshold) or isinstance(self.threshold, list)):
-            raise TypeError(f"{self.name}.threshold must be a number, a list or null, got {self.threshold!r}")
-        check_int(self.unexpected_count, field=f"{self.name}.unexpected_count")
-        if not all(isinstance(e, str) for e in self.examples):
-            raise TypeError(f"{self.name}.examples must be ids (str), got {self.examples!r}")
-
-    @classmethod
-    def of(cls, spec: ExpectationSpec, result: ExpectationResult) -> Self:
-        rate = result.unexpected_rate
-        observed = None if rate is None else (1.0 - rate if spec.observed == "expected_rate" else rate)
-        return cls(
-            name=spec.name,
-            expectation=spec.expectation,
-            severity=spec.severity,
-            success=result.success,
-            observed=observed,
-            threshold=spec.threshold,
-            unexpected_count=result.unexpected_count,
-            examples=result.examples,
-            error=result.error,
-        )
-
-
-@dataclass(frozen=True)
-class SummaryCounts:
-    """Expectations run, ``fail`` ones that failed, ``warn`` ones that failed, rows of the suite's main table."""
-
-    expectations: int
-    failed: int
-    warned: int
-    rows: int
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            check_int(getattr(self, f.name), field=f"counts.{f.name}")
-
-
-@dataclass(frozen=True)
-class SuiteSummary:
-    """``reports/{suite}/run-NNN/summary.json``; constructing one checks that status, success and counts agree.
-
-    ``report`` is the batch-relative path of the run's Data Docs index; ``run`` the run directory's
-    name; ``run_key`` the sha256 of what the run read and the thresholds it used (an identical
-    re-run is a no-op); ``inputs`` the sha256 of each marker the run trusted.
-    """
-
-    suite: str
-    batch_id: str
-    status: str
-    success: bool
-    expectations: tuple[ExpectationOutcome, ...]
-    counts: SummaryCounts
-    thresholds: ValidationSpec
-    gx_version: str
-    report: str
-    created_at: float
-    run: str
-    run_key: str
-    inputs: dict[str, str]
-
-    def __post_init__(self) -> None:
-        check_choice(self.suite, SUITES, field="suite")
-        check_text(self.batch_id, field="batch_id")
-        check_finite(self.created_at, field="created_at")
-        for name in ("gx_version", "report", "run"):
-            check_text(getattr(self, name), field=name)
-        if not is_hex_digest(self.run_key):
-            raise ValueError(f"run_key must be 64 lowercase hex digits, got {self.run_key!r}")
-        if not isinstance(self.inputs, dict) or not all(is_hex_digest(v) for v in self.inputs.values()):
-            raise ValueError(f"inputs must map paths to sha256 digests, got {self.inputs!r}")
-        failed, warned = _failures(self.expectations)
-        expected = SummaryCounts(
-            expectations=len(self.expectations), failed=failed, warned=warned, rows=self.counts.rows
-        )
-        if self.counts != expected:
-            raise ValueError(f"counts {self.counts} disagree with the expectations listed ({expected})")
-        if self.status != status_of(failed, warned) or self.success is not (self.status != "failed"):
-            raise ValueError(
-                f"status {self.status!r} / success {self.success!r} disagree with {failed} failed, {warned} warned"
-            )
-
-    def to_json(self) -> str:
-        """The summary as JSON, fields in the documented order, two-space indent, trailing newline."""
-        return json.dumps(dataclasses.asdict(self), indent=2, allow_nan=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str | bytes, *, source: str) -> Self:
-        raw = parse_json(text, source=source, error=MalformedSummaryError)
-        return load_dataclass(cls, raw, source=source, error=MalformedSummaryError, require_all=True)
-
-
-def status_of(failed: int, warned: int) -> str:
-    """``failed`` if a fail expectation failed, ``warned`` if only warn ones did, else ``passed``."""
-    return "failed" if failed else "warned" if warned else "passed"
+def expectation_outcome(spec: ExpectationSpec, result: ExpectationResult) -> ExpectationOutcome:
+    """The summary line of one expectation's GX result."""
+    rate = result.unexpected_rate
+    observed = None if rate is None else (1.0 - rate if spec.observed == "expected_rate" else rate)
+    return ExpectationOutcome(
+        name=spec.name,
+        expectation=spec.expectation,
+        severity=spec.severity,
+        success=result.success,
+        observed=observed,
+        threshold=spec.threshold,
+        unexpected_count=result.unexpected_count,
+        examples=result.examples,
+        error=result.error,
+    )
 
 
 def build_summary(
@@ -162,8 +42,8 @@ def build_summary(
     inputs: Mapping[str, str],
 ) -> SuiteSummary:
     """The summary of one run of ``suite`` from its expectations' results, in the suite's order."""
-    outcomes = tuple(ExpectationOutcome.of(spec, results[spec.name]) for spec in suite.expectations)
-    failed, warned = _failures(outcomes)
+    outcomes = tuple(expectation_outcome(spec, results[spec.name]) for spec in suite.expectations)
+    failed, warned = failures(outcomes)
     status = status_of(failed, warned)
     return SuiteSummary(
         suite=suite.name,
@@ -180,9 +60,3 @@ def build_summary(
         run_key=run_key,
         inputs=dict(inputs),
     )
-
-
-def _failures(outcomes: tuple[ExpectationOutcome, ...]) -> tuple[int, int]:
-    """How many ``fail`` and how many ``warn`` expectations failed."""
-    failed = [e.severity for e in outcomes if not e.success]
-    return failed.count("fail"), failed.count("warn")

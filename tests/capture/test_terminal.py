@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tasks.capture.records import CallRecord, StagedDelta
 from tasks.capture.terminal import (
     ATTRIBUTION_REASONS,
     TerminalAttribution,
@@ -19,6 +18,7 @@ from tasks.capture.terminal import (
     fingerprint_content,
     select_terminal_call,
 )
+from tasks.records.ledger import CallRecord, StagedDelta
 
 
 @dataclass(frozen=True)

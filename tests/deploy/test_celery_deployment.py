@@ -26,9 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.finalize.publish import read_dataset_marker
 from tasks.orchestration import local_airflow, steps
 from tasks.plan import batch_store
+from tasks.storage.dataset_manifest import read_dataset_marker
 from tasks.storage.ledger_reader import LedgerReader
 from tests.deploy.celery_deployment import WORKERS, celery_deployment
 

@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.capture.records import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.config import BatchConfig, ModelSpec
 from tasks.engines.base import SamplingSettings
 from tasks.finalize.verify.shard import prepare_ledger
-from tasks.plan import PlannedRollout
+from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
+from tasks.records.planned import PlannedRollout
 from tasks.storage.ledger_files import RolloutBundle
 from tasks.storage.ledger_reader import LedgerTables
 from tasks.storage.objects import ObjectStore

@@ -8,13 +8,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tasks import ids
+from tasks import ids, layout
 from tasks.config import BatchConfig, ModelSpec
 from tasks.finalize.assemble import AssembledRows, assemble_rows
 from tasks.finalize.card import render_card
-from tasks.finalize.dataset_schema import CallSpan, DatasetRow, WeightSpan
-from tasks.finalize.publish import DatasetMarker
-from tasks.storage import layout
+from tasks.records.dataset_row import CallSpan, DatasetRow, WeightSpan
+from tasks.storage.dataset_manifest import DatasetMarker
 from tasks.storage.marker import MarkedFile
 from tasks.storage.objects import ObjectStore
 

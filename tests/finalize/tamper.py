@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.capture import digest as dg
-from tasks.capture.records import CallRecord, FailureRow, Receipt, StagedDelta
-from tasks.storage import layout
+from tasks import layout
+from tasks.records import digest as dg
+from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.storage.staging import encode_segment
 
 Row = dict[str, Any]

@@ -14,9 +14,9 @@ import random
 import numpy as np
 
 from tasks.capture import terminal
-from tasks.capture.records import CallRecord, FailureRow, Receipt
 from tasks.finalize import reasons as r
 from tasks.finalize.verify.chains import shard_chains
+from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.storage.ledger_reader import LedgerTables
 
 from .hand_built import build_chain, failure, receipt_for

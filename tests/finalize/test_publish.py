@@ -9,13 +9,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tasks import layout
 from tasks.errors import MalformedDatasetMarkerError, ObjectConflictError, SegmentChecksumMismatchError
-from tasks.finalize import publish as publish_module
+from tasks.finalize import dataset_writer as publish_module
 from tasks.finalize.card import render_card
-from tasks.finalize.dataset_schema import DatasetRow
+from tasks.finalize.dataset_writer import stage_dataset
 from tasks.finalize.metrics import DatasetMetrics
-from tasks.finalize.publish import DatasetMarker, read_dataset_part, read_staged_marker, stage_dataset
-from tasks.storage import layout
+from tasks.records.dataset_row import DatasetRow
+from tasks.storage.dataset_manifest import DatasetMarker, read_dataset_part, read_staged_marker
 from tasks.storage.objects import ObjectStore
 
 from .rollouts import batch_config, mixed_groups, rows_of

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tasks import layout
 from tasks.config import ModelSpec
 from tasks.errors import ConfigError, NoCommittedShardsError, UncommittedShardsError
 from tasks.finalize.card import render_card
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.plan import batch_store, plan_batch
-from tasks.storage import layout
 from tasks.storage.objects import ObjectStore
 from tasks.trainer.collate import PublishedDataset
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.capture import digest as dg
 from tasks.finalize import reasons as r
+from tasks.records import digest as dg
 
 from .conftest import CommittedBatch, fresh_copy
 from .tamper import BatchFiles, Row, flip_hex, redigest

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tasks import layout
 from tasks.capture import terminal
 from tasks.engines.base import SamplingSettings
 from tasks.errors import UncommittedShardError
@@ -21,7 +22,6 @@ from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.finalize.verify.guards import OFF_CHAIN_TOLERATED_FAILURE
 from tasks.finalize.verify.shard import prepare_shard
 from tasks.plan import batch_store
-from tasks.storage import layout
 from tasks.storage.ledger_files import RolloutBundle
 from tasks.storage.objects import ObjectStore
 from tests.generation.chains import linearized, verified_sequences

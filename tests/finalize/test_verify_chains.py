@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.capture.records import StagedDelta
 from tasks.finalize import reasons as r
+from tasks.records.ledger import StagedDelta
 
 from .hand_built import Chain, build_chain, bundle_of, verify_one, verify_rollouts
 from .verdicts import VerifiedRollout

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from tasks.finalize.dataset_schema import CallSpan, WeightSpan
 from tasks.finalize.ragged import offsets
 from tasks.finalize.verify.verdicts import Linearized, VerifiedRollouts
+from tasks.records.dataset_row import CallSpan, WeightSpan
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.capture import digest as dg
-from tasks.capture.records import StagedDelta
+from tasks.records import digest as dg
+from tasks.records.ledger import StagedDelta
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.objects import ObjectStore
 from tasks.storage.staged_reader import StagedReader

@@ -14,11 +14,11 @@ import threading
 import pytest
 
 from tasks import generate as generate_module
+from tasks import layout
 from tasks.config import BatchConfig, ModelSpec
 from tasks.errors import ConfigError, EngineDeadError, ModelMismatchError
 from tasks.generate import generate_shard, generate_shards
 from tasks.plan import batch_store, plan_batch
-from tasks.storage import layout
 from tasks.storage.claims import attempts_used, claim_attempt, read_claims
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import read_marker

@@ -12,10 +12,10 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.finalize.publish import read_dataset_marker
 from tasks.orchestration import local_airflow, steps
 from tasks.orchestration.storage import storage_location
 from tasks.plan import batch_store, read_batch_config
+from tasks.storage.dataset_manifest import read_dataset_marker
 from tasks.validate import read_suite_summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -98,7 +98,7 @@ def test_a_run_on_s3_reaches_storage_only_through_its_airflow_connection(
 def test_a_failing_suite_fails_the_run_with_its_report_in_the_log_and_publishes_nothing(
     rollout_batch, tmp_path, caplog
 ):
-    from tasks.finalize.publish import read_staged_marker
+    from tasks.storage.dataset_manifest import read_staged_marker
 
     conf = {
         **SMALL,

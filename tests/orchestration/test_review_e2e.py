@@ -19,12 +19,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.finalize.publish import read_dataset_marker
+from tasks import layout
 from tasks.orchestration import local_airflow, steps
 from tasks.orchestration.form import form_defaults
 from tasks.plan import batch_store
-from tasks.review import REVIEW_RECORD, read_review
-from tasks.storage import layout
+from tasks.records.review import REVIEW_RECORD, read_review
+from tasks.storage.dataset_manifest import read_dataset_marker
 
 from .browser import chromium, sign_in
 from .hitl import AirflowRest, InBackground, answer_review, sweep_timeouts, wait_for_review

@@ -76,7 +76,7 @@ def test_a_recorded_rejection_fails_the_review_and_the_publish_steps_without_ret
 
     from tasks.orchestration import steps
     from tasks.plan import batch_store
-    from tasks.review import new_decision, write_review
+    from tasks.records.review import new_decision, write_review
 
     params = {"storage_url": f"file://{tmp_path}", "batch_id": "b1", "require_review": False}
     rejection = new_decision("b1", "reject", "rewards look wrong", decided_by="alice", via="cli")

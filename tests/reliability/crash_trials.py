@@ -31,15 +31,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from tasks import layout
 from tasks.config import BatchConfig
 from tasks.crash_points import CrashPoint
-from tasks.finalize.publish import read_dataset_marker, read_dataset_part
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shards
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import batch_store, plan_batch, read_shard_plan
-from tasks.storage import layout
 from tasks.storage.claims import is_claim_path
+from tasks.storage.dataset_manifest import read_dataset_marker, read_dataset_part
 from tasks.storage.marker import read_marker
 from tasks.storage.objects import ObjectStore, is_temp_file, sha256_hex
 from tasks.storage.sweep import TEMP_GRACE_SECONDS, sweep_orphans
@@ -132,7 +132,7 @@ def reference_rows(root: str, config: BatchConfig, engine: Any, run: Any) -> dic
 
 def dataset_rows(store: ObjectStore, *, staged: bool = False) -> dict[str, dict[str, Any]]:
     """The published (or, with ``staged``, the staged) dataset's token columns, by rollout id; ids must be unique."""
-    from tasks.finalize.publish import read_staged_marker
+    from tasks.storage.dataset_manifest import read_staged_marker
 
     marker = read_staged_marker(store) if staged else read_dataset_marker(store)
     assert marker is not None, f"{store.url}: no {'staged' if staged else 'published'} dataset"

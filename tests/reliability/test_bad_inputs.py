@@ -32,10 +32,10 @@ from tasks import ids
 from tasks.config import BatchConfig
 from tasks.engines.base import SamplingSettings
 from tasks.errors import ConfigError, StorageIntegrityError
-from tasks.finalize.publish import read_dataset_part, read_staged_marker
 from tasks.finalize.stage import finalize_batch
 from tasks.generate import MAX_ERROR_CHARS, generate_shard
 from tasks.plan import batch_store, plan_batch
+from tasks.storage.dataset_manifest import read_dataset_part, read_staged_marker
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import read_marker
 from tasks.storage.sweep import sweep_orphans
@@ -269,8 +269,8 @@ def test_foreign_parquet_in_committed_shards_is_ignored_and_swept_by_name(commit
 def test_validation_and_publish_ignore_foreign_parquet_in_the_batch_and_the_dataset(
     committed_batch, clean_rows, tmp_path
 ):
-    from tasks.finalize.publish import read_dataset_marker
     from tasks.pipeline import finalize_and_publish
+    from tasks.storage.dataset_manifest import read_dataset_marker
 
     batch = copy_batch(committed_batch, tmp_path)
     plant_foreign_files(batch)

@@ -111,11 +111,11 @@ def run_load(
     Returns a dict of figures plus ``_rows`` (the dataset's rollout_id / sample_mask / mask_reason
     columns) and ``_markers`` (each shard marker's counts) for the assertions.
     """
-    from tasks.finalize.publish import read_dataset_part, read_staged_marker
     from tasks.finalize.stage import finalize_batch
     from tasks.generate import generate_shards
     from tasks.pipeline import finalize_and_publish
     from tasks.plan import batch_store, plan_batch
+    from tasks.storage.dataset_manifest import read_dataset_part, read_staged_marker
     from tasks.storage.marker import read_marker
     from tests.generation.fakes import FakeScriptedEngine
 

@@ -31,10 +31,10 @@ import pytest
 
 from tasks.config import BatchConfig
 from tasks.errors import StorageUnavailableError
-from tasks.finalize.publish import read_dataset_marker, read_dataset_part, read_staged_marker
 from tasks.finalize.stage import finalize_batch
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import batch_store
+from tasks.storage.dataset_manifest import read_dataset_marker, read_dataset_part, read_staged_marker
 from tasks.storage.marker import read_marked_bytes, read_marker
 from tasks.storage.objects import ObjectStore
 

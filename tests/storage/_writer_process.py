@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from tasks.capture.records import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.errors import ObjectConflictError
 from tasks.ids import call_id, rollout_id
+from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.objects import ObjectStore
 from tasks.storage.staging import CommitCoordinates, StagingWriter, WrittenSegment

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from tasks.storage import layout
+from tasks import layout
 from tasks.storage.objects import ObjectStore
 
 from ._writer_process import BATCH

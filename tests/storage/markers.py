@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.storage import layout
+from tasks import layout
 from tasks.storage.marker import MarkedFile, ShardCounts, ShardMarker
 
 from ._writer_process import BATCH

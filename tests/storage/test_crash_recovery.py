@@ -12,9 +12,9 @@ import time
 
 import pytest
 
+from tasks import layout
 from tasks.errors import UncommittedShardError
 from tasks.ids import rollout_id
-from tasks.storage import layout
 from tasks.storage.ledger_files import RolloutBundle
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.ledger_writer import LedgerWriter

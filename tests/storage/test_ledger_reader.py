@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.capture.records import Receipt
+from tasks import layout
 from tasks.errors import CorruptLedgerFileError, SegmentChecksumMismatchError, UncommittedShardError
 from tasks.ids import rollout_id
-from tasks.storage import layout
+from tasks.records.ledger import Receipt
 from tasks.storage.ledger_files import encode_ledger_file
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import MarkedFile, write_marker

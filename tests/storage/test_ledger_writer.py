@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tasks import layout
 from tasks.errors import LedgerConflictError, ObjectConflictError
 from tasks.ids import rollout_id
-from tasks.storage import layout
 from tasks.storage.ledger_files import decode_ledger_file
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.marker import ShardCounts, parse_shard_object, read_marker

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from tasks import layout
 from tasks.errors import MalformedMarkerError, ObjectConflictError
-from tasks.storage import layout
 from tasks.storage.marker import ShardCounts, ShardMarker, read_marker, write_marker
 from tasks.storage.objects import ObjectStore
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tasks import layout
 from tasks.errors import (
     CorruptLedgerFileError,
     DuplicateReceiptError,
@@ -12,7 +13,6 @@ from tasks.errors import (
     ShardAlreadyCommittedError,
 )
 from tasks.ids import rollout_id
-from tasks.storage import layout
 from tasks.storage.claims import claim_attempt
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.ledger_writer import LedgerWriter

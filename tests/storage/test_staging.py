@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.capture.records import StagedDelta
 from tasks.errors import (
     CallIdMismatchError,
     DuplicateStagingKeyError,
@@ -24,7 +23,8 @@ from tasks.errors import (
     StagingKeyMismatchError,
     StorageIntegrityError,
 )
-from tasks.storage.layout import staging_segment
+from tasks.layout import staging_segment
+from tasks.records.ledger import StagedDelta
 from tasks.storage.objects import ObjectStore, WrittenObject, sha256_hex
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import CommitCoordinates, StagingWriter

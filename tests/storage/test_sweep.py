@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from tasks import layout
 from tasks.errors import UncommittedShardError
 from tasks.ids import rollout_id
-from tasks.storage import layout
 from tasks.storage.claims import claim_attempt, read_claims
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.ledger_writer import LedgerWriter

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from tasks.errors import SegmentChecksumMismatchError
-from tasks.finalize.publish import stage_dataset
+from tasks.finalize.dataset_writer import stage_dataset
 from tasks.storage.objects import ObjectStore
 from tasks.trainer.collate import GrpoCollator, PublishedDataset
 from tests.finalize.rollouts import batch_config, commit_by_hand, mixed_groups, rows_of

@@ -20,10 +20,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks import layout
 from tasks.config import BatchConfig
-from tasks.finalize.dataset_schema import DatasetRow
 from tasks.plan import batch_store
-from tasks.storage import layout
+from tasks.records.dataset_row import DatasetRow
 from tasks.storage.objects import ObjectStore
 
 Row = dict[str, Any]

@@ -13,11 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tasks import layout
 from tasks.config import ValidationSpec
 from tasks.errors import SchemaMismatchError, SegmentChecksumMismatchError
-from tasks.finalize.dataset_schema import DatasetRow
-from tasks.finalize.publish import read_staged_marker
-from tasks.storage import layout
+from tasks.records.dataset_row import DatasetRow
+from tasks.storage.dataset_manifest import read_staged_marker
 from tasks.validate import SuiteOutcome, dataset_profile, validate_dataset
 from tasks.validate.dataset_profile import part_batches, profile_dataset, row_profile
 from tasks.validate.gx_run import run_suite

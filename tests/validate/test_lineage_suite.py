@@ -14,10 +14,10 @@ import dataclasses
 import pyarrow as pa
 import pytest
 
+from tasks import layout
 from tasks.capture.calls import ENGINE_ERROR, STAGING_FAILED
 from tasks.config import ValidationSpec
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
-from tasks.storage import layout
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.objects import ObjectStore
 from tasks.validate import SuiteOutcome, lineage_profile, validate_dataset, validate_lineage

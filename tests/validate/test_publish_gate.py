@@ -9,15 +9,15 @@ import json
 
 import pytest
 
+from tasks import layout
 from tasks.cli import main
 from tasks.config import ValidationSpec
 from tasks.errors import EXIT_FAILED, PublishRefusedError, ValidationFailedError
-from tasks.finalize.publish import read_dataset_marker, read_staged_marker
 from tasks.finalize.stage import FinalizeOptions
 from tasks.pipeline import finalize_and_publish, run_suite
 from tasks.plan import batch_store
 from tasks.publish import publish_batch
-from tasks.storage import layout
+from tasks.storage.dataset_manifest import read_dataset_marker, read_staged_marker
 from tasks.trainer.collate import PublishedDataset
 
 from .batches import Batch, copy_batch

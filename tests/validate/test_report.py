@@ -22,6 +22,7 @@ from tasks.errors import EngineError
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shards
 from tasks.plan import batch_store, plan_batch
+from tasks.records.suite_summary import ExpectationOutcome, SuiteSummary, SummaryCounts, status_of
 from tasks.trainer.logprob_audit import AuditReport
 from tasks.validate import report
 from tasks.validate.report import (
@@ -34,7 +35,6 @@ from tasks.validate.report import (
     render_report,
     write_report_index,
 )
-from tasks.validate.summary import ExpectationOutcome, SuiteSummary, SummaryCounts, status_of
 from tests.generation.fakes import FakeScriptedEngine
 
 BATCH = "b-report"

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from tasks import layout
 from tasks.cli import main
 from tasks.errors import EXIT_CONFLICT, EXIT_FAILED, EXIT_USAGE, PublishRefusedError, ReviewConflictError
-from tasks.finalize.publish import read_dataset_marker
 from tasks.finalize.stage import FinalizeOptions
 from tasks.pipeline import decide_and_report, finalize_and_publish, run_suite
 from tasks.publish import publish_batch
-from tasks.review import REVIEW_RECORD, ReviewDecision, new_decision, read_review
+from tasks.records.review import REVIEW_RECORD, ReviewDecision, new_decision, read_review
 from tasks.status import batch_status, render_status
-from tasks.storage import layout
+from tasks.storage.dataset_manifest import read_dataset_marker
 
 from .batches import Batch, copy_batch
 

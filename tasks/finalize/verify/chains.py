@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.capture import terminal
-from tasks.capture.records import CallRecord, FailureRow, Receipt
 from tasks.finalize import reasons as r
 from tasks.finalize.ragged import offsets, owners, take_rows
+from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.storage.ledger_reader import LedgerTables
 
 

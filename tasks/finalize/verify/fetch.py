@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.capture.records import StagedDelta
 from tasks.errors import StorageIntegrityError
 from tasks.finalize import reasons as r
 from tasks.finalize.ragged import owners, take_rows
+from tasks.records.ledger import StagedDelta
 from tasks.storage.staged_reader import StagedReader
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from tasks.capture import terminal
-from tasks.capture.records import FailureRow, Receipt
 from tasks.finalize import reasons as r
+from tasks.records.ledger import FailureRow, Receipt
 
 # Failure rows with this reason poison a rollout only when the failed call is on its chain.
 OFF_CHAIN_TOLERATED_FAILURE = "request_finished_without_staged_coordinates"

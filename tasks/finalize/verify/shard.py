@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from tasks.capture.records import Receipt
 from tasks.config import BatchConfig
 from tasks.errors import StorageIntegrityError, UncommittedShardError
 from tasks.finalize import reasons as r
@@ -40,7 +39,9 @@ from tasks.finalize.verify.fetch import fetch_chains
 from tasks.finalize.verify.guards import rollout_verdict
 from tasks.finalize.verify.staged_rows import ChainRows
 from tasks.finalize.verify.verdicts import Linearized, VerdictsBuilder, VerifiedRollouts
-from tasks.plan import PlannedRollout, read_shard_plan
+from tasks.plan import read_shard_plan
+from tasks.records.ledger import Receipt
+from tasks.records.planned import PlannedRollout
 from tasks.storage.ledger_reader import LedgerReader, LedgerTables
 from tasks.storage.objects import ObjectStore
 from tasks.storage.staged_reader import StagedReader

@@ -4,7 +4,7 @@ Staged rows are checked as Arrow columns and numpy arrays, never as :class:`Stag
 objects (whose constructor raises on exactly the malformed rows this module must name). The
 rows of many chains are checked together, chain after chain in one table: columns are converted
 once, field comparisons and token checks are vectorized, digests hash slices of one big-endian
-buffer (:mod:`tasks.capture.digest_batch`), and each chain's reason is the earliest check any of
+buffer (:mod:`tasks.records.digest_batch`), and each chain's reason is the earliest check any of
 its rows fails, exactly as if the chain were checked alone. Python loops run per row only to hash.
 
 The work is split in two: :meth:`ChainRows.of` converts (flattens and checks the token lists:
@@ -21,13 +21,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.capture import digest as dg
-from tasks.capture import digest_batch as db
-from tasks.capture.records import StagedDelta, canonical_json
 from tasks.config import BatchConfig
 from tasks.finalize import reasons as r
 from tasks.finalize.ragged import offsets, owners_of, ranges, run_sums
 from tasks.finalize.verify.verdicts import Linearized
+from tasks.records import digest as dg
+from tasks.records import digest_batch as db
+from tasks.records.ledger import StagedDelta, canonical_json
 
 _STAGED_SCHEMA = StagedDelta.arrow_schema()
 _LIST_COLUMNS = ("token_ids_delta", "token_mask_delta", "logprobs_delta")

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.capture import digest as dg
-from tasks.capture.records import CallRecord, FailureRow, Receipt, StagedDelta, canonical_json
 from tasks.errors import SchemaMismatchError
+from tasks.records import digest as dg
+from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta, canonical_json
 
 STAGED_COLUMNS = (
     "schema_version, digest_version, extras_digest_version, batch_id, rollout_id, call_id, parent_call_id, mode, "

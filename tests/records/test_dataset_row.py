@@ -12,10 +12,10 @@ import pytest
 
 from tasks.finalize import reasons
 from tasks.finalize.assemble import assemble_rows
-from tasks.finalize.dataset_schema import DatasetRow, InvalidDatasetRowError, WeightSpan
+from tasks.records.dataset_row import DatasetRow, InvalidDatasetRowError, WeightSpan
 
-from .rollouts import BATCH_ID, assemble, make_rollout, rows_of
-from .verdicts import columns_of
+from tests.finalize.rollouts import BATCH_ID, assemble, make_rollout, rows_of
+from tests.finalize.verdicts import columns_of
 
 
 def a_row(**changes) -> DatasetRow:

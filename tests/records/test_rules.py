@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.record_rules import RecordRules, Rule, at_least, finite, hex_digests, ids, non_empty, one_of
+from tasks.records.rules import RecordRules, Rule, at_least, finite, hex_digests, ids, non_empty, one_of
 from tasks.schema import ArrowRecord, column
 
 

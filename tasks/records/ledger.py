@@ -1,6 +1,6 @@
 """Capture records (ARCHITECTURE 4.1, 4.3-4.5), each defined once with its Arrow schema and rules.
 
-Each record declares the invariants of its section once, as rules (:mod:`tasks.record_rules`):
+Each record declares the invariants of its section once, as rules (:mod:`tasks.records.rules`):
 constructing a record checks them on its values, and the ledger reader proves them on whole
 tables with the same rules. A record that exists is well-formed. Hashes that need the parent
 chain (chain and cumulative hashes) can only be checked by a verifier that walks the chain;
@@ -17,9 +17,9 @@ from typing import Any, ClassVar, Self
 import numpy as np
 import pyarrow as pa
 
-from tasks.capture import digest as dg
 from tasks.checks import REASON_NAME, check_hex_digest, check_u64
-from tasks.record_rules import (
+from tasks.records import digest as dg
+from tasks.records.rules import (
     Ops,
     RecordRules,
     Rule,

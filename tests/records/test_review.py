@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tasks.errors import MalformedReviewError, ReviewInputError
-from tasks.review import (
+from tasks.records.review import (
     REVIEW_RECORD,
     TIMEOUT_REASON,
     ReviewDecision,

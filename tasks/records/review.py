@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Self
 
+from tasks import layout
 from tasks.errors import MalformedReviewError, ObjectConflictError, ReviewInputError
 from tasks.ids import check_id
-from tasks.storage import layout
 from tasks.storage.objects import ObjectStore
 from tasks.strict_json import load_dataclass, parse_json
 

@@ -1,4 +1,4 @@
-"""Digests of many staged rows at once, byte-identical to :mod:`tasks.capture.digest`.
+"""Digests of many staged rows at once, byte-identical to :mod:`tasks.records.digest`.
 
 The token lists of every row are converted to their big-endian wire encoding once
 (:class:`FlatTokens`), and each row's digest hashes zero-copy slices of those buffers through
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.capture import digest as dg
+from tasks.records import digest as dg
 
 # The per-row scalars a call digest covers, by their staged-column names.
 CALL_DIGEST_FIELDS = (

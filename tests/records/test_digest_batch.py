@@ -1,4 +1,4 @@
-"""Batched digests equal the per-row digests of tasks.capture.digest, byte for byte."""
+"""Batched digests equal the per-row digests of tasks.records.digest, byte for byte."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.capture import digest as dg
-from tasks.capture import digest_batch as db
+from tasks.records import digest as dg
+from tasks.records import digest_batch as db
 
 HEX = st.binary(min_size=32, max_size=32).map(bytes.hex)
 TEXT = st.text(min_size=1, max_size=12)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from tasks.capture.records import TERMINAL_SELECTIONS
 from tasks.checks import check_choice, check_finite, check_int, check_reason
 from tasks.ids import check_id
+from tasks.records.ledger import TERMINAL_SELECTIONS
 from tasks.schema import ArrowRecord, column
 
 DATASET_SCHEMA_VERSION = 1

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.capture.records import CallRecord, FailureRow, Receipt
+from tasks.records.ledger import CallRecord, FailureRow, Receipt
 
 HEX = "ab" * 32
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

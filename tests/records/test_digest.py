@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.capture import digest as dg
+from tasks.records import digest as dg
 
 GOLDEN_EXTRAS = {"routed_experts": [[[1, 2]], [[3, 4]]]}
 GOLDEN_EXTRAS_DIGEST = "032024e899456be6e9a78c6d0399c5112d2ca7fa18d4ea9cf0d8cb7d0094f3a3"
@@ -227,7 +227,7 @@ json_values = st.recursive(
 def test_extras_digest_survives_a_canonical_json_round_trip(value):
     import json
 
-    from tasks.capture.records import canonical_json
+    from tasks.records.ledger import canonical_json
 
     assert dg.compute_extras_digest(json.loads(canonical_json(value))) == dg.compute_extras_digest(value)
 
