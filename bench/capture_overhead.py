@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tasks.batch import Batch
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
@@ -88,9 +89,11 @@ def timed_shard(
 ) -> Run:
     """Plan a fresh copy of the batch (untimed), then time its one shard end to end."""
     config = batch_config(batch_id, model, args)
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     started = time.perf_counter()
-    summary = generate_shard(root, batch_id, 0, engine=engine, run=loop.run, capture=capture, progress=False)
+    summary = generate_shard(
+        Batch.open(root, batch_id), 0, engine=engine, run=loop.run, capture=capture, progress=False
+    )
     seconds = time.perf_counter() - started
     if capture and summary.already_committed:
         raise RuntimeError(f"{batch_id} was already committed: the run did no work")

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks.batch import Batch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TARGET_RATIO = 0.3
@@ -52,7 +54,6 @@ def build(root: str, tokens: float, shards: int) -> dict:
     from tasks import ids
     from tasks.config import BatchConfig, ModelSpec
     from tasks.engines.base import SamplingSettings
-    from tasks.plan import batch_store, read_shard_plan
     from tasks.records.ledger import CallRecord, Receipt, StagedDelta, canonical_json
     from tasks.storage.ledger_writer import LedgerWriter
     from tasks.storage.staging import StagingWriter
@@ -72,13 +73,14 @@ def build(root: str, tokens: float, shards: int) -> dict:
     )
     from tasks.plan import plan_batch
 
-    plan_batch(root, config)
-    store = batch_store(root, config.batch_id)
+    batch = Batch.open(root, config.batch_id)
+    plan_batch(batch, config)
+    store = batch.store
     rng = np.random.default_rng(0)
     staged_tokens = 0
     started = time.perf_counter()
     for shard in range(shards):
-        plan = read_shard_plan(store, config, shard)
+        plan = batch.shard_plan(shard)
         ledger = LedgerWriter(store, batch_id=config.batch_id, shard=shard, attempt=0)
         staged: list[tuple[Any, list]] = []
         with StagingWriter(store, shard=shard, attempt=0, max_rows=1024) as writer:
@@ -190,7 +192,7 @@ def measure_finalize(root: str, batch_id: str) -> dict:
 
         setattr(module, name, timed)
     started, cpu = time.perf_counter(), cpu_seconds()
-    published = finalize_batch(root, batch_id, FinalizeOptions(audit=False))
+    published = finalize_batch(Batch.open(root, batch_id), FinalizeOptions(audit=False))
     seconds = time.perf_counter() - started
     return {
         "seconds": seconds,
@@ -210,7 +212,7 @@ def measure_validate(root: str, batch_id: str) -> dict:
     cpu = cpu_seconds()
     for suite, validate in (("lineage", validate_lineage), ("dataset", validate_dataset)):
         started = time.perf_counter()
-        outcome = validate(root, batch_id)
+        outcome = validate(Batch.open(root, batch_id))
         seconds[suite] = time.perf_counter() - started
         statuses[suite] = outcome.status
     return {"seconds": seconds, "cpu_seconds": cpu_seconds() - cpu, "statuses": statuses, "peak_rss_gb": peak_rss_gb()}

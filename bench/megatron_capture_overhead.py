@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.capture_overhead import TARGET_RATIO, Run, median, mode, spread
+from tasks.batch import Batch
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
@@ -75,9 +76,12 @@ def timed_shard(
     capture: bool,
 ) -> Run:
     """Plan a fresh copy of the batch (untimed), then time its one shard end to end."""
-    plan_batch(root, batch_config(batch_id, model, args))
+    config = batch_config(batch_id, model, args)
+    plan_batch(Batch.open(root, config.batch_id), config)
     started = time.perf_counter()
-    summary = generate_shard(root, batch_id, 0, engine=engine, run=loop.run, capture=capture, progress=False)
+    summary = generate_shard(
+        Batch.open(root, batch_id), 0, engine=engine, run=loop.run, capture=capture, progress=False
+    )
     seconds = time.perf_counter() - started
     return Run(capture, seconds, summary.generated_tokens, summary.rollouts, summary.calls)
 

@@ -37,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
 from tasks.engines.base import SamplingSettings
 from tests.generation.fakes import FakeScriptedEngine
@@ -85,10 +86,10 @@ def run_shard(root: str, config: BatchConfig, tokenizer: Any) -> tuple[Any, Fake
     from tasks.generate import generate_shard
     from tasks.plan import plan_batch
 
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     engine = fake_engine(tokenizer, hi=int(config.environment_options["hi"]))
     started = time.perf_counter()
-    summary = generate_shard(root, config.batch_id, 0, engine=engine, run=asyncio.run, progress=False)
+    summary = generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=asyncio.run, progress=False)
     return summary, engine, time.perf_counter() - started
 
 

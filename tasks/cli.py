@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from tasks.batch import Batch
 from tasks.config import ADVANTAGES, ON_INVALID, BatchConfig, SamplingSettings
 from tasks.errors import (
     EXIT_FAILED,
@@ -224,8 +225,9 @@ def _options(pairs: Sequence[str], flag: str) -> dict:
     return options
 
 
-def _storage(args: argparse.Namespace) -> dict[str, Any]:
-    return storage_options_from_env(args.root, os.environ)
+def _batch(args: argparse.Namespace) -> Batch:
+    """The batch the command names, on storage configured from the environment (AWS variables for S3)."""
+    return Batch.open(args.root, args.batch_id, storage_options_from_env(args.root, os.environ))
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -262,7 +264,7 @@ def _plan(args: argparse.Namespace) -> int:
         },
         source="plan flags",
     )
-    summary = plan_batch(args.root, config, _storage(args))
+    summary = plan_batch(_batch(args), config)
     verb = "planned" if summary.created else "already planned (same config)"
     planned = summary.config
     print(
@@ -281,22 +283,17 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from tasks.generate import generate_shards
-    from tasks.plan import batch_store, read_batch_config
 
     if args.model is not None:
         raise ConfigError(
             "generate takes no --model: the model is fixed at plan time (plan/batch.json records it and its hashes); "
             "plan a new batch id with --model to use another one"
         )
-    storage = _storage(args)
-    shards = args.shard
-    if args.all_shards:
-        shards = list(range(read_batch_config(batch_store(args.root, args.batch_id, storage)).shards))
+    batch = _batch(args)
+    shards = list(range(batch.config.shards)) if args.all_shards else args.shard
     summaries = generate_shards(
-        args.root,
-        args.batch_id,
+        batch,
         shards,
-        storage_options=storage,
         progress=False if args.no_progress else None,
         try_number=args.try_number,
         on_engine_start=_engine_notice(args),
@@ -352,20 +349,16 @@ def _finalize(args: argparse.Namespace) -> int:
     from tasks import layout
     from tasks.finalize.stage import FinalizeOptions
     from tasks.pipeline import finalize_and_publish, thresholds_with
-    from tasks.plan import batch_store
     from tasks.training_signal import TrainingSignal
 
     options = FinalizeOptions(
         on_invalid=args.on_invalid, advantage=args.advantage, allow_partial=args.allow_partial, audit=args.audit
     )
-    storage = _storage(args)
-    thresholds = thresholds_with(args.root, args.batch_id, _options(args.threshold, "--threshold"), storage)
-    result = finalize_and_publish(
-        args.root, args.batch_id, options, thresholds=thresholds, publish=not args.no_publish, storage_options=storage
-    )
+    batch = _batch(args)
+    thresholds = thresholds_with(batch, _options(args.threshold, "--threshold"))
+    result = finalize_and_publish(batch, options, thresholds=thresholds, publish=not args.no_publish)
     marker = result.staged.marker
-    store = batch_store(args.root, args.batch_id, storage)
-    metrics = json.loads(store.read_bytes(layout.DATASET_METRICS))
+    metrics = batch.dataset_metrics(marker)
     _say(f"dataset {result.staged.url}/dataset: {marker.rows} rows, {marker.trainable_rows} trainable")
     if marker.partial:
         _say(f"  PARTIAL: shards {list(marker.missing_shards)} were not committed and are missing from it")
@@ -373,9 +366,9 @@ def _finalize(args: argparse.Namespace) -> int:
         _say(f"  {line}")
     for suite, outcome in result.suites.items():
         _say(f"{suite} suite: {outcome.status} (report: {outcome.report_url})")
-    _say(f"overview: {store.url}/{layout.REPORTS_INDEX}")
+    _say(f"overview: {batch.url_of(layout.REPORTS_INDEX)}")
     if result.published is not None:
-        _say(f"published: {store.url}/{layout.DATASET_MARKER}")
+        _say(f"published: {batch.url_of(layout.DATASET_MARKER)}")
     print(
         json.dumps(
             {
@@ -400,14 +393,12 @@ def _finalize(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from tasks.pipeline import describe_failure, run_suite, thresholds_with
 
-    storage = _storage(args)
-    thresholds = thresholds_with(args.root, args.batch_id, _options(args.threshold, "--threshold"), storage)
+    batch = _batch(args)
+    thresholds = thresholds_with(batch, _options(args.threshold, "--threshold"))
     suites = SUITES if args.suite == "all" else (args.suite,)
     outcomes = {}
     for suite in suites:
-        outcomes[suite] = outcome = run_suite(
-            suite, args.root, args.batch_id, thresholds=thresholds, storage_options=storage
-        )
+        outcomes[suite] = outcome = run_suite(suite, batch, thresholds=thresholds)
         _say(f"{suite} suite: {outcome.status} (report: {outcome.report_url})")
         if outcome.status == "failed":
             _say(f"  {describe_failure(suite, outcome)}")
@@ -421,19 +412,19 @@ def _publish(args: argparse.Namespace) -> int:
     from tasks.pipeline import decide_and_report, publish_and_report
     from tasks.records.review import PUBLISH, REJECT, new_decision
 
-    storage = _storage(args)
+    batch = _batch(args)
     choice = PUBLISH if args.approve else REJECT if args.reject else None
     if choice is None and (args.reason is not None or args.by is not None):
         raise ReviewInputError("--reason and --by go with --approve or --reject")
     review = None
     if choice is not None:
         wanted = new_decision(args.batch_id, choice, args.reason, decided_by=args.by or getpass.getuser(), via="cli")
-        review = decide_and_report(args.root, args.batch_id, wanted, storage_options=storage)
+        review = decide_and_report(batch, wanted)
         _say(f"review: {review.describe()}" + ("" if review == wanted else " (decided before: that decision stands)"))
         if not review.approved:
             print(json.dumps({"batch_id": args.batch_id, "published": False, "review": asdict(review)}))
             return EXIT_OK
-    published = publish_and_report(args.root, args.batch_id, storage_options=storage)
+    published = publish_and_report(batch)
     verb = "published" if published.created else "already published"
     _say(f"{verb}: {published.url}/dataset ({published.marker.rows} rows)")
     review = published.marker.review
@@ -454,7 +445,7 @@ def _publish(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from tasks.status import batch_status, render_status
 
-    status = batch_status(args.root, args.batch_id, _storage(args))
+    status = batch_status(_batch(args))
     print(json.dumps(status.to_dict(), indent=2, sort_keys=True) if args.json else render_status(status).rstrip())
     return EXIT_OK
 
@@ -467,10 +458,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from tasks.plan import batch_store
     from tasks.storage.sweep import sweep_orphans
 
-    report = sweep_orphans(batch_store(args.root, args.batch_id, _storage(args)), args.shard, dry_run=args.dry_run)
+    report = sweep_orphans(_batch(args).store, args.shard, dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     for path in report.orphans:
         print(f"{verb} {path}")

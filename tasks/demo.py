@@ -7,17 +7,16 @@ One engine serves every shard (``generate_shards``). Prints where the dataset is
 
 from __future__ import annotations
 
-import json
 import time
 
 from tasks import layout
+from tasks.batch import Batch
 from tasks.generate import generate_shards
 from tasks.models.provenance import model_provenance
 from tasks.models.reference import model_reference, resolve_model_reference
 from tasks.orchestration.form import batch_config_from_form, form_defaults
 from tasks.pipeline import finalize_and_publish
-from tasks.plan import batch_store, plan_batch
-from tasks.storage.options import StorageOptions
+from tasks.plan import plan_batch
 
 STORAGE_FIELDS = ("batch_id", "storage_url", "storage_conn_id")
 
@@ -30,32 +29,33 @@ def run_demo(root: str, *, batch_id: str | None = None) -> dict:
     reference = model_reference(values["model"])
     provenance = model_provenance(resolve_model_reference(reference))
     config = batch_config_from_form({**values, "model": reference}, batch_id=batch_id, provenance=provenance)
+    batch = Batch.open(root, batch_id)
     print(f"[1/3] plan: batch {batch_id}, {config.num_rollouts} rollouts in {config.shards} shards", flush=True)
-    plan_batch(root, config)
+    plan_batch(batch, config)
     print("[2/3] generate: every shard on one vLLM engine serving the bundled SmolLM2-135M-Instruct", flush=True)
-    for summary in generate_shards(root, batch_id, range(config.shards)):
+    for summary in generate_shards(batch, range(config.shards)):
         print(
             f"      shard {summary.shard}: {summary.ok} ok, {summary.poisoned} poisoned, "
             f"{summary.calls} calls, {summary.generated_tokens} tokens in {summary.seconds:.1f}s",
             flush=True,
         )
     print("[3/3] finalize: lineage suite, verify and linearize, advantages, logprob audit, dataset suite, publish")
-    finalize_and_publish(root, batch_id)
-    summary = batch_summary(root, batch_id, wall_seconds=time.monotonic() - started)
+    finalize_and_publish(batch)
+    summary = batch_summary(batch, wall_seconds=time.monotonic() - started)
     print_summary(summary)
     return summary
 
 
-def batch_summary(
-    root: str, batch_id: str, storage_options: StorageOptions | None = None, *, wall_seconds: float
-) -> dict:
+def batch_summary(batch: Batch, *, wall_seconds: float) -> dict:
     """The headline numbers of a published batch: where it is, rows, reasons, reward, tokens, audit."""
-    store = batch_store(root, batch_id, storage_options)
-    metrics = json.loads(store.read_bytes(layout.DATASET_METRICS))
+    manifest = batch.published_dataset()
+    if manifest is None:
+        raise ValueError(f"batch {batch.batch_id} is not published: no {batch.url_of(layout.DATASET_MARKER)}")
+    metrics = batch.dataset_metrics(manifest)
     return {
-        "batch_id": batch_id,
-        "dataset": f"{store.url}/dataset",
-        "reports": f"{store.url}/{layout.REPORTS_INDEX}",
+        "batch_id": batch.batch_id,
+        "dataset": batch.url_of(layout.DATASET_DIR),
+        "reports": batch.url_of(layout.REPORTS_INDEX),
         "rollouts": metrics["planned_rollouts"],
         "trainable_rows": metrics["trainable_rows"],
         "masked_rows": metrics["masked_rows"],

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.batch import Batch
 from tasks.capture.calls import CallCapture, RolloutCapture
 from tasks.capture.prefix_cache import ChainPrefixCache
 from tasks.capture.terminal import attribute_terminal
@@ -51,14 +52,12 @@ from tasks.errors import (
     ShardAlreadyCommittedError,
     StorageUnavailableError,
 )
-from tasks.plan import batch_store, read_batch_config, read_shard_plan
 from tasks.records.ledger import CallRecord, Receipt, canonical_json
 from tasks.records.planned import PlannedRollout
 from tasks.storage.claims import AttemptClaim, claim_attempt
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.marker import ShardMarker, read_marker
 from tasks.storage.objects import ObjectStore
-from tasks.storage.options import StorageOptions
 from tasks.storage.recovery import recover_earlier_attempts
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import StagingWriter
@@ -131,17 +130,15 @@ class _Batch:
     summaries: dict[int, ShardSummary] = field(default_factory=dict)
 
 
-def generate_shard(root_url: str, batch_id: str, shard: int, **kwargs: Any) -> ShardSummary:
+def generate_shard(batch: Batch, shard: int, **kwargs: Any) -> ShardSummary:
     """Generate and commit one shard; see :func:`generate_shards`."""
-    return generate_shards(root_url, batch_id, [shard], **kwargs)[0]
+    return generate_shards(batch, [shard], **kwargs)[0]
 
 
 def generate_shards(
-    root_url: str,
-    batch_id: str,
+    batch: Batch,
     shards: Sequence[int],
     *,
-    storage_options: StorageOptions | None = None,
     engine: Engine | None = None,
     run: Runner | None = None,
     capture: bool = True,
@@ -149,7 +146,7 @@ def generate_shards(
     try_number: int | None = None,
     on_engine_start: Callable[[float], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> list[ShardSummary]:
-    """Generate and commit ``shards`` of ``batch_id`` one after another on one engine; see the module docstring.
+    """Generate and commit ``shards`` of ``batch`` one after another on one engine; see the module docstring.
 
     With ``engine`` given, ``run`` must execute a coroutine on the loop the engine lives on
     (``BackgroundLoop.run``) and the engine must serve at least the planned weight version;
@@ -159,21 +156,19 @@ def generate_shards(
     engine's whole life (the CLI prints a notice and redirects engine output there).
     ``try_number`` (the orchestrator's) is recorded in each attempt's claim.
     """
-    batch = _check_before_engine(root_url, batch_id, shards, storage_options, own_engine=engine is None)
-    batch.try_number, batch.capture, batch.progress = try_number, capture, progress
-    if all(shard in batch.committed for shard in shards):
-        return [ShardSummary.of_marker(batch.committed[shard]) for shard in shards]
+    work = _check_before_engine(batch, shards, own_engine=engine is None)
+    work.try_number, work.capture, work.progress = try_number, capture, progress
+    if all(shard in work.committed for shard in shards):
+        return [ShardSummary.of_marker(work.committed[shard]) for shard in shards]
     if engine is not None:
         if run is None:
             raise ValueError("an engine passed in needs `run`, which runs a coroutine on the engine's event loop")
-        _check_engine_version(engine, batch.config)
-        return run(_run_shards(batch, shards, _ShardEngine(batch.config, engine=engine)))
-    return _with_own_engine(batch, shards, on_engine_start)
+        _check_engine_version(engine, work.config)
+        return run(_run_shards(work, shards, _ShardEngine(work.config, engine=engine)))
+    return _with_own_engine(work, shards, on_engine_start)
 
 
-def _check_before_engine(
-    root_url: str, batch_id: str, shards: Sequence[int], storage_options: StorageOptions | None, *, own_engine: bool
-) -> _Batch:
+def _check_before_engine(batch: Batch, shards: Sequence[int], *, own_engine: bool) -> _Batch:
     """Everything that can be checked without an engine; a clear error before minutes of engine start."""
     from tasks.models.reference import check_provenance, resolve_model_reference
 
@@ -181,23 +176,22 @@ def _check_before_engine(
         raise ConfigError("no shard to generate: name at least one")
     if len(set(shards)) != len(shards):
         raise ConfigError(f"shards {list(shards)} name a shard twice")
-    store = batch_store(root_url, batch_id, storage_options)
-    config = read_batch_config(store)
+    config = batch.config
     committed = {}
     plans = {}
     for shard in shards:
-        marker = read_marker(store, shard) if 0 <= shard < config.shards else None
+        marker = batch.shard_marker(shard) if 0 <= shard < config.shards else None
         if marker is not None:
             committed[shard] = marker
         else:
-            plans[shard] = read_shard_plan(store, config, shard)
+            plans[shard] = batch.shard_plan(shard)
     environment = load_environment(config.environment, config.environment_options)
-    batch = _Batch(store=store, config=config, environment=environment, plans=plans, committed=committed)
+    work = _Batch(store=batch.store, config=config, environment=environment, plans=plans, committed=committed)
     if own_engine and plans:
         folder = resolve_model_reference(config.model.reference)
         check_provenance(folder, config.model.provenance, reference=config.model.reference)
-        batch.model_folder = folder
-    return batch
+        work.model_folder = folder
+    return work
 
 
 def _check_engine_version(engine: Engine, config: BatchConfig) -> None:

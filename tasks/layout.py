@@ -1,4 +1,4 @@
-"""Object names under a batch directory (ARCHITECTURE section 2); the only place they are spelled.
+"""Object names under a batch directory (docs/architecture.md, "Storage layout"); the only place they are spelled.
 
 All paths are relative to ``{root}/batches/{batch_id}/`` so that committed data can be moved
 or copied between roots without rewriting records that point into it.
@@ -13,8 +13,13 @@ from tasks.ids import attempt_name, check_id, shard_name
 MARKER_NAME = "_COMMITTED.json"
 REPORTS_DIR = "reports"
 REPORTS_INDEX = f"{REPORTS_DIR}/index.html"  # the overview page, rewritten after each validation run
+REVIEW_RECORD = f"{REPORTS_DIR}/review.json"  # the review decision, created once
 CLAIM_NAME = "_CLAIM.json"
+SUITE_SUMMARY_NAME = "summary.json"  # a suite run is complete once its summary exists
+SUITE_REPORT_NAME = "index.html"  # a suite run's Data Docs index
 _ATTEMPT_IN_PATH = re.compile(r"/attempt-(\d+)/")
+_SUITE_NAME = re.compile(r"[a-z]+")
+_SUITE_RUN = re.compile(r"run-(\d{3,})")
 
 
 def batch_dir(batch_id: str) -> str:
@@ -78,3 +83,36 @@ def attempt_of(path: str) -> int:
 
 
 LEDGER_KINDS = ("calls", "failures", "receipts")
+
+
+def suite_dir(suite: str) -> str:
+    """``reports/{suite}``: every run of one validation suite."""
+    if not isinstance(suite, str) or not _SUITE_NAME.fullmatch(suite):
+        raise ValueError(f"a suite name is lowercase letters, got {suite!r}")
+    return f"{REPORTS_DIR}/{suite}"
+
+
+def suite_run_name(number: int) -> str:
+    return f"run-{number:03d}"
+
+
+def suite_run_number(path: str, suite: str) -> int | None:
+    """The run number of a path inside ``reports/{suite}/run-NNN/``, or None for any other path."""
+    prefix = suite_dir(suite) + "/"
+    if not path.startswith(prefix):
+        return None
+    match = _SUITE_RUN.fullmatch(path[len(prefix) :].split("/", 1)[0])
+    return None if match is None else int(match.group(1))
+
+
+def suite_run_dir(suite: str, run: str) -> str:
+    """``reports/{suite}/{run}``: one run's claim, Data Docs and summary."""
+    return f"{suite_dir(suite)}/{run}"
+
+
+def suite_run_claim(suite: str, run: str) -> str:
+    return f"{suite_run_dir(suite, run)}/{CLAIM_NAME}"
+
+
+def suite_summary(suite: str, run: str) -> str:
+    return f"{suite_run_dir(suite, run)}/{SUITE_SUMMARY_NAME}"

@@ -15,14 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.batch import Batch
 from tasks.config import ValidationSpec
 from tasks.errors import ConfigError, ValidationFailedError
 from tasks.finalize.dataset_writer import StagedDataset
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
-from tasks.plan import batch_store, read_batch_config
 from tasks.publish import PublishedBatch, publish_batch, record_decision
 from tasks.records.review import ReviewDecision
-from tasks.storage.options import StorageOptions
+from tasks.validate.stage import SuiteOutcome
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,13 @@ class PipelineResult:
     """What each step produced; ``published`` is None when publishing was not asked for."""
 
     staged: StagedDataset
-    suites: dict[str, Any]
+    suites: dict[str, SuiteOutcome]
     published: PublishedBatch | None
 
 
-def thresholds_with(
-    root_url: str, batch_id: str, overrides: Mapping[str, Any], storage_options: StorageOptions | None = None
-) -> ValidationSpec:
+def thresholds_with(batch: Batch, overrides: Mapping[str, Any]) -> ValidationSpec:
     """The batch config's validation thresholds with ``overrides`` applied (unknown names are refused)."""
-    planned = read_batch_config(batch_store(root_url, batch_id, storage_options)).validation
+    planned = batch.config.validation
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ValidationSpec)})
     if unknown:
         known = [f.name for f in dataclasses.fields(ValidationSpec)]
@@ -49,82 +47,63 @@ def thresholds_with(
         raise ConfigError(f"validation thresholds: {exc}") from None
 
 
-def run_suite(
-    suite: str,
-    root_url: str,
-    batch_id: str,
-    *,
-    thresholds: ValidationSpec | None = None,
-    storage_options: StorageOptions | None = None,
-) -> Any:
+def run_suite(suite: str, batch: Batch, *, thresholds: ValidationSpec | None = None) -> SuiteOutcome:
     """Run one suite, rewrite the overview page, and return the suite's outcome (failed or not)."""
     from tasks.validate import validate_dataset, validate_lineage
     from tasks.validate.report import write_report_index
 
-    validate: Callable[..., Any] = {"lineage": validate_lineage, "dataset": validate_dataset}[suite]
-    outcome = validate(root_url, batch_id, storage_options=storage_options, thresholds=thresholds)
-    write_report_index(root_url, batch_id, storage_options=storage_options)
+    validate: Callable[..., SuiteOutcome] = {"lineage": validate_lineage, "dataset": validate_dataset}[suite]
+    outcome = validate(batch, thresholds=thresholds)
+    write_report_index(batch)
     return outcome
 
 
 def finalize_and_publish(
-    root_url: str,
-    batch_id: str,
+    batch: Batch,
     options: FinalizeOptions | None = None,
     *,
     thresholds: ValidationSpec | None = None,
     publish: bool = True,
-    storage_options: StorageOptions | None = None,
 ) -> PipelineResult:
     """Lineage suite, build, dataset suite, publish; with ``publish=False``, lineage suite and build only."""
-    suites = {"lineage": _passed("lineage", root_url, batch_id, thresholds, storage_options)}
-    staged = finalize_batch(root_url, batch_id, options, storage_options=storage_options)
+    suites = {"lineage": _passed("lineage", batch, thresholds)}
+    staged = finalize_batch(batch, options)
     if not publish:
         return PipelineResult(staged=staged, suites=suites, published=None)
-    suites["dataset"] = _passed("dataset", root_url, batch_id, thresholds, storage_options)
-    published = publish_and_report(root_url, batch_id, storage_options=storage_options)
+    suites["dataset"] = _passed("dataset", batch, thresholds)
+    published = publish_and_report(batch)
     return PipelineResult(staged=staged, suites=suites, published=published)
 
 
-def publish_and_report(
-    root_url: str, batch_id: str, *, require_review: bool = False, storage_options: StorageOptions | None = None
-) -> PublishedBatch:
+def publish_and_report(batch: Batch, *, require_review: bool = False) -> PublishedBatch:
     """Publish, then rewrite the overview page so it says the dataset is published."""
     from tasks.validate.report import write_report_index
 
-    published = publish_batch(root_url, batch_id, require_review=require_review, storage_options=storage_options)
-    write_report_index(root_url, batch_id, storage_options=storage_options)
+    published = publish_batch(batch, require_review=require_review)
+    write_report_index(batch)
     return published
 
 
-def decide_and_report(
-    root_url: str, batch_id: str, decision: ReviewDecision, *, storage_options: StorageOptions | None = None
-) -> ReviewDecision:
+def decide_and_report(batch: Batch, decision: ReviewDecision) -> ReviewDecision:
     """Record a review decision (:func:`tasks.publish.record_decision`), then rewrite the overview page.
 
     Returns the batch's decision: ``decision``, or the earlier one with the same choice.
     """
     from tasks.validate.report import write_report_index
 
-    recorded = record_decision(root_url, batch_id, decision, storage_options=storage_options)
-    write_report_index(root_url, batch_id, storage_options=storage_options)
+    recorded = record_decision(batch, decision)
+    write_report_index(batch)
     return recorded
 
 
-def _passed(
-    suite: str,
-    root_url: str,
-    batch_id: str,
-    thresholds: ValidationSpec | None,
-    storage_options: StorageOptions | None,
-) -> Any:
-    outcome = run_suite(suite, root_url, batch_id, thresholds=thresholds, storage_options=storage_options)
+def _passed(suite: str, batch: Batch, thresholds: ValidationSpec | None) -> SuiteOutcome:
+    outcome = run_suite(suite, batch, thresholds=thresholds)
     if outcome.status == "failed":
         raise ValidationFailedError(describe_failure(suite, outcome))
     return outcome
 
 
-def describe_failure(suite: str, outcome: Any) -> str:
+def describe_failure(suite: str, outcome: SuiteOutcome) -> str:
     """One line naming the failed expectations of ``suite`` (with a few offending ids) and its report."""
     failed = "; ".join(
         f"{e.name} ({', '.join(map(str, e.examples[:3])) or 'no examples'})"

@@ -1,4 +1,4 @@
-"""The plan stage: expand a batch config into rollouts and shards (ARCHITECTURE sections 1, 3, 12).
+"""The plan stage: expand a batch config into rollouts and shards.
 
 Rollouts are tasks × group size with deterministic ids and seeds. Groups are split into
 contiguous task ranges per shard, so a group never spans shards and advantages can be computed
@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks import ids, layout
+from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.environments.base import Environment
 from tasks.environments.prompts_file import PromptsFile
@@ -23,9 +24,6 @@ from tasks.environments.registry import load_environment
 from tasks.errors import ConfigError, ObjectConflictError, PlanConflictError
 from tasks.records.ledger import canonical_json
 from tasks.records.planned import PlannedRollout
-from tasks.schema import read_parquet_bytes
-from tasks.storage.objects import ObjectStore
-from tasks.storage.options import StorageOptions
 
 
 @dataclass(frozen=True)
@@ -36,11 +34,6 @@ class PlanSummary:
     shards: tuple[int, ...]
     created: bool
     config: BatchConfig
-
-
-def batch_store(root_url: str, batch_id: str, storage_options: StorageOptions | None = None) -> ObjectStore:
-    """The object store rooted at a batch's directory under ``root_url`` (fsspec ``storage_options``)."""
-    return ObjectStore(root_url, **dict(storage_options or {})).child(layout.batch_dir(batch_id))
 
 
 def shard_task_range(config: BatchConfig, shard: int) -> range:
@@ -65,14 +58,16 @@ def plan_rollouts(config: BatchConfig, tasks: list[dict], shard: int) -> list[Pl
     ]
 
 
-def plan_batch(root_url: str, config: BatchConfig, storage_options: StorageOptions | None = None) -> PlanSummary:
-    """Write ``plan/batch.json`` and every ``plan/shard-K.parquet`` for ``config``.
+def plan_batch(batch: Batch, config: BatchConfig) -> PlanSummary:
+    """Write ``plan/batch.json`` and every ``plan/shard-K.parquet`` of ``batch`` for ``config`` (of the same id).
 
     The environment is loaded first and the config records what it resolved to (a prompt file as
     a URI with its sha256, every option with its default filled in), so a typo or an unreadable
     file is refused before anything is written and every worker runs the same environment.
     """
-    store = batch_store(root_url, config.batch_id, storage_options)
+    if config.batch_id != batch.batch_id:
+        raise ConfigError(f"the config is of batch {config.batch_id!r}, not of {batch.batch_id!r}")
+    store = batch.store
     environment = load_environment(config.environment, config.environment_options)
     config = pin_environment(config, environment)
     try:
@@ -84,7 +79,7 @@ def plan_batch(root_url: str, config: BatchConfig, storage_options: StorageOptio
     try:
         written = store.write_once(layout.plan_config(), config.to_json().encode("utf-8"))
     except ObjectConflictError:
-        differ = changed_fields(read_batch_config(store), config)
+        differ = changed_fields(batch.config, config)
         raise PlanConflictError(
             f"batch {config.batch_id} was already planned at {store.url} with a different config "
             f"(differing: {', '.join(differ)}); plan under a new batch id"
@@ -123,21 +118,3 @@ def _differences(old: Any, new: Any, prefix: str) -> list[str]:
             for d in _differences(old.get(key), new.get(key), f"{prefix}{key}.")
         ]
     return [] if old == new else [prefix.rstrip(".")]
-
-
-def read_batch_config(store: ObjectStore) -> BatchConfig:
-    """The batch config of the batch ``store`` is rooted at; a clear error when it was never planned."""
-    path = layout.plan_config()
-    if not store.exists(path):
-        raise ConfigError(f"{store.url}/{path} does not exist: run `rollout-ledger plan` for this batch first")
-    return BatchConfig.from_json(store.read_bytes(path), source=f"{store.url}/{path}")
-
-
-def read_shard_plan(store: ObjectStore, config: BatchConfig, shard: int) -> list[PlannedRollout]:
-    """The planned rollouts of ``shard``, validated against the record schema."""
-    shard_task_range(config, shard)
-    path = layout.plan_shard(shard)
-    if not store.exists(path):
-        raise ConfigError(f"{store.url}/{path} does not exist: the plan of shard {shard} is missing; re-plan the batch")
-    table = read_parquet_bytes(store.read_bytes(path))
-    return PlannedRollout.from_table(table, source=f"{store.url}/{path}")

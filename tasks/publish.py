@@ -21,22 +21,19 @@ and the Airflow ``review`` task both go through it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tasks import layout
+from tasks.batch import Batch
 from tasks.errors import ObjectConflictError, PublishRefusedError, ReviewConflictError
 from tasks.finalize.card import render_card
-from tasks.plan import batch_store
-from tasks.records.review import ReviewDecision, read_review, write_review
+from tasks.records.review import ReviewDecision
 from tasks.records.suite_summary import SUITES
-from tasks.storage.dataset_manifest import DatasetMarker, read_dataset_marker, read_staged_marker
-from tasks.storage.marker import MarkedFile, read_marked_bytes
-from tasks.storage.objects import ObjectStore
-from tasks.storage.options import StorageOptions
+from tasks.storage.dataset_manifest import DatasetMarker
+from tasks.storage.marker import MarkedFile
 
 PUBLISHABLE = ("passed", "warned")
 
@@ -50,27 +47,25 @@ class PublishedBatch:
     created: bool
 
 
-def publish_batch(
-    root_url: str, batch_id: str, *, require_review: bool = False, storage_options: StorageOptions | None = None
-) -> PublishedBatch:
-    """Write the card and ``dataset/_COMMITTED.json`` for ``batch_id`` unless refused; see above.
+def publish_batch(batch: Batch, *, require_review: bool = False) -> PublishedBatch:
+    """Write the card and ``dataset/_COMMITTED.json`` of ``batch`` unless refused; see above.
 
     ``require_review`` asks for an approval even when both suites passed (an Airflow run's
     ``require_review`` param).
     """
-    store = batch_store(root_url, batch_id, storage_options)
-    published = read_dataset_marker(store)
+    store, batch_id = batch.store, batch.batch_id
+    published = batch.published_dataset()
     if published is not None:
         return PublishedBatch(url=store.url, marker=published, created=False)
-    review = read_review(store, batch_id)
+    review = batch.review()
     if review is not None and not review.approved:
         raise PublishRefusedError(
             f"batch {batch_id} is not published: it was rejected ({review.describe()}); "
             "a rejected batch is never published",
             reason="rejected",
         )
-    staged = staged_dataset(store, batch_id)
-    outcomes = validation_outcomes(store, batch_id)
+    staged = staged_dataset(batch)
+    outcomes = validation_outcomes(batch)
     needed = review_reasons(outcomes, require_review=require_review)
     if needed and review is None:
         raise PublishRefusedError(
@@ -79,18 +74,16 @@ def publish_batch(
             f"`rollout-ledger publish --root ROOT --batch-id {batch_id} --approve --reason TEXT` (or --reject)",
             reason="review_required",
         )
-    card = _write_card(store, staged, outcomes, review)
+    card = _write_card(batch, staged, outcomes, review)
     marker = dataclasses.replace(staged, card=card, validation=outcomes, review=review, committed_at=time.time())
     try:
         store.write_once(layout.DATASET_MARKER, marker.to_json().encode("utf-8"))
     except ObjectConflictError:  # another publisher won: its manifest is the published one
-        return PublishedBatch(url=store.url, marker=_published(store), created=False)
+        return PublishedBatch(url=store.url, marker=_published(batch), created=False)
     return PublishedBatch(url=store.url, marker=marker, created=True)
 
 
-def record_decision(
-    root_url: str, batch_id: str, decision: ReviewDecision, *, storage_options: StorageOptions | None = None
-) -> ReviewDecision:
+def record_decision(batch: Batch, decision: ReviewDecision) -> ReviewDecision:
     """Record ``decision`` in ``reports/review.json`` once, and return the batch's decision.
 
     An earlier decision with the same choice stands and is returned (the first one is the
@@ -98,21 +91,21 @@ def record_decision(
     on a batch published without one. An approval needs a batch publish could take (staged, both
     suites run, neither failed): :class:`PublishRefusedError` otherwise, and nothing is recorded.
     """
+    store, batch_id = batch.store, batch.batch_id
     if decision.batch_id != batch_id:
         raise ValueError(f"a decision on batch {decision.batch_id} cannot be recorded on batch {batch_id}")
-    store = batch_store(root_url, batch_id, storage_options)
-    earlier = read_review(store, batch_id)
+    earlier = batch.review()
     if earlier is None:
-        published = read_dataset_marker(store)
+        published = batch.published_dataset()
         if published is not None:
             raise ReviewConflictError(
                 f"batch {batch_id} was published without a review at {store.url}/{layout.DATASET_MARKER}: "
                 f"a decision to {decision.choice} it now changes nothing"
             )
         if decision.approved:
-            staged_dataset(store, batch_id)
-            validation_outcomes(store, batch_id)
-        earlier = write_review(store, decision)
+            staged_dataset(batch)
+            validation_outcomes(batch)
+        earlier = write_review(batch, decision)
     if earlier.choice != decision.choice:
         raise ReviewConflictError(
             f"batch {batch_id} was already decided ({earlier.describe()}); a decision is recorded once, "
@@ -133,13 +126,12 @@ def review_reasons(outcomes: Mapping[str, Mapping[str, Any]], *, require_review:
     return reasons
 
 
-def validation_outcomes(store: ObjectStore, batch_id: str) -> dict[str, Any]:
+def validation_outcomes(batch: Batch) -> dict[str, Any]:
     """Each suite's outcome for the committed manifest; :class:`PublishRefusedError` unless all are publishable."""
-    from tasks.validate import read_suite_summary
-
+    batch_id = batch.batch_id
     outcomes: dict[str, Any] = {}
     for suite in SUITES:
-        summary = read_suite_summary(store, suite)
+        summary = batch.suite_summary(suite)
         if summary is None:
             raise PublishRefusedError(
                 f"batch {batch_id}: the {suite} suite has not run: "
@@ -150,7 +142,7 @@ def validation_outcomes(store: ObjectStore, batch_id: str) -> dict[str, Any]:
             failed = ", ".join(e.name for e in summary.expectations if not e.success and e.severity == "fail")
             raise PublishRefusedError(
                 f"batch {batch_id} is not published: the {suite} suite failed ({failed}); "
-                f"see {store.url}/{summary.report} and {store.url}/{layout.REPORTS_INDEX}",
+                f"see {batch.url_of(summary.report)} and {batch.url_of(layout.REPORTS_INDEX)}",
                 reason="validation_failed",
             )
         outcomes[suite] = {
@@ -163,12 +155,12 @@ def validation_outcomes(store: ObjectStore, batch_id: str) -> dict[str, Any]:
     return outcomes
 
 
-def staged_dataset(store: ObjectStore, batch_id: str) -> DatasetMarker:
+def staged_dataset(batch: Batch) -> DatasetMarker:
     """The staged manifest; :class:`PublishRefusedError` (``not_staged``) when finalize has not built it."""
-    staged = read_staged_marker(store)
+    staged = batch.staged_dataset()
     if staged is None:
         raise PublishRefusedError(
-            f"batch {batch_id} has no staged dataset at {store.url}/{layout.DATASET_STAGED}: "
+            f"batch {batch.batch_id} has no staged dataset at {batch.url_of(layout.DATASET_STAGED)}: "
             "run `rollout-ledger finalize`",
             reason="not_staged",
         )
@@ -176,10 +168,10 @@ def staged_dataset(store: ObjectStore, batch_id: str) -> DatasetMarker:
 
 
 def _write_card(
-    store: ObjectStore, staged: DatasetMarker, outcomes: dict[str, Any], review: ReviewDecision | None
+    batch: Batch, staged: DatasetMarker, outcomes: dict[str, Any], review: ReviewDecision | None
 ) -> MarkedFile:
     """``dataset/README.md`` for the manifest about to be committed (the same bytes again if a crash left it)."""
-    metrics = json.loads(read_marked_bytes(store, staged.metrics, marker="the staged dataset marker"))
+    metrics = batch.dataset_metrics(staged)
     card = render_card(
         batch_id=staged.batch_id,
         config=staged.config,
@@ -188,11 +180,23 @@ def _write_card(
         validation=outcomes,
         review=review,
     )
-    return MarkedFile.of(store.write_once(layout.DATASET_CARD, card.encode("utf-8")), kind="card", rows=0)
+    return MarkedFile.of(batch.store.write_once(layout.DATASET_CARD, card.encode("utf-8")), kind="card", rows=0)
 
 
-def _published(store: ObjectStore) -> DatasetMarker:
-    marker = read_dataset_marker(store)
+def _published(batch: Batch) -> DatasetMarker:
+    marker = batch.published_dataset()
     if marker is None:
-        raise RuntimeError(f"{store.url}/{layout.DATASET_MARKER} conflicted but cannot be read")
+        raise RuntimeError(f"{batch.url_of(layout.DATASET_MARKER)} conflicted but cannot be read")
     return marker
+
+
+def write_review(batch: Batch, decision: ReviewDecision) -> ReviewDecision:
+    """Create the record unless one exists; returns the decision now on storage (``decision`` or the earlier one)."""
+    try:
+        batch.store.write_once(layout.REVIEW_RECORD, decision.to_json().encode("utf-8"))
+    except ObjectConflictError:
+        earlier = batch.review()
+        if earlier is None:
+            raise
+        return earlier
+    return decision

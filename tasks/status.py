@@ -1,4 +1,4 @@
-"""`rollout-ledger status`: what a batch holds, read from its storage alone (ARCHITECTURE 2, 4, 10, 12).
+"""`rollout-ledger status`: what a batch holds, read from its storage alone.
 
 The first thing a user runs when a batch looks wrong. It only reads: nothing is written,
 renamed or deleted, so it is safe against a batch whose shards are being generated. It reports
@@ -28,18 +28,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks import layout
+from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.errors import MalformedClaimError, MalformedReviewError, StorageIntegrityError, UncommittedShardError
-from tasks.plan import batch_store, read_batch_config
 from tasks.publish import PUBLISHABLE
-from tasks.records.review import ReviewDecision, read_review
+from tasks.records.review import ReviewDecision
 from tasks.records.suite_summary import SUITES
 from tasks.storage.claims import AttemptClaim, read_claims
-from tasks.storage.dataset_manifest import read_dataset_marker, read_staged_marker
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import SHARD_FILE_KINDS, ShardCounts, parse_shard_object
 from tasks.storage.objects import ObjectStore
-from tasks.validate import read_suite_summary
 
 ACTIVE_WITHIN_S = 600.0  # an attempt that wrote nothing for this long is taken as abandoned
 SHARD_STATES = ("committed", "in_progress", "abandoned", "not_started", "unreadable")
@@ -194,29 +192,22 @@ class BatchStatus:
         return _plain(dataclasses.asdict(self))
 
 
-def batch_status(
-    root_url: str,
-    batch_id: str,
-    storage_options: Mapping[str, Any] | None = None,
-    *,
-    now: float | None = None,
-    active_within_s: float = ACTIVE_WITHIN_S,
-) -> BatchStatus:
-    """The status of ``batch_id`` under ``root_url``, read without writing anything.
+def batch_status(batch: Batch, *, now: float | None = None, active_within_s: float = ACTIVE_WITHIN_S) -> BatchStatus:
+    """The status of ``batch``, read without writing anything.
 
-    Raises :class:`~tasks.config.ConfigError` naming the URL when the batch was never planned;
+    Raises :class:`~tasks.errors.ConfigError` naming the URL when the batch was never planned;
     any later problem (a corrupt marker, claim or ledger file) is reported in the status instead.
     """
-    store = batch_store(root_url, batch_id, storage_options)
-    config = read_batch_config(store)
+    config = batch.config
     now = time.time() if now is None else now
-    shards = tuple(_shard_status(store, shard, now - active_within_s) for shard in range(config.shards))
-    reports = _reports_status(store)
-    dataset = _dataset_status(store, batch_id)
+    shards = tuple(_shard_status(batch, shard, now - active_within_s) for shard in range(config.shards))
+    reports = _reports_status(batch)
+    dataset = _dataset_status(batch)
+    root_url, batch_id = batch.root_url, batch.batch_id
     return BatchStatus(
         batch_id=batch_id,
         root_url=root_url,
-        url=store.url,
+        url=batch.url,
         observed_at=now,
         plan=PlanStatus.of(config),
         shards=shards,
@@ -230,9 +221,10 @@ def batch_status(
 # --- shards ---------------------------------------------------------------------------------
 
 
-def _shard_status(store: ObjectStore, shard: int, active_since: float) -> ShardStatus:
+def _shard_status(batch: Batch, shard: int, active_since: float) -> ShardStatus:
+    store = batch.store
     try:
-        ledger = LedgerReader(store, shard)
+        ledger = batch.ledger(shard)
     except UncommittedShardError:
         try:
             return _uncommitted_status(store, shard, active_since)
@@ -352,17 +344,17 @@ def _totals(committed: Iterable[CommittedShard]) -> Totals:
 # --- dataset and reports --------------------------------------------------------------------
 
 
-def _reports_status(store: ObjectStore) -> ReportsStatus:
-    objects = tuple(store.list_files(layout.REPORTS_DIR))
+def _reports_status(batch: Batch) -> ReportsStatus:
+    objects = batch.report_objects()
     return ReportsStatus(objects=objects, index=layout.REPORTS_INDEX if layout.REPORTS_INDEX in objects else None)
 
 
-def _dataset_status(store: ObjectStore, batch_id: str) -> DatasetStatus:
+def _dataset_status(batch: Batch) -> DatasetStatus:
     """Published (a valid committed manifest) wins, then a rejection; a staged dataset is judged by its suites."""
-    suites = _suite_outcomes(store)
+    suites = _suite_outcomes(batch)
     try:
-        review = read_review(store, batch_id)
-        marker = read_dataset_marker(store) or read_staged_marker(store)
+        review = batch.review()
+        marker = batch.dataset()
     except (StorageIntegrityError, MalformedReviewError, ValueError, OSError) as exc:
         return DatasetStatus(state="unreadable", suites=suites, error=f"{type(exc).__name__}: {exc}")
     rejected = review is not None and not review.approved
@@ -390,12 +382,12 @@ def _dataset_status(store: ObjectStore, batch_id: str) -> DatasetStatus:
     )
 
 
-def _suite_outcomes(store: ObjectStore) -> dict[str, str]:
+def _suite_outcomes(batch: Batch) -> dict[str, str]:
     """Each suite's status in its current run (``passed``/``warned``/``failed``/``unreadable``); unrun ones left out."""
     outcomes = {}
     for suite in SUITES:
         try:
-            summary = read_suite_summary(store, suite)
+            summary = batch.suite_summary(suite)
         except (ValueError, OSError):
             outcomes[suite] = "unreadable"
             continue

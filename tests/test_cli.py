@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from tasks import layout
+from tasks.batch import Batch
 from tasks.cli import build_parser, main
 from tasks.errors import EXIT_CONFLICT, EXIT_USAGE
-from tasks.plan import batch_store
 from tasks.storage.ledger_reader import LedgerReader
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -192,7 +192,7 @@ def test_plan_and_generate_on_defaults_commit_a_shard_the_reader_accepts(backend
     assert "starting the engine (about" in generated.stderr and "engine log:" in generated.stderr
     assert "mean reward" in generated.stderr and "truncation rate" in generated.stderr
     assert "Loading safetensors" not in generated.stderr  # the engine's own output went to its log file
-    ledger = LedgerReader(batch_store(root, f"b-cli-{backend}"), 0)
+    ledger = LedgerReader(Batch.open(root, f"b-cli-{backend}").store, 0)
     assert len(ledger.receipts) == 4
     assert ledger.marker.counts.calls == summary["calls"] >= 4
     again = run_cli("generate", "--root", root, "--batch-id", f"b-cli-{backend}", "--all-shards")
@@ -210,7 +210,7 @@ def test_finalize_prints_the_training_signal_and_the_dataset_as_json(tmp_path, c
     root = str(tmp_path / "runs")
     assert main(plan_args(root, "b-fin", "--shards", "2", "--num-tasks", "2")) == 0
     engine = FakeScriptedEngine(tokenizer, reply=lambda request: "5")
-    generate_shards(root, "b-fin", [0, 1], engine=engine, run=asyncio.run, progress=False)
+    generate_shards(Batch.open(root, "b-fin"), [0, 1], engine=engine, run=asyncio.run, progress=False)
     capsys.readouterr()
     assert main(["finalize", "--root", root, "--batch-id", "b-fin", "--no-audit"]) == 0
     captured = capsys.readouterr()

@@ -10,13 +10,14 @@ from typing import Any, NamedTuple
 import pytest
 
 from tasks import layout
+from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec, ValidationSpec
 from tasks.engines.base import SamplingSettings
 from tasks.errors import ConfigError, EngineError, PublishRefusedError
 from tasks.finalize.stage import FinalizeOptions
 from tasks.generate import generate_shard
 from tasks.pipeline import decide_and_report, finalize_and_publish, run_suite
-from tasks.plan import batch_store, plan_batch
+from tasks.plan import plan_batch
 from tasks.publish import publish_batch
 from tasks.records.review import new_decision
 from tasks.status import AttemptStatus, batch_status, render_status
@@ -35,7 +36,7 @@ class Root(NamedTuple):
     options: dict[str, Any]
 
     def store(self) -> ObjectStore:
-        return batch_store(self.url, BATCH, self.options)
+        return Batch.open(self.url, BATCH, self.options).store
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -72,7 +73,7 @@ def generate(root: Root, shard: int, tokenizer, *, weight_version: int = 0, **en
     engine = FakeScriptedEngine(tokenizer, reply=lambda request: "The answer is 7.", **engine_options)
     for _ in range(weight_version):
         asyncio.run(engine.update_weights("refit"))
-    generate_shard(root.url, BATCH, shard, engine=engine, run=asyncio.run, progress=False, storage_options=root.options)
+    generate_shard(Batch.open(root.url, BATCH, root.options), shard, engine=engine, run=asyncio.run, progress=False)
 
 
 def snapshot(root: Root) -> dict[str, bytes]:
@@ -83,15 +84,15 @@ def snapshot(root: Root) -> dict[str, bytes]:
 def test_a_never_planned_batch_is_refused_naming_the_url_and_the_plan_command(tmp_path):
     url = str(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match=rf"{re.escape(url)}/batches/{BATCH}/plan/batch.json.*rollout-ledger plan"):
-        batch_status(url, BATCH)
+        batch_status(Batch.open(url, BATCH))
     assert not (tmp_path / "nowhere").exists()
 
 
 def test_a_planned_batch_reports_its_plan_and_every_shard_not_started(root):
     config = make_config(weight_version=3)
-    plan_batch(root.url, config, root.options)
+    plan_batch(Batch.open(root.url, config.batch_id, root.options), config)
     before = snapshot(root)
-    status = batch_status(root.url, BATCH, root.options)
+    status = batch_status(Batch.open(root.url, BATCH, root.options))
     assert snapshot(root) == before
     plan = status.plan
     assert (plan.environment, plan.model_reference, plan.num_tasks, plan.group_size, plan.shards) == (
@@ -113,14 +114,15 @@ def test_a_planned_batch_reports_its_plan_and_every_shard_not_started(root):
 
 
 def test_a_committed_shard_and_an_abandoned_attempt(root, tokenizer):
-    plan_batch(root.url, make_config(weight_version=7), root.options)
+    config = make_config(weight_version=7)
+    plan_batch(Batch.open(root.url, config.batch_id, root.options), config)
     generate(root, 0, tokenizer, weight_version=7, fail=fail_second_samples)
     store = root.store()
     claim = claim_attempt(store, batch_id=BATCH, shard=1, try_number=3, code_version="rollout-ledger test")
     marker = read_marker(store, 0)
     assert marker is not None
 
-    status = batch_status(root.url, BATCH, root.options, now=claim.started_at + HOUR)
+    status = batch_status(Batch.open(root.url, BATCH, root.options), now=claim.started_at + HOUR)
 
     committed, abandoned = status.shards
     assert (committed.state, committed.error, committed.attempts) == ("committed", None, ())
@@ -151,21 +153,20 @@ def test_a_committed_shard_and_an_abandoned_attempt(root, tokenizer):
     assert "failures by reason: engine_error 2\n  poisoned by reason: engine_error 2" in text
     assert text.endswith(f"next step: {status.next_step}\n")
 
-    live = batch_status(root.url, BATCH, root.options, now=claim.started_at + 1)
+    live = batch_status(Batch.open(root.url, BATCH, root.options), now=claim.started_at + 1)
     assert live.shards[1].state == "in_progress"
     assert live.next_step == "wait for shard(s) [1] in progress, then run status again"
 
 
 def test_a_finalized_batch_is_published_and_needs_nothing_more(root, tokenizer):
-    plan_batch(root.url, make_config(), root.options)
+    config = make_config()
+    plan_batch(Batch.open(root.url, config.batch_id, root.options), config)
     for shard in (0, 1):
         generate(root, shard, tokenizer)
-    published = finalize_and_publish(
-        root.url, BATCH, FinalizeOptions(audit=False), storage_options=root.options
-    ).published
+    published = finalize_and_publish(Batch.open(root.url, BATCH, root.options), FinalizeOptions(audit=False)).published
     assert published is not None
 
-    status = batch_status(root.url, BATCH, root.options)
+    status = batch_status(Batch.open(root.url, BATCH, root.options))
 
     assert [s.state for s in status.shards] == ["committed", "committed"]
     assert (status.totals.rollouts, status.totals.ok, status.totals.failures_by_reason) == (8, 8, {})
@@ -183,12 +184,13 @@ def test_a_finalized_batch_is_published_and_needs_nothing_more(root, tokenizer):
 
 def test_a_partial_dataset_names_its_missing_shards_and_awaits_review(tmp_path, tokenizer):
     root = Root(str(tmp_path / "runs"), {})
-    plan_batch(root.url, make_config(), root.options)
+    config = make_config()
+    plan_batch(Batch.open(root.url, config.batch_id, root.options), config)
     generate(root, 0, tokenizer)
     with pytest.raises(PublishRefusedError, match="needs review"):
-        finalize_and_publish(root.url, BATCH, FinalizeOptions(audit=False, allow_partial=True))
+        finalize_and_publish(Batch.open(root.url, BATCH), FinalizeOptions(audit=False, allow_partial=True))
 
-    waiting = batch_status(root.url, BATCH)
+    waiting = batch_status(Batch.open(root.url, BATCH))
 
     assert waiting.dataset.suites == {"lineage": "warned", "dataset": "warned"}  # partial: a warning, not a failure
     assert [s.state for s in waiting.shards] == ["committed", "not_started"]
@@ -203,10 +205,10 @@ def test_a_partial_dataset_names_its_missing_shards_and_awaits_review(tmp_path, 
         "(or answer the run's Airflow review task)"
     )
     approval = new_decision(BATCH, "publish", "shard 1 was a bad node", decided_by="dana", via="cli", now=HOUR)
-    decide_and_report(root.url, BATCH, approval)
-    publish_batch(root.url, BATCH)
+    decide_and_report(Batch.open(root.url, BATCH), approval)
+    publish_batch(Batch.open(root.url, BATCH))
 
-    status = batch_status(root.url, BATCH)
+    status = batch_status(Batch.open(root.url, BATCH))
 
     assert (status.dataset.state, status.dataset.review) == ("published", approval)
     assert status.next_step == "nothing to run: the dataset is published without shard(s) [1]"
@@ -218,14 +220,15 @@ def test_a_partial_dataset_names_its_missing_shards_and_awaits_review(tmp_path, 
 
 def test_corrupt_markers_and_claims_are_reported_not_raised(tmp_path, tokenizer):
     root = Root(str(tmp_path / "runs"), {})
-    plan_batch(root.url, make_config(shards=3), root.options)
+    config = make_config(shards=3)
+    plan_batch(Batch.open(root.url, config.batch_id, root.options), config)
     generate(root, 0, tokenizer)
     store = root.store()
     store.write_once(layout.shard_marker(1), b"{not json")
     store.write_once(layout.attempt_claim(2, 0), b'{"host": "h"}')
     store.write_once(layout.DATASET_MARKER, b"[]")
 
-    status = batch_status(root.url, BATCH)
+    status = batch_status(Batch.open(root.url, BATCH))
 
     committed, bad_marker, bad_claim = status.shards
     assert committed.state == "committed"
@@ -245,11 +248,12 @@ def test_corrupt_markers_and_claims_are_reported_not_raised(tmp_path, tokenizer)
 
 def test_a_staged_dataset_is_judged_by_its_validation_runs(tmp_path, tokenizer):
     root = Root(str(tmp_path / "runs"), {})
-    plan_batch(root.url, make_config(shards=1), root.options)
+    config = make_config(shards=1)
+    plan_batch(Batch.open(root.url, config.batch_id, root.options), config)
     generate(root, 0, tokenizer)
-    finalize_and_publish(root.url, BATCH, FinalizeOptions(audit=False), publish=False)
+    finalize_and_publish(Batch.open(root.url, BATCH), FinalizeOptions(audit=False), publish=False)
 
-    staged = batch_status(root.url, BATCH)
+    staged = batch_status(Batch.open(root.url, BATCH))
     assert (staged.dataset.state, staged.dataset.suites, staged.dataset.partial) == (
         "staged",
         {"lineage": "passed"},
@@ -259,8 +263,8 @@ def test_a_staged_dataset_is_judged_by_its_validation_runs(tmp_path, tokenizer):
     assert staged.next_step == f"{finalize} to validate and publish the staged dataset"
 
     impossible = ValidationSpec(reward_min=5.0)  # every reward is below: the dataset suite fails the batch
-    assert run_suite("dataset", root.url, BATCH, thresholds=impossible).status == "failed"
-    failed = batch_status(root.url, BATCH)
+    assert run_suite("dataset", Batch.open(root.url, BATCH), thresholds=impossible).status == "failed"
+    failed = batch_status(Batch.open(root.url, BATCH))
     assert (failed.dataset.state, failed.dataset.suites) == (
         "validation_failed",
         {"lineage": "passed", "dataset": "failed"},

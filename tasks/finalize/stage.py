@@ -3,7 +3,7 @@
 Shard by shard (bounded memory): verify and linearize every receipt (:mod:`tasks.finalize.verify`),
 assemble the planned groups with their advantages (:mod:`tasks.finalize.assemble`), and stream
 the rows into the dataset's parts (:mod:`tasks.finalize.dataset_writer`). The optional logprob audit
-(:mod:`tasks.trainer.logprob_audit`, imported only when it runs: it needs torch) recomputes the
+(:mod:`tasks.finalize.logprob_audit`, imported only when it runs: it needs torch) recomputes the
 sampled tokens' logprobs of a seeded sample of trainable rows with the HF model.
 
 Preconditions: every planned shard is committed, or ``allow_partial`` finalizes the committed
@@ -28,18 +28,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.errors import NoCommittedShardsError, UncommittedShardsError
 from tasks.finalize.assemble import AssembledRows, assemble_rows
 from tasks.finalize.dataset_writer import StagedDataset, stage_dataset
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.finalize.verify.shard import prepare_shard
-from tasks.plan import batch_store, read_batch_config
 from tasks.records.dataset_row import DatasetRow
-from tasks.storage.dataset_manifest import read_staged_marker
-from tasks.storage.marker import read_marker
-from tasks.storage.objects import ObjectStore
-from tasks.storage.options import StorageOptions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,46 +56,39 @@ class FinalizeOptions:
     audit_sample_size: int = AUDIT_SAMPLE_SIZE
 
 
-def finalize_batch(
-    root_url: str,
-    batch_id: str,
-    options: FinalizeOptions | None = None,
-    *,
-    storage_options: StorageOptions | None = None,
-) -> StagedDataset:
-    """Verify and linearize ``batch_id`` into its staged dataset; a no-op when it is already staged.
+def finalize_batch(batch: Batch, options: FinalizeOptions | None = None) -> StagedDataset:
+    """Verify and linearize ``batch`` into its staged dataset; a no-op when it is already staged.
 
     The dataset is not trusted by consumers until both validation suites pass and
     :func:`tasks.publish.publish_batch` commits it.
 
-    ``storage_options`` go to fsspec with ``root_url`` (credentials never enter the batch).
     Raises :class:`UncommittedShardsError` naming the uncommitted shards unless
     ``options.allow_partial``, and :class:`NoCommittedShardsError` when no shard is committed.
     """
     options = options or FinalizeOptions()
-    store = batch_store(root_url, batch_id, storage_options)
-    config = read_batch_config(store)
+    store, batch_id = batch.store, batch.batch_id
+    config = batch.config
     overrides = {k: v for k, v in (("on_invalid", options.on_invalid), ("advantage", options.advantage)) if v}
     config = config.with_overrides(**overrides) if overrides else config
-    existing = read_staged_marker(store)
+    existing = batch.staged_dataset()
     if existing is not None:
         log.info("batch %s is already finalized: nothing to do", batch_id)
         if existing.partial:
             log.warning("batch %s was finalized without shard(s) %s", batch_id, list(existing.missing_shards))
         return StagedDataset(url=store.url, marker=existing, created=False)
-    committed = [shard for shard in range(config.shards) if read_marker(store, shard) is not None]
+    committed = [shard for shard in range(config.shards) if batch.shard_marker(shard) is not None]
     missing = sorted(set(range(config.shards)) - set(committed))
     _check_committed(batch_id, config.shards, missing, allow_partial=options.allow_partial)
     metrics = DatasetMetrics()
     audit_on = options.audit if options.audit is not None else _is_bundled(config)
     sample = _Reservoir(AUDIT_CANDIDATES, seed=config.seed) if audit_on else None
-    assembled = _assembled_shards(store, config, committed, metrics, sample)
+    assembled = _assembled_shards(batch, config, committed, metrics, sample)
 
     def audit() -> dict[str, Any] | None:
         if sample is None or not sample.items:
             return None
+        from tasks.finalize.logprob_audit import audit_logprobs
         from tasks.models.reference import resolve_model_reference
-        from tasks.trainer.logprob_audit import audit_logprobs
 
         report = audit_logprobs(
             sample.items,
@@ -131,7 +120,7 @@ def _check_committed(batch_id: str, shards: int, missing: list[int], *, allow_pa
 
 
 def _assembled_shards(
-    store: ObjectStore, config: BatchConfig, shards: list[int], metrics: DatasetMetrics, sample: _Reservoir | None
+    batch: Batch, config: BatchConfig, shards: list[int], metrics: DatasetMetrics, sample: _Reservoir | None
 ) -> Iterator[AssembledRows]:
     """The rows of every planned group of the committed shards, a shard at a time, groups ascending.
 
@@ -139,7 +128,7 @@ def _assembled_shards(
     mostly Arrow and numpy work, outside the GIL) in background threads, so at most
     ``READ_AHEAD + 1`` shards are held.
     """
-    for prepared in _read_ahead(functools.partial(prepare_shard, store, config=config), shards):
+    for prepared in _read_ahead(functools.partial(prepare_shard, batch, config=config), shards):
         tables = prepared.tables
         if tables is None:  # verification rejects every rollout of the shard with the ledger's reason
             log.warning("shard %d: the committed ledger cannot be trusted: %s", prepared.shard, prepared.read)

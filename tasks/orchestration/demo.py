@@ -65,7 +65,7 @@ def report(dag_run: Any, conf: dict[str, Any], *, seconds: float) -> int:
     """Print the run's outcome and the batch summary; 0 when the run succeeded."""
     from tasks.demo import batch_summary, print_summary
     from tasks.orchestration.form import form_defaults
-    from tasks.orchestration.steps import location, run_batch_id
+    from tasks.orchestration.steps import run_batch, run_batch_id
 
     params = {**form_defaults(), **conf}
     batch_id = run_batch_id(params, dag_run)
@@ -75,8 +75,7 @@ def report(dag_run: Any, conf: dict[str, Any], *, seconds: float) -> int:
     if str(dag_run.state) != "success":
         print("the run did not succeed: the failed task's log above says why", file=sys.stderr)
         return 1
-    where = location(params)
-    print_summary(batch_summary(where.root_url, batch_id, where.storage_options, wall_seconds=seconds))
+    print_summary(batch_summary(run_batch(params, dag_run), wall_seconds=seconds))
     return 0
 
 

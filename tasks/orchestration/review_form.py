@@ -1,6 +1,6 @@
 """What the Airflow ``review`` task asks a person: the decision form's subject and Markdown body, read from the batch.
 
-:func:`review_request` says whether a decision is needed (a suite warned, or the run requires
+:func:`build_review_request` says whether a decision is needed (a suite warned, or the run requires
 review), whether one is already recorded, and renders the form: why review is needed, the headline
 numbers, every expectation that warned with its observed value and threshold, and a link to the
 run's overview page in the report viewer. The buttons are :data:`OPTIONS`; the one field is
@@ -9,19 +9,15 @@ run's overview page in the report viewer. The buttons are :data:`OPTIONS`; the o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.plan import batch_store
+from tasks.batch import Batch
 from tasks.publish import review_reasons, staged_dataset, validation_outcomes
-from tasks.records.review import MAX_REASON_LENGTH, PUBLISH, REJECT, TIMEOUT_REASON, ReviewDecision, read_review
+from tasks.records.review import MAX_REASON_LENGTH, PUBLISH, REJECT, TIMEOUT_REASON, ReviewDecision
 from tasks.records.suite_summary import SUITES
-from tasks.storage.dataset_manifest import DatasetMarker, read_dataset_marker
-from tasks.storage.marker import read_marked_bytes
-from tasks.storage.options import StorageOptions
-from tasks.validate import read_suite_summary
+from tasks.storage.dataset_manifest import DatasetMarker
 
 OPTIONS = {"Publish": PUBLISH, "Reject": REJECT}  # the form's buttons -> the recorded choice
 REASON_FIELD = "reason"
@@ -52,29 +48,21 @@ class ReviewRequest:
     body: str
 
 
-def review_request(
-    root_url: str,
-    batch_id: str,
-    *,
-    require_review: bool,
-    report_url: str,
-    timeout_hours: float,
-    storage_options: StorageOptions | None = None,
-) -> ReviewRequest:
-    """The batch's review request; raises :class:`tasks.publish.PublishRefusedError` when publish could not take it."""
-    store = batch_store(root_url, batch_id, storage_options)
-    decision = read_review(store, batch_id)
-    published = read_dataset_marker(store)
+def build_review_request(batch: Batch, *, require_review: bool, report_url: str, timeout_hours: float) -> ReviewRequest:
+    """The batch's review request; raises :class:`tasks.errors.PublishRefusedError` when publish could not take it."""
+    batch_id = batch.batch_id
+    decision = batch.review()
+    published = batch.published_dataset()
     if decision is not None or published is not None:
         return ReviewRequest(batch_id, (), decision, published is not None, "", "")
-    staged = staged_dataset(store, batch_id)
-    outcomes = validation_outcomes(store, batch_id)
+    staged = staged_dataset(batch)
+    outcomes = validation_outcomes(batch)
     needed = tuple(review_reasons(outcomes, require_review=require_review))
-    metrics = json.loads(read_marked_bytes(store, staged.metrics, marker="the staged dataset marker"))
+    metrics = batch.dataset_metrics(staged)
     warned = [
         (suite, outcome)
         for suite in SUITES
-        if (summary := read_suite_summary(store, suite)) is not None
+        if (summary := batch.suite_summary(suite)) is not None
         for outcome in summary.expectations
         if not outcome.success and outcome.severity == "warn"
     ]

@@ -27,6 +27,7 @@ from tasks.orchestration.form import RUN_FIELDS, batch_config_from_form, form_fi
 from tasks.orchestration.storage import StorageLocation, check_storage_url, storage_location
 
 if TYPE_CHECKING:
+    from tasks.batch import Batch
     from tasks.orchestration.review_form import ReviewRequest
     from tasks.records.review import ReviewDecision
 
@@ -69,6 +70,14 @@ def location(params: Mapping[str, Any]) -> StorageLocation:
         return storage_location(params["storage_url"], params.get("storage_conn_id"))
 
 
+def run_batch(params: Mapping[str, Any], run: DagRunRef) -> Batch:
+    """The run's batch on the run's storage."""
+    from tasks.batch import Batch
+
+    where = location(params)
+    return Batch.open(where.root_url, run_batch_id(params, run), where.storage_options)
+
+
 def batch_record(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     """Where the run's batch lives (no credentials): what plan records for the report viewer."""
     check_storage_url(params["storage_url"])
@@ -85,14 +94,13 @@ def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:
     from tasks.models.reference import model_reference, resolve_model_reference
     from tasks.plan import plan_batch
 
-    where = location(params)
+    batch = run_batch(params, run)
     values = {name: params[name] for name in form_fields() if name in params and name not in RUN_FIELDS}
-    batch_id = run_batch_id(params, run)
-    with _permanent("plan", where.root_url):
+    with _permanent("plan", batch.root_url):
         reference = model_reference(values["model"])
         provenance = model_provenance(resolve_model_reference(reference))
-        config = batch_config_from_form({**values, "model": reference}, batch_id=batch_id, provenance=provenance)
-        summary = plan_batch(where.root_url, config, where.storage_options)
+        config = batch_config_from_form({**values, "model": reference}, batch_id=batch.batch_id, provenance=provenance)
+        summary = plan_batch(batch, config)
     log.info(
         "%s batch %s: %d rollouts in %d shards at %s",
         "planned" if summary.created else "already planned (same config)",
@@ -124,9 +132,9 @@ def validate(suite: str, params: Mapping[str, Any], run: DagRunRef) -> dict[str,
     """Run one suite; a suite that fails the batch fails the task with the failing expectations and the report."""
     from tasks.pipeline import describe_failure, run_suite
 
-    where = location(params)
-    with _permanent(f"validate {suite}", where.root_url):
-        outcome = run_suite(suite, where.root_url, run_batch_id(params, run), storage_options=where.storage_options)
+    batch = run_batch(params, run)
+    with _permanent(f"validate {suite}", batch.root_url):
+        outcome = run_suite(suite, batch)
     if outcome.status == "failed":
         _fail(describe_failure(suite, outcome))
     log.info("%s suite: %s; report: %s", suite, outcome.status, outcome.report_url)
@@ -137,9 +145,9 @@ def finalize(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     """Build the staged dataset (verify, linearize, advantages, audit); a no-op once it exists."""
     from tasks.finalize.stage import finalize_batch
 
-    where = location(params)
-    with _permanent("finalize", where.root_url):
-        staged = finalize_batch(where.root_url, run_batch_id(params, run), storage_options=where.storage_options)
+    batch = run_batch(params, run)
+    with _permanent("finalize", batch.root_url):
+        staged = finalize_batch(batch)
     marker = staged.marker
     log.info(
         "staged %d rows (%d trainable) in %d parts at %s/dataset",
@@ -156,18 +164,16 @@ def review_request(params: Mapping[str, Any], run: DagRunRef) -> ReviewRequest:
     from airflow.configuration import conf
 
     from tasks.orchestration.report_viewer import run_report_path
-    from tasks.orchestration.review_form import review_request as request_of
+    from tasks.orchestration.review_form import build_review_request
 
-    where = location(params)
+    batch = run_batch(params, run)
     base_path = urlparse(conf.get("api", "base_url", fallback=None) or "").path
-    with _permanent("review", where.root_url):
-        return request_of(
-            where.root_url,
-            run_batch_id(params, run),
+    with _permanent("review", batch.root_url):
+        return build_review_request(
+            batch,
             require_review=bool(params.get("require_review")),
             report_url=run_report_path(run.dag_id, run.run_id, base_path=base_path),
             timeout_hours=params["review_timeout_hours"],
-            storage_options=where.storage_options,
         )
 
 
@@ -201,11 +207,9 @@ def decide(params: Mapping[str, Any], run: DagRunRef, decision: ReviewDecision) 
     """Record ``decision`` (as ``rollout-ledger publish --approve/--reject`` does) and follow the batch's decision."""
     from tasks.pipeline import decide_and_report
 
-    where = location(params)
-    with _permanent("review", where.root_url):
-        recorded = decide_and_report(
-            where.root_url, run_batch_id(params, run), decision, storage_options=where.storage_options
-        )
+    batch = run_batch(params, run)
+    with _permanent("review", batch.root_url):
+        recorded = decide_and_report(batch, decision)
     if recorded != decision:
         log.info("the batch was decided before this answer; following that decision")
     return follow_decision(recorded)
@@ -213,7 +217,7 @@ def decide(params: Mapping[str, Any], run: DagRunRef, decision: ReviewDecision) 
 
 def follow_decision(decision: ReviewDecision) -> dict[str, Any]:
     """The review task's result for an approval; a rejection fails the task (publish never runs)."""
-    from tasks.records.review import REVIEW_RECORD
+    from tasks.layout import REVIEW_RECORD
 
     if not decision.approved:
         _fail(
@@ -234,14 +238,9 @@ def publish(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     """Commit the dataset validation and any review let through; return the Asset event's extra (URI, counts, ...)."""
     from tasks.pipeline import publish_and_report
 
-    where = location(params)
-    with _permanent("publish", where.root_url):
-        published = publish_and_report(
-            where.root_url,
-            run_batch_id(params, run),
-            require_review=bool(params.get("require_review")),
-            storage_options=where.storage_options,
-        )
+    batch = run_batch(params, run)
+    with _permanent("publish", batch.root_url):
+        published = publish_and_report(batch, require_review=bool(params.get("require_review")))
     marker = published.marker
     log.info("published %s/dataset (%d rows)", published.url, marker.rows)
     return {
@@ -282,18 +281,15 @@ def published_dataset(event: Mapping[str, Any]) -> dict[str, Any]:
 
 def sweep(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     """Delete the orphans of every committed shard (a shard without a marker is left for its retry)."""
-    from tasks.plan import batch_store, read_batch_config
-    from tasks.storage.marker import read_marker
     from tasks.storage.sweep import sweep_orphans
 
-    where = location(params)
-    store = batch_store(where.root_url, run_batch_id(params, run), where.storage_options)
+    batch = run_batch(params, run)
     swept, uncommitted = 0, []
-    for shard in range(read_batch_config(store).shards):
-        if read_marker(store, shard) is None:
+    for shard in range(batch.config.shards):
+        if batch.shard_marker(shard) is None:
             uncommitted.append(shard)
             continue
-        swept += len(sweep_orphans(store, shard).deleted)
+        swept += len(sweep_orphans(batch.store, shard).deleted)
     log.info("deleted %d orphan object(s); uncommitted shards left alone: %s", swept, uncommitted or "none")
     return {"deleted": swept, "uncommitted_shards": uncommitted}
 

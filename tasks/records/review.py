@@ -25,13 +25,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Self
 
-from tasks import layout
-from tasks.errors import MalformedReviewError, ObjectConflictError, ReviewInputError
+from tasks.errors import MalformedReviewError, ReviewInputError
 from tasks.ids import check_id
-from tasks.storage.objects import ObjectStore
 from tasks.strict_json import load_dataclass, parse_json
 
-REVIEW_RECORD = f"{layout.REPORTS_DIR}/review.json"
 RECORD_VERSION = 1
 PUBLISH, REJECT = "publish", "reject"
 CHOICES = (PUBLISH, REJECT)
@@ -90,7 +87,7 @@ class ReviewDecision:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=2, allow_nan=False) + "\n"
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, source: str = REVIEW_RECORD) -> Self:
+    def from_json(cls, text: str | bytes, *, source: str = "reports/review.json") -> Self:
         """The record ``text`` holds; :class:`MalformedReviewError` naming the field for anything else."""
         raw = parse_json(text, source=source, error=MalformedReviewError)
         return load_dataclass(cls, raw, source=source, error=MalformedReviewError, require_all=True)
@@ -129,31 +126,6 @@ def timeout_decision(batch_id: str, *, now: float | None = None) -> ReviewDecisi
         decided_at=time.time() if now is None else now,
         via="timeout",
     )
-
-
-def read_review(store: ObjectStore, batch_id: str) -> ReviewDecision | None:
-    """The decision on ``batch_id`` (``store`` is the batch's), or None; :class:`MalformedReviewError`."""
-    try:
-        data = store.read_bytes(REVIEW_RECORD)
-    except FileNotFoundError:
-        return None
-    source = f"{store.url}/{REVIEW_RECORD}"
-    decision = ReviewDecision.from_json(data, source=source)
-    if decision.batch_id != batch_id:
-        raise MalformedReviewError(f"{source}: the decision is on batch {decision.batch_id!r}, not {batch_id!r}")
-    return decision
-
-
-def write_review(store: ObjectStore, decision: ReviewDecision) -> ReviewDecision:
-    """Create the record unless one exists; returns the decision now on storage (``decision`` or the earlier one)."""
-    try:
-        store.write_once(REVIEW_RECORD, decision.to_json().encode("utf-8"))
-    except ObjectConflictError:
-        earlier = read_review(store, decision.batch_id)
-        if earlier is None:
-            raise
-        return earlier
-    return decision
 
 
 def utc_text(seconds: float) -> str:

@@ -1,4 +1,4 @@
-"""Attempt claims: ``ledger/shard-K/attempt-NN/_CLAIM.json`` (ARCHITECTURE sections 2 and 10).
+"""Claims: ``ledger/shard-K/attempt-NN/_CLAIM.json`` and the create-once claim of the next free number.
 
 An attempt of a shard starts by creating its claim, create-once, before it writes anything
 else. A writer that loses the race for a number (another process created that claim first)
@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from tasks import layout
@@ -72,15 +73,12 @@ def attempts_used(store: ObjectStore, shard: int) -> set[int]:
 def claim_attempt(
     store: ObjectStore, *, batch_id: str, shard: int, try_number: int | None = None, code_version: str = ""
 ) -> AttemptClaim:
-    """Create the claim of the first attempt of ``shard`` above every attempt used so far, and return it.
-
-    Losing the create-once race for a number moves on to the next one; after
-    :data:`MAX_CLAIM_RACES` lost races something is wrong and a RuntimeError says so.
-    """
+    """Create the claim of the first attempt of ``shard`` above every attempt used so far, and return it."""
     check_id(batch_id, field="batch_id")
-    attempt = max(attempts_used(store, shard), default=-1) + 1
-    for _ in range(MAX_CLAIM_RACES):
-        claim = AttemptClaim(
+    claims: dict[int, AttemptClaim] = {}
+
+    def claim(attempt: int) -> tuple[str, bytes]:
+        claims[attempt] = AttemptClaim(
             batch_id=batch_id,
             shard=shard,
             attempt=attempt,
@@ -90,13 +88,29 @@ def claim_attempt(
             try_number=try_number,
             code_version=code_version,
         )
+        return claims[attempt].path, claims[attempt].to_json().encode("utf-8")
+
+    first = max(attempts_used(store, shard), default=-1) + 1
+    return claims[claim_next(store, first, claim, what=f"shard {shard} of {batch_id}")]
+
+
+def claim_next(store: ObjectStore, first: int, claim: Callable[[int], tuple[str, bytes]], *, what: str) -> int:
+    """Create, create-once, the claim of number ``first`` or the next free one above it, and return that number.
+
+    ``claim(number)`` gives the claim object's path and bytes; the bytes must be this writer's own
+    (host, pid, start time), so an identical object already there is this writer's too: a write
+    that reached storage but whose answer was lost, and that the storage retry repeated. Losing
+    the race for a number (another writer's claim is there) moves on to the next one, so two live
+    writers never share a number. After :data:`MAX_CLAIM_RACES` lost races a RuntimeError says so.
+    """
+    for number in range(first, first + MAX_CLAIM_RACES):
+        path, data = claim(number)
         try:
-            if store.write_once(claim.path, claim.to_json().encode("utf-8")).created:
-                return claim
+            store.write_once(path, data)
         except ObjectConflictError:
-            pass
-        attempt += 1
-    raise RuntimeError(f"lost {MAX_CLAIM_RACES} claim races for shard {shard} of {batch_id}: too many live writers")
+            continue
+        return number
+    raise RuntimeError(f"lost {MAX_CLAIM_RACES} claim races for {what}: too many live writers")
 
 
 def read_claims(store: ObjectStore, shard: int) -> list[AttemptClaim]:

@@ -29,10 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.config import BatchConfig
+from tasks.batch import Batch
 from tasks.finalize.ragged import offsets, owners_of, run_sums
 from tasks.ids import shard_name
-from tasks.plan import read_shard_plan
 from tasks.records.dataset_row import DatasetRow
 from tasks.storage.dataset_manifest import DatasetMarker
 from tasks.storage.marker import MarkedFile, read_marked_bytes
@@ -45,18 +44,15 @@ _SCALARS = ("rollout_id", "group_id", "sample_mask", "mask_reason", "advantage",
 _TOKEN_COUNTS = ("sampled_tokens", "nonfinite_logprobs", "positive_sampled_logprobs", "nonzero_carried_logprobs")
 
 
-def profile_dataset(store: ObjectStore, manifest: DatasetMarker, config: BatchConfig) -> dict[str, pa.Table]:
-    """The four profile tables of the dataset ``manifest`` names (``store`` rooted at the batch).
-
-    ``config`` is the config finalize used (the manifest's), for the shards and their plans. Rows
-    keep the manifest's part order.
-    """
+def profile_dataset(batch: Batch, manifest: DatasetMarker) -> dict[str, pa.Table]:
+    """The four profile tables of the dataset ``manifest`` names; rows keep the manifest's part order."""
+    store, config = batch.store, batch.config
     empty = row_profile(DatasetRow.arrow_schema().empty_table())  # the profile's schema, whatever the parts hold
     with ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="dataset-profile") as pool:
         parts = list(pool.map(lambda part: [row_profile(b) for b in part_batches(store, part)], manifest.parts))
     rows = pa.concat_tables([empty, *(batch for part in parts for batch in part)])
     present = [shard for shard in range(config.shards) if shard not in manifest.missing_shards]
-    planned = pa.array([p.rollout_id for s in present for p in read_shard_plan(store, config, s)], pa.string())
+    planned = pa.array([p.rollout_id for s in present for p in batch.shard_plan(s)], pa.string())
     trainable_ids = pc.filter(rows["rollout_id"], pc.equal(rows["sample_mask"], 1))
     return {
         "shards": pa.table(

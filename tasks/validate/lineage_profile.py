@@ -34,14 +34,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks import layout
-from tasks.config import BatchConfig
+from tasks.batch import Batch
 from tasks.errors import StorageIntegrityError
 from tasks.finalize.verify.guards import OFF_CHAIN_TOLERATED_FAILURE, RECEIPT_REASONS
 from tasks.ids import shard_name
-from tasks.plan import read_shard_plan
 from tasks.records.ledger import CallRecord, FailureRow, Receipt
-from tasks.storage.ledger_reader import LedgerReader, LedgerTables
-from tasks.storage.objects import ObjectStore, sha256_hex
+from tasks.storage.ledger_reader import LedgerTables
+from tasks.storage.objects import sha256_hex
 
 PARALLEL_SHARDS = 2
 HEX_DIGEST_REGEX = r"^[0-9a-f]{64}$"
@@ -73,8 +72,9 @@ class LedgerInputs:
     digests: dict[str, str]
 
 
-def lineage_inputs(store: ObjectStore, config: BatchConfig) -> LedgerInputs:
+def lineage_inputs(batch: Batch) -> LedgerInputs:
     """The committed shards of the batch (those with a marker object) and the digests that identify the run's input."""
+    store, config = batch.store, batch.config
     digests = {layout.plan_config(): sha256_hex(store.read_bytes(layout.plan_config()))}
     committed = []
     for shard in range(config.shards):
@@ -86,15 +86,16 @@ def lineage_inputs(store: ObjectStore, config: BatchConfig) -> LedgerInputs:
     return LedgerInputs(committed=tuple(committed), digests=digests)
 
 
-def profile_lineage(store: ObjectStore, config: BatchConfig, inputs: LedgerInputs) -> dict[str, pa.Table]:
-    """The six profile tables of the batch's committed shards (``store`` rooted at the batch).
+def profile_lineage(batch: Batch, inputs: LedgerInputs) -> dict[str, pa.Table]:
+    """The six profile tables of the batch's committed shards.
 
     Shards are read :data:`PARALLEL_SHARDS` at a time (Parquet and Arrow work, mostly outside the GIL).
     """
     with ThreadPoolExecutor(PARALLEL_SHARDS, thread_name_prefix="lineage-profile") as pool:
-        profiled = pool.map(functools.partial(_shard, store, config), inputs.committed)
+        profiled = pool.map(functools.partial(_shard, batch), inputs.committed)
         read = dict(zip(inputs.committed, profiled, strict=True))
     profiles = [p for p in read.values() if isinstance(p, _ShardProfile)]
+    config = batch.config
     numbers = range(config.shards)
     shards = pa.table(
         {
@@ -127,13 +128,13 @@ class _ShardProfile:
     planned: pa.Array
 
 
-def _shard(store: ObjectStore, config: BatchConfig, shard: int) -> _ShardProfile | str:
+def _shard(batch: Batch, shard: int) -> _ShardProfile | str:
     """The profile of a committed shard, or why its marker or ledger cannot be trusted (reason: message)."""
     try:
-        tables = LedgerReader(store, shard).tables
+        tables = batch.ledger(shard).tables
     except StorageIntegrityError as exc:
         return f"{exc.reason}: {exc}"
-    plan = read_shard_plan(store, config, shard)
+    plan = batch.shard_plan(shard)
     return _ShardProfile(
         calls=_calls(tables),
         model_calls=_model_calls(tables),

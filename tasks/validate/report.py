@@ -50,16 +50,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks import layout
+from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.errors import MalformedReviewError
-from tasks.plan import batch_store, read_batch_config
-from tasks.records.review import REVIEW_RECORD, ReviewDecision, read_review
+from tasks.layout import REVIEW_RECORD
+from tasks.records.review import ReviewDecision
 from tasks.records.suite_summary import LINEAGE, SUITES, ExpectationOutcome, SuiteSummary
-from tasks.storage.dataset_manifest import DatasetMarker, read_dataset_marker, read_dataset_part, read_staged_marker
+from tasks.storage.dataset_manifest import DatasetMarker, read_dataset_part
 from tasks.storage.marker import read_marked_bytes
 from tasks.storage.objects import ObjectStore, sha256_hex
 from tasks.strict_json import parse_json
-from tasks.validate import read_suite_summary
 from tasks.validate.suites import DATASET_TABLES, LINEAGE_TABLES
 
 INDEX = layout.REPORTS_INDEX
@@ -210,24 +210,24 @@ DATASET_STATES = ("published", "rejected", "approved", "awaiting review", "stage
 # --- reading and writing ----------------------------------------------------------------------
 
 
-def write_report_index(root_url: str, batch_id: str, *, storage_options: Mapping[str, Any] | None = None) -> str:
+def write_report_index(batch: Batch) -> str:
     """Render the batch's overview page and write it (see the module docstring); returns ``reports/index.html``."""
-    store = batch_store(root_url, batch_id, storage_options)
-    page = render_report(read_report_inputs(store)).encode("utf-8")
+    store = batch.store
+    page = render_report(read_report_inputs(batch)).encode("utf-8")
     store.write_once(f"{layout.REPORTS_DIR}/index-{sha256_hex(page)[:16]}.html", page)
     store.replace(INDEX, page)
     return INDEX
 
 
-def read_report_inputs(store: ObjectStore) -> ReportInputs:
-    """What the page shows, read from the batch ``store`` is rooted at; absent inputs are None."""
-    config = read_batch_config(store)
-    published = read_dataset_marker(store)
-    manifest = published if published is not None else read_staged_marker(store)
-    suites = tuple(read_suite_view(store, suite) for suite in SUITES)
+def read_report_inputs(batch: Batch) -> ReportInputs:
+    """What the page shows, read from ``batch``; absent inputs are None."""
+    store, config = batch.store, batch.config
+    published = batch.published_dataset()
+    manifest = published if published is not None else batch.staged_dataset()
+    suites = tuple(read_suite_view(batch, suite) for suite in SUITES)
     review: ReviewDecision | str | None
     try:
-        review = read_review(store, config.batch_id)
+        review = batch.review()
     except MalformedReviewError as exc:
         review = str(exc)
     return ReportInputs(
@@ -303,10 +303,11 @@ def read_dataset_profile(store: ObjectStore, manifest: DatasetMarker) -> Dataset
     )
 
 
-def read_suite_view(store: ObjectStore, suite: str) -> SuiteView:
+def read_suite_view(batch: Batch, suite: str) -> SuiteView:
     """The summary of ``suite``'s current run (None when none completed), or why it cannot be read."""
+    store = batch.store
     try:
-        summary = read_suite_summary(store, suite)
+        summary = batch.suite_summary(suite)
     except ValueError as exc:  # MalformedSummaryError, or JSON that does not parse
         return SuiteView(suite, None, error=str(exc))
     if summary is None:

@@ -1,4 +1,4 @@
-"""The two validation stages (ARCHITECTURE section 1): ``validate_lineage`` before finalize, ``validate_dataset`` after.
+"""The two validation stages: ``validate_lineage`` before finalize, ``validate_dataset`` after.
 
 Each stage reads what the batch's markers commit, profiles it with Arrow
 (:mod:`~tasks.validate.lineage_profile`, :mod:`~tasks.validate.dataset_profile`), runs its suite with
@@ -17,27 +17,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
 from tasks import layout
+from tasks.batch import Batch
 from tasks.config import BatchConfig, ValidationSpec
 from tasks.errors import NothingToValidateError
-from tasks.plan import batch_store, read_batch_config
 from tasks.records.suite_summary import SuiteSummary
-from tasks.storage.dataset_manifest import read_staged_marker
-from tasks.storage.objects import ObjectStore, sha256_hex
+from tasks.storage.objects import sha256_hex
 from tasks.validate.dataset_profile import profile_dataset
 from tasks.validate.gx_run import run_suite
 from tasks.validate.lineage_profile import lineage_inputs, profile_lineage
-from tasks.validate.suite_runs import (
-    INDEX_NAME,
-    claim_run,
-    read_suite_summary,
-    run_dir,
-    summary_path,
-)
+from tasks.validate.suite_runs import claim_run
 from tasks.validate.suites import SuiteSpec, dataset_suite, lineage_suite
 from tasks.validate.summary import build_summary
 
@@ -66,73 +58,63 @@ class SuiteOutcome:
         return self.summary.success
 
 
-def validate_lineage(
-    root_url: str,
-    batch_id: str,
-    *,
-    storage_options: Mapping[str, Any] | None = None,
-    thresholds: ValidationSpec | None = None,
-) -> SuiteOutcome:
+def validate_lineage(batch: Batch, *, thresholds: ValidationSpec | None = None) -> SuiteOutcome:
     """Run the lineage suite over the committed shards' ledgers; ``thresholds`` None: the batch config's.
 
     Raises :class:`NothingToValidateError` when no shard is committed.
     """
-    store = batch_store(root_url, batch_id, storage_options)
-    config = read_batch_config(store)
+    config = batch.config
     spec = thresholds or config.validation
-    inputs = lineage_inputs(store, config)
+    inputs = lineage_inputs(batch)
     if not inputs.committed:
         raise NothingToValidateError(
-            f"batch {batch_id}: none of its {config.shards} shard(s) has a commit marker; generate them first"
+            f"batch {batch.batch_id}: none of its {config.shards} shard(s) has a commit marker; generate them first"
         )
     suite = lineage_suite(spec, weight_version=config.weight_version)
-    return _run(store, suite, spec, inputs.digests, lambda: profile_lineage(store, config, inputs), batch_id)
+    return _run(batch, suite, spec, inputs.digests, lambda: profile_lineage(batch, inputs))
 
 
-def validate_dataset(
-    root_url: str,
-    batch_id: str,
-    *,
-    storage_options: Mapping[str, Any] | None = None,
-    thresholds: ValidationSpec | None = None,
-) -> SuiteOutcome:
+def validate_dataset(batch: Batch, *, thresholds: ValidationSpec | None = None) -> SuiteOutcome:
     """Run the dataset suite over the staged dataset; ``thresholds`` None: the batch config's.
 
     The suite reads the config finalize used (the manifest's: ``on_invalid`` may have been
     overridden). Raises :class:`NothingToValidateError` when the batch has no staged dataset.
     """
-    store = batch_store(root_url, batch_id, storage_options)
-    manifest = read_staged_marker(store)
+    manifest = batch.staged_dataset()
     if manifest is None:
-        raise NothingToValidateError(f"batch {batch_id} has no staged dataset; run `rollout-ledger finalize` first")
-    config = BatchConfig.from_dict(manifest.config, source=f"{store.url}/{layout.DATASET_STAGED}: config")
+        raise NothingToValidateError(
+            f"batch {batch.batch_id} has no staged dataset; run `rollout-ledger finalize` first"
+        )
+    config = BatchConfig.from_dict(manifest.config, source=f"{batch.url_of(layout.DATASET_STAGED)}: config")
     spec = thresholds or config.validation
-    inputs = {layout.DATASET_STAGED: sha256_hex(store.read_bytes(layout.DATASET_STAGED))}
+    inputs = {layout.DATASET_STAGED: sha256_hex(batch.store.read_bytes(layout.DATASET_STAGED))}
     suite = dataset_suite(spec, on_invalid=config.on_invalid)
-    return _run(store, suite, spec, inputs, lambda: profile_dataset(store, manifest, config), batch_id)
+    return _run(batch, suite, spec, inputs, lambda: profile_dataset(batch, manifest))
 
 
 def _run(
-    store: ObjectStore,
+    batch: Batch,
     suite: SuiteSpec,
     thresholds: ValidationSpec,
     inputs: Mapping[str, str],
     profile: Callable[[], dict[str, pa.Table]],
-    batch_id: str,
 ) -> SuiteOutcome:
     """Return the current run when its key matches; else profile, validate, copy Data Docs, write the summary."""
     gx_version = version("great_expectations")
+    store, batch_id = batch.store, batch.batch_id
     run_key = _run_key(suite.name, batch_id, inputs, thresholds, gx_version)
-    current = read_suite_summary(store, suite.name)
+    current = batch.suite_summary(suite.name)
     if current is not None and current.run_key == run_key:
-        return _outcome(store, current, created=False)
+        return _outcome(batch, current, created=False)
     tables = profile()
-    run = claim_run(store, suite.name, run_key=run_key, batch_id=batch_id)
+    run = claim_run(batch, suite.name, run_key=run_key)
     with tempfile.TemporaryDirectory(prefix=f"rollout-ledger-{suite.name}-docs-") as tmp:
         site = Path(tmp)
         results = run_suite(suite, tables, site_dir=site, run_name=run)
         for path in sorted(p for p in site.rglob("*") if p.is_file()):
-            store.write_once(f"{run_dir(suite.name, run)}/{path.relative_to(site).as_posix()}", path.read_bytes())
+            store.write_once(
+                f"{layout.suite_run_dir(suite.name, run)}/{path.relative_to(site).as_posix()}", path.read_bytes()
+            )
     summary = build_summary(
         suite,
         results,
@@ -140,21 +122,21 @@ def _run(
         rows=tables[suite.rows_table].num_rows,
         thresholds=thresholds,
         gx_version=gx_version,
-        report=f"{run_dir(suite.name, run)}/{INDEX_NAME}",
+        report=f"{layout.suite_run_dir(suite.name, run)}/{layout.SUITE_REPORT_NAME}",
         created_at=time.time(),
         run=run,
         run_key=run_key,
         inputs=inputs,
     )
-    store.write_once(summary_path(suite.name, run), summary.to_json().encode("utf-8"))
-    return _outcome(store, summary, created=True)
+    store.write_once(layout.suite_summary(suite.name, run), summary.to_json().encode("utf-8"))
+    return _outcome(batch, summary, created=True)
 
 
-def _outcome(store: ObjectStore, summary: SuiteSummary, *, created: bool) -> SuiteOutcome:
+def _outcome(batch: Batch, summary: SuiteSummary, *, created: bool) -> SuiteOutcome:
     return SuiteOutcome(
         summary=summary,
-        summary_path=summary_path(summary.suite, summary.run),
-        report_url=f"{store.url}/{summary.report}",
+        summary_path=layout.suite_summary(summary.suite, summary.run),
+        report_url=batch.url_of(summary.report),
         created=created,
     )
 

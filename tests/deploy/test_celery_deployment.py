@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tasks.batch import Batch
 from tasks.orchestration import local_airflow, steps
-from tasks.plan import batch_store
 from tasks.storage.dataset_manifest import read_dataset_marker
 from tasks.storage.ledger_reader import LedgerReader
 from tests.deploy.celery_deployment import WORKERS, celery_deployment
@@ -102,8 +102,8 @@ def test_a_batch_on_celery_workers_runs_generate_on_the_gpu_queue_and_equals_dag
 
     reference_run = run_with_dag_test(tmp_path / "reference", conf, connection)
     storage_options = {"endpoint_url": s3_endpoint, "key": "testing", "secret": "testing"}
-    deployed = batch_store(conf["storage_url"], steps.batch_id_for_run(DAG_ID, run_id), storage_options)
-    reference = batch_store(conf["storage_url"], steps.batch_id_for_run(DAG_ID, reference_run), storage_options)
+    deployed = Batch.open(conf["storage_url"], steps.batch_id_for_run(DAG_ID, run_id), storage_options).store
+    reference = Batch.open(conf["storage_url"], steps.batch_id_for_run(DAG_ID, reference_run), storage_options).store
     assert deployed.url != reference.url
 
     deployed_rows, reference_rows = published_rows(deployed), published_rows(reference)

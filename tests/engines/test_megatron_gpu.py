@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tasks.batch import Batch
 from tasks.engines.base import GenerationRequest, GenerationResult, SamplingSettings
 from tasks.errors import EngineError
 
@@ -241,7 +242,7 @@ def test_calls_spanning_a_refit_keep_their_admission_version_and_count_as_epoch_
     """A shard through the capture pipeline while the engine is refitted after its 10th step."""
     from tasks.finalize.stage import FinalizeOptions, finalize_batch
     from tasks.generate import generate_shard
-    from tasks.plan import batch_store, plan_batch
+    from tasks.plan import plan_batch
     from tasks.storage.ledger_reader import LedgerReader
     from tests.engines.fixtures.megatron_parity import parity_batch_config
 
@@ -251,7 +252,7 @@ def test_calls_spanning_a_refit_keep_their_admission_version_and_count_as_epoch_
     planned = engine.weight_version
     config = parity_batch_config("megatron", ENGINE_OPTIONS, batch_id="b-megatron-spans", weight_version=planned)
     root = str(tmp_path / "runs")
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     in_flight_at_refit: list[int] = []
     # Read first: off the loop, steps are fast enough that the shard can end while a refit reads.
     weights = loop.run(engine.read_weights(str(changed)), timeout=300)
@@ -264,16 +265,16 @@ def test_calls_spanning_a_refit_keep_their_admission_version_and_count_as_epoch_
         await engine.swap_weights(weights)  # queued now, before any await: lands at the next step boundary
 
     refit = asyncio.run_coroutine_threadsafe(refit_after_steps(), loop.loop)
-    generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
     refit.result(timeout=60)
     loop.run(engine.update_weights(str(original)), timeout=300)
     assert in_flight_at_refit[0] > 0, "no request was in flight at the refit"
-    calls = LedgerReader(batch_store(root, config.batch_id), 0).calls
+    calls = LedgerReader(Batch.open(root, config.batch_id).store, 0).calls
     spanning = [c for c in calls if c.epoch_span]
     assert spanning and {c.weight_version for c in spanning} == {planned}
     assert {c.weight_version for c in calls} <= {planned, planned + 1}
-    finalize_batch(root, config.batch_id, FinalizeOptions(audit=False))
-    metrics = json.loads(batch_store(root, config.batch_id).read_bytes("dataset/metrics.json"))
+    finalize_batch(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))
+    metrics = json.loads(Batch.open(root, config.batch_id).store.read_bytes("dataset/metrics.json"))
     assert metrics["epoch_span_count"] == len(spanning) > 0
 
 
@@ -315,8 +316,8 @@ def test_a_batch_served_by_megatron_stages_rows_like_the_one_vllm_staged(megatro
     recorded = load_fixture()["batch"]
     config = parity_batch_config("megatron", ENGINE_OPTIONS, weight_version=engine.weight_version)
     root = str(tmp_path / "runs")
-    plan_batch(root, config)
-    generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
     schema, rows = staged_rows(root, config.batch_id)
     assert [tuple(field) for field in recorded["schema"]] == schema
     reference = {row["call_id"]: row for row in recorded["rows"]}

@@ -15,34 +15,28 @@ from typing import Any
 
 import pytest
 
+from tasks.batch import Batch
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines.base import SamplingSettings
 from tasks.finalize.verify.shard import prepare_shard
 from tasks.generate import generate_shard
-from tasks.plan import batch_store, plan_batch
+from tasks.plan import plan_batch
 from tasks.storage.ledger_files import RolloutBundle
 from tasks.storage.ledger_reader import LedgerReader
+from tests.local_batch import LocalBatch
 
 from .verdicts import VerifiedRollout, rollouts_of
 
 
 @dataclass(frozen=True)
-class CommittedBatch:
-    """A committed single-shard batch: its root URL, config and batch directory."""
-
-    root: Path
-    config: BatchConfig
-
-    @property
-    def batch_dir(self) -> Path:
-        return self.root / "batches" / self.config.batch_id
+class CommittedBatch(LocalBatch):
+    """A committed single-shard batch, with its verdicts and rollout bundles."""
 
     def verify(self) -> dict[str, VerifiedRollout]:
-        store = batch_store(str(self.root), self.config.batch_id)
-        return {v.rollout_id: v for v in rollouts_of(prepare_shard(store, 0, self.config).verify())}
+        return {v.rollout_id: v for v in rollouts_of(prepare_shard(self.handle, 0, self.config).verify())}
 
     def bundles(self) -> dict[str, RolloutBundle]:
-        ledger = LedgerReader(batch_store(str(self.root), self.config.batch_id), 0)
+        ledger = LedgerReader(self.handle.store, 0)
         return {b.rollout_id: b for b in ledger.rollouts()}
 
 
@@ -75,9 +69,9 @@ def fake_batch(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Comm
 
     root = tmp_path_factory.mktemp("fake-batch")
     config = guess_number_config("b-verify-fake", ModelSpec(reference="fake-model"), num_tasks=4)
-    plan_batch(str(root), config)
+    plan_batch(Batch.open(str(root), config.batch_id), config)
     engine = FakeScriptedEngine(tokenizer, reply=lambda request: str(request.seed % 8 + 1))
-    generate_shard(str(root), config.batch_id, 0, engine=engine, run=asyncio.run, progress=False)
+    generate_shard(Batch.open(str(root), config.batch_id), 0, engine=engine, run=asyncio.run, progress=False)
     return CommittedBatch(root=root, config=config)
 
 
@@ -92,6 +86,6 @@ def real_batch(vllm_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Co
     config = guess_number_config(
         "b-verify-real", model, engine=EngineSpec(name="vllm", options={"max_model_len": 2048})
     )
-    plan_batch(str(root), config)
-    generate_shard(str(root), config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    plan_batch(Batch.open(str(root), config.batch_id), config)
+    generate_shard(Batch.open(str(root), config.batch_id), 0, engine=engine, run=loop.run, progress=False)
     return CommittedBatch(root=root, config=config)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tasks.batch import Batch
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
 from tasks.errors import UncommittedShardsError
@@ -15,7 +16,7 @@ from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.models.provenance import model_provenance
 from tasks.pipeline import finalize_and_publish
-from tasks.plan import batch_store, plan_batch
+from tasks.plan import plan_batch
 from tasks.trainer.collate import GrpoCollator, PublishedDataset
 from tests.generation.fakes import DelegatingEngine
 
@@ -51,13 +52,13 @@ def test_finalized_real_shards_load_and_are_token_exact(vllm_engine, tmp_path):
         max_turns=3,
     )
     root = str(tmp_path / "runs")
-    plan_batch(root, config)
-    generate_shard(root, config.batch_id, 0, engine=recording, run=loop.run, progress=False)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    generate_shard(Batch.open(root, config.batch_id), 0, engine=recording, run=loop.run, progress=False)
     with pytest.raises(UncommittedShardsError, match=r"shard\(s\) \[1\]"):
-        finalize_batch(root, config.batch_id)
-    generate_shard(root, config.batch_id, 1, engine=recording, run=loop.run, progress=False)
+        finalize_batch(Batch.open(root, config.batch_id))
+    generate_shard(Batch.open(root, config.batch_id), 1, engine=recording, run=loop.run, progress=False)
 
-    result = finalize_and_publish(root, config.batch_id, FinalizeOptions(audit=True, audit_sample_size=4))
+    result = finalize_and_publish(Batch.open(root, config.batch_id), FinalizeOptions(audit=True, audit_sample_size=4))
     assert {suite: outcome.status for suite, outcome in result.suites.items()} == {
         "lineage": "passed",
         "dataset": "passed",
@@ -65,10 +66,10 @@ def test_finalized_real_shards_load_and_are_token_exact(vllm_engine, tmp_path):
     published = result.published
     assert published is not None and published.created and published.marker.rows == 6
     assert published.marker.validation["dataset"]["status"] == "passed"
-    store = batch_store(root, config.batch_id)
+    store = Batch.open(root, config.batch_id).store
     assert store.exists("reports/index.html")
     assert all(store.exists(outcome.summary.report) for outcome in result.suites.values())  # both Data Docs
-    again = finalize_and_publish(root, config.batch_id)
+    again = finalize_and_publish(Batch.open(root, config.batch_id))
     assert again.published is not None and not again.published.created
     assert again.published.marker == published.marker
 

@@ -394,7 +394,7 @@ RESEALED: dict[str, tuple[Edit, str]] = {
 
 def run_case(base: Base, tmp_path: Path, edit: Edit, expected: str) -> dict[str, VerifiedRollout]:
     batch = fresh_copy(base.batch, tmp_path)
-    damaged = edit(BatchFiles(batch.batch_dir), base.target, base)
+    damaged = edit(BatchFiles(batch.dir), base.target, base)
     damaged = {base.target.rollout_id} if damaged is None else damaged
     results = batch.verify()
     assert set(results) == set(base.results)

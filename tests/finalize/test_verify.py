@@ -21,7 +21,6 @@ from tasks.finalize import reasons as r
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.finalize.verify.guards import OFF_CHAIN_TOLERATED_FAILURE
 from tasks.finalize.verify.shard import prepare_shard
-from tasks.plan import batch_store
 from tasks.storage.ledger_files import RolloutBundle
 from tasks.storage.objects import ObjectStore
 from tests.generation.chains import linearized, verified_sequences
@@ -179,7 +178,7 @@ def test_any_single_changed_value_in_any_row_is_never_a_valid_rollout(turns: lis
 
 def test_a_fake_engine_shard_linearizes_every_rollout_to_its_staged_chain(fake_batch: CommittedBatch) -> None:
     results = fake_batch.verify()
-    store = batch_store(str(fake_batch.root), fake_batch.config.batch_id)
+    store = fake_batch.handle.store
     chains = verified_sequences(store, 0)
     assert len(results) == fake_batch.config.num_rollouts and set(chains) == set(results)
     for rollout_id, deltas in chains.items():
@@ -209,10 +208,10 @@ def test_each_staging_segment_is_read_once_for_the_whole_shard(
 
 def test_a_bad_segment_rejects_only_the_rollouts_that_read_it(fake_batch: CommittedBatch, tmp_path: Path) -> None:
     batch = fresh_copy(fake_batch, tmp_path)
-    files = BatchFiles(batch.batch_dir)
+    files = BatchFiles(batch.dir)
     segments = files.files("staging")
     victim = segments[0]
-    (batch.batch_dir / victim).write_bytes(b"not parquet")
+    (batch.dir / victim).write_bytes(b"not parquet")
     bundles = batch.bundles()
     readers = {rid for rid, b in bundles.items() if any(c.staging_segment == victim for c in b.manifest)}
     results = batch.verify()
@@ -223,8 +222,8 @@ def test_a_bad_segment_rejects_only_the_rollouts_that_read_it(fake_batch: Commit
 
 def test_an_unreadable_ledger_rejects_every_planned_rollout(fake_batch: CommittedBatch, tmp_path: Path) -> None:
     batch = fresh_copy(fake_batch, tmp_path)
-    calls = BatchFiles(batch.batch_dir).files("calls")[0]
-    (batch.batch_dir / calls).write_bytes(b"rot")
+    calls = BatchFiles(batch.dir).files("calls")[0]
+    (batch.dir / calls).write_bytes(b"rot")
     results = batch.verify()
     assert len(results) == batch.config.num_rollouts
     assert {v.reason for v in results.values()} == {r.SEGMENT_CHECKSUM_MISMATCH}
@@ -232,7 +231,7 @@ def test_an_unreadable_ledger_rejects_every_planned_rollout(fake_batch: Committe
 
 def test_a_planned_rollout_without_receipt_is_missing(fake_batch: CommittedBatch, tmp_path: Path) -> None:
     batch = fresh_copy(fake_batch, tmp_path)
-    files = BatchFiles(batch.batch_dir)
+    files = BatchFiles(batch.dir)
     dropped = files.read_rows(files.files("receipts")[0])[0]["rollout_id"]
     files.edit_rows(files.files("receipts")[0], lambda rows: rows.pop(0))
     results = batch.verify()
@@ -242,10 +241,10 @@ def test_a_planned_rollout_without_receipt_is_missing(fake_batch: CommittedBatch
 
 def test_a_missing_receipt_is_counted_as_missing_not_as_a_receipt(fake_batch: CommittedBatch, tmp_path: Path) -> None:
     batch = fresh_copy(fake_batch, tmp_path)
-    files = BatchFiles(batch.batch_dir)
+    files = BatchFiles(batch.dir)
     files.edit_rows(files.files("receipts")[0], lambda rows: rows.pop(0))
-    finalize_batch(str(batch.root), batch.config.batch_id, FinalizeOptions(audit=False))
-    metrics = json.loads((batch.batch_dir / layout.DATASET_METRICS).read_text())
+    finalize_batch(batch.handle, FinalizeOptions(audit=False))
+    metrics = json.loads((batch.dir / layout.DATASET_METRICS).read_text())
     assert (metrics["planned_rollouts"], metrics["receipts"], metrics["missing_receipts"]) == (
         batch.config.num_rollouts,
         batch.config.num_rollouts - 1,
@@ -255,15 +254,14 @@ def test_a_missing_receipt_is_counted_as_missing_not_as_a_receipt(fake_batch: Co
 
 def test_an_uncommitted_shard_is_refused_not_rejected_row_by_row(fake_batch: CommittedBatch, tmp_path: Path) -> None:
     batch = fresh_copy(fake_batch, tmp_path)
-    BatchFiles(batch.batch_dir).marker_path.unlink()
+    BatchFiles(batch.dir).marker_path.unlink()
     with pytest.raises(UncommittedShardError):
         batch.verify()
 
 
 def test_a_config_of_another_batch_rejects_every_rollout_as_wrong_batch(fake_batch: CommittedBatch) -> None:
-    store = batch_store(str(fake_batch.root), fake_batch.config.batch_id)
     other = dataclasses.replace(fake_batch.config, batch_id="b-other")
-    assert {v.reason for v in rollouts_of(prepare_shard(store, 0, other).verify())} == {r.wrong("batch_id")}
+    assert {v.reason for v in rollouts_of(prepare_shard(fake_batch.handle, 0, other).verify())} == {r.wrong("batch_id")}
 
 
 # --- the reason catalogue ---------------------------------------------------------------------

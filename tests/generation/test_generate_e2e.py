@@ -13,9 +13,10 @@ import json
 import numpy as np
 import pytest
 
+from tasks.batch import Batch
 from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
 from tasks.generate import generate_shard
-from tasks.plan import batch_store, plan_batch
+from tasks.plan import plan_batch
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.objects import ObjectStore
 
@@ -62,11 +63,11 @@ def test_guess_number_on_local_disk_with_the_real_engine(vllm_engine, tmp_path):
     engine, loop = vllm_engine
     config = bundled_model_config()
     root = str(tmp_path / "runs")
-    plan_batch(root, config)
-    summary = generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    summary = generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
     assert summary.rollouts == 6 and summary.ok + summary.poisoned == 6
     assert summary.calls > 6, "guess_number should take several turns"
-    store = batch_store(root, config.batch_id)
+    store = Batch.open(root, config.batch_id).store
     assert multi_turn_chains_are_exact(store, engine) > 0
     ledger = LedgerReader(store, 0)
     assert {r.terminal_selection for r in ledger.receipts if r.status == "ok"} == {"declared"}
@@ -84,8 +85,8 @@ def test_calculator_on_s3_with_the_real_engine(vllm_engine, s3_bucket):
         sampling=SamplingSettings(max_tokens=32),
     )
     root = f"{s3_bucket}/runs"
-    plan_batch(root, config)
-    summary = generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    summary = generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
     assert summary.rollouts == 4
     store = ObjectStore(root).child(f"batches/{config.batch_id}")
     assert store.is_s3
@@ -110,15 +111,19 @@ def test_retry_adopts_finished_rollouts_and_produces_no_duplicates(vllm_engine, 
         max_turns=1,
     )
     root = str(tmp_path / "runs")
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     with pytest.raises(FatalEngineCrash):
         generate_shard(
-            root, config.batch_id, 0, engine=CrashingEngine(engine, crash_at=6), run=loop.run, progress=False
+            Batch.open(root, config.batch_id),
+            0,
+            engine=CrashingEngine(engine, crash_at=6),
+            run=loop.run,
+            progress=False,
         )
-    summary = generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    summary = generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
     assert summary.attempt == 1
     assert 0 < summary.adopted < 8
-    store = batch_store(root, config.batch_id)
+    store = Batch.open(root, config.batch_id).store
     ledger = LedgerReader(store, 0)
     ids = [r.rollout_id for r in ledger.receipts]
     assert sorted(ids) == sorted(set(ids)) and len(ids) == 8
@@ -129,11 +134,11 @@ def test_induced_staging_failure_yields_failure_rows_and_a_poisoned_receipt(vllm
     engine, loop = vllm_engine
     config = bundled_model_config(batch_id="b-e2e-fail", num_tasks=1, group_size=2, max_turns=2)
     root = str(tmp_path / "runs")
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     fail_staging_writes(monkeypatch, "injected: staging bucket unavailable")
-    summary = generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    summary = generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
     assert summary.poisoned == 2
-    ledger = LedgerReader(batch_store(root, config.batch_id), 0)
+    ledger = LedgerReader(Batch.open(root, config.batch_id).store, 0)
     for bundle in ledger.rollouts():
         assert bundle.receipt.status == "poisoned"
         assert bundle.receipt.failure_reason == "staging_failed"
@@ -165,17 +170,17 @@ def test_weight_versions_from_the_plan_and_a_refit_inside_a_real_shard_reach_the
         batch_id="b-e2e-versions", weight_version=planned, num_tasks=4, group_size=2, max_in_flight=8
     )
     root = str(tmp_path / "runs")
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     refitting = RefitMidShard(engine, refit_at=10, version=planned + 1)
-    summary = generate_shard(root, config.batch_id, 0, engine=refitting, run=loop.run, progress=False)
+    summary = generate_shard(Batch.open(root, config.batch_id), 0, engine=refitting, run=loop.run, progress=False)
     assert refitting.calls >= 10, "the shard ended before the refit"
-    calls = LedgerReader(batch_store(root, config.batch_id), 0).calls
+    calls = LedgerReader(Batch.open(root, config.batch_id).store, 0).calls
     assert {c.weight_version for c in calls} == {planned, planned + 1}
     spanning = [c for c in calls if c.epoch_span]
     assert spanning and {c.weight_version for c in spanning} == {planned}
 
-    published = finalize_batch(root, config.batch_id)
-    store = batch_store(root, config.batch_id)
+    published = finalize_batch(Batch.open(root, config.batch_id))
+    store = Batch.open(root, config.batch_id).store
     metrics = json.loads(store.read_bytes("dataset/metrics.json"))
     assert metrics["epoch_span_count"] == len(spanning) == sum(c.epoch_span for c in calls)
     rows = [row for part in published.marker.parts for row in read_part(store, part.path)]

@@ -15,10 +15,11 @@ import pytest
 
 from tasks import generate as generate_module
 from tasks import layout
+from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
 from tasks.errors import ConfigError, EngineDeadError, ModelMismatchError
 from tasks.generate import generate_shard, generate_shards
-from tasks.plan import batch_store, plan_batch
+from tasks.plan import plan_batch
 from tasks.storage.claims import attempts_used, claim_attempt, read_claims
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import read_marker
@@ -39,14 +40,15 @@ def root(tmp_path) -> str:
     return str(tmp_path / "runs")
 
 
-def run(root: str, config: BatchConfig, shards, engine, **kwargs):
-    return generate_shards(root, config.batch_id, shards, engine=engine, run=asyncio.run, progress=False, **kwargs)
+def run(root: str, config: BatchConfig, shards, engine, storage_options=None, **kwargs):
+    batch = Batch.open(root, config.batch_id, storage_options)
+    return generate_shards(batch, shards, engine=engine, run=asyncio.run, progress=False, **kwargs)
 
 
 def test_each_attempt_claims_its_number_once_and_records_who_ran_it(root, tokenizer):
     config = make_config()
-    plan_batch(root, config)
-    store = batch_store(root, config.batch_id)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    store = Batch.open(root, config.batch_id).store
     first = claim_attempt(store, batch_id=config.batch_id, shard=0, try_number=3, code_version="v-test")
     (summary,) = run(root, config, [0], FakeScriptedEngine(tokenizer), try_number=4)
     assert (first.attempt, summary.attempt) == (0, 1)
@@ -58,8 +60,8 @@ def test_each_attempt_claims_its_number_once_and_records_who_ran_it(root, tokeni
 
 def test_racing_claimers_never_share_an_attempt(root, tokenizer):
     config = make_config()
-    plan_batch(root, config)
-    store = batch_store(root, config.batch_id)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    store = Batch.open(root, config.batch_id).store
     claims, barrier = [], threading.Barrier(6)
 
     def claim() -> None:
@@ -76,7 +78,7 @@ def test_racing_claimers_never_share_an_attempt(root, tokenizer):
 
 def test_two_live_writers_of_a_shard_commit_once_and_the_loser_returns_the_winner(root, tokenizer):
     config = make_config(shards=1, num_tasks=3)
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     barrier = threading.Barrier(2)
     results: dict[str, object] = {}
 
@@ -84,7 +86,11 @@ def test_two_live_writers_of_a_shard_commit_once_and_the_loser_returns_the_winne
         barrier.wait()
         try:
             results[name] = generate_shard(
-                root, config.batch_id, 0, engine=FakeScriptedEngine(tokenizer), run=asyncio.run, progress=False
+                Batch.open(root, config.batch_id),
+                0,
+                engine=FakeScriptedEngine(tokenizer),
+                run=asyncio.run,
+                progress=False,
             )
         except BaseException as exc:  # surfaced below
             results[name] = exc
@@ -98,7 +104,7 @@ def test_two_live_writers_of_a_shard_commit_once_and_the_loser_returns_the_winne
     winner, loser = summaries
     assert not winner.already_committed and loser.already_committed
     assert loser.attempt == winner.attempt
-    store = batch_store(root, config.batch_id)
+    store = Batch.open(root, config.batch_id).store
     marker = read_marker(store, 0)
     assert marker is not None and marker.attempt == winner.attempt
     receipts = LedgerReader(store, 0).receipts
@@ -122,8 +128,8 @@ class DyingEngine(FakeScriptedEngine):
 def test_engine_death_ends_the_attempt_without_a_marker_and_poisons_no_one(root, tokenizer, monkeypatch):
     monkeypatch.setattr(generate_module, "LEDGER_FLUSH_SECONDS", 3600.0)  # only the stop path flushes
     config = make_config(shards=1, num_tasks=6, group_size=2, max_in_flight=3)
-    plan_batch(root, config)
-    store = batch_store(root, config.batch_id)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    store = Batch.open(root, config.batch_id).store
     with pytest.raises(EngineDeadError, match="engine core died"):
         run(root, config, [0], DyingEngine(tokenizer, dies_at=14))
     assert read_marker(store, 0) is None
@@ -138,17 +144,17 @@ def test_engine_death_ends_the_attempt_without_a_marker_and_poisons_no_one(root,
 
 def test_rows_carry_the_planned_weight_version_and_an_older_engine_is_refused(root, tokenizer):
     config = make_config(shards=1, weight_version=7)
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     with pytest.raises(ConfigError, match="weight version 6, older than the planned 7"):
         run(root, config, [0], FakeScriptedEngine(tokenizer, weight_version=6))
     run(root, config, [0], FakeScriptedEngine(tokenizer, weight_version=7))
-    calls = LedgerReader(batch_store(root, config.batch_id), 0).calls
+    calls = LedgerReader(Batch.open(root, config.batch_id).store, 0).calls
     assert calls and {c.weight_version for c in calls} == {7}
 
 
 def test_a_refit_between_engine_steps_keeps_admission_versions_and_marks_spanning_calls(root, tokenizer):
     config = make_config(shards=1, num_tasks=4, group_size=2, max_in_flight=4, weight_version=3)
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
 
     class RefittingEngine(FakeScriptedEngine):
         """Refits (version 3 -> 9) while its 6th request is in flight."""
@@ -162,7 +168,7 @@ def test_a_refit_between_engine_steps_keeps_admission_versions_and_marks_spannin
             return await super().generate(request)
 
     run(root, config, [0], RefittingEngine(tokenizer, weight_version=3))
-    calls = LedgerReader(batch_store(root, config.batch_id), 0).calls
+    calls = LedgerReader(Batch.open(root, config.batch_id).store, 0).calls
     assert {c.weight_version for c in calls} == {3, 9}
     spanning = [c for c in calls if c.epoch_span]
     assert spanning and all(c.weight_version == 3 for c in spanning)
@@ -170,7 +176,7 @@ def test_a_refit_between_engine_steps_keeps_admission_versions_and_marks_spannin
 
 def test_several_shards_run_one_after_another_on_one_engine(root, tokenizer):
     config = make_config(shards=2)
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     engine = FakeScriptedEngine(tokenizer)
     first = run(root, config, [1], engine)
     summaries = run(root, config, [0, 1], engine)
@@ -189,14 +195,14 @@ def test_a_model_whose_hashes_differ_from_the_plan_is_refused_before_any_engine_
         shards=1,
         model=ModelSpec(reference=BUNDLED_REFERENCE, **(planned | {"weights_sha256": "ab" * 32})),
     )
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
 
     async def no_engine(*args, **kwargs):
         raise AssertionError("an engine was started for a model that does not match the plan")
 
     monkeypatch.setattr("tasks.engines.create_engine", no_engine)
     with pytest.raises(ModelMismatchError, match=r"weights_sha256: planned abababababab"):
-        generate_shard(root, config.batch_id, 0, progress=False)
+        generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
 
 
 def test_a_retry_that_adopts_every_rollout_commits_without_starting_an_engine(root, tokenizer, monkeypatch):
@@ -206,8 +212,8 @@ def test_a_retry_that_adopts_every_rollout_commits_without_starting_an_engine(ro
 
     planned = model_provenance(resolve_model_reference(BUNDLED_REFERENCE))
     config = make_config(shards=1, num_tasks=2, model=ModelSpec(reference=BUNDLED_REFERENCE, **planned))
-    plan_batch(root, config)
-    store = batch_store(root, config.batch_id)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    store = Batch.open(root, config.batch_id).store
     (first,) = run(root, config, [0], FakeScriptedEngine(tokenizer))
     store.delete(layout.shard_marker(0))  # attempt 0 receipted every rollout; its marker never landed
 
@@ -216,7 +222,7 @@ def test_a_retry_that_adopts_every_rollout_commits_without_starting_an_engine(ro
 
     notices = []
     monkeypatch.setattr("tasks.engines.create_engine", no_engine)
-    summary = generate_shard(root, config.batch_id, 0, progress=False, on_engine_start=notices.append)
+    summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False, on_engine_start=notices.append)
     assert (summary.attempt, summary.adopted, summary.rollouts) == (1, first.rollouts, first.rollouts)
     assert (summary.generated_tokens, notices) == (0, [])
     marker = read_marker(store, 0)
@@ -230,7 +236,7 @@ def test_an_edited_prompt_file_is_refused_before_any_engine_starts(root, tmp_pat
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "Say 1.", "ground_truth": "1"}\n{"prompt": "Say 2.", "ground_truth": "2"}\n')
     config = make_config(shards=1, num_tasks=2, environment=str(prompts), environment_options={})
-    summary = plan_batch(root, config)
+    summary = plan_batch(Batch.open(root, config.batch_id), config)
     assert summary.config.environment == f"file://{prompts}"
     assert summary.config.environment_options["sha256"]
     prompts.write_text('{"prompt": "Say 3.", "ground_truth": "3"}\n{"prompt": "Say 2.", "ground_truth": "2"}\n')
@@ -240,7 +246,7 @@ def test_an_edited_prompt_file_is_refused_before_any_engine_starts(root, tmp_pat
 
     monkeypatch.setattr("tasks.engines.create_engine", no_engine)
     with pytest.raises(EnvironmentLoadError, match="changed: sha256"):
-        generate_shard(root, config.batch_id, 0, progress=False)
+        generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
 
 
 def test_the_claim_names_a_layout_path_inside_the_attempt_directory():
@@ -257,9 +263,9 @@ def test_plan_and_generate_reach_s3_through_storage_options_alone(s3_endpoint, s
     options = {"endpoint_url": s3_endpoint, "key": "testing", "secret": "testing", "skip_instance_cache": True}
     root = f"{s3_bucket}/runs"
     config = make_config(shards=1, num_tasks=2)
-    plan_batch(root, config, options)
+    plan_batch(Batch.open(root, config.batch_id, options), config)
     (summary,) = run(root, config, [0], FakeScriptedEngine(tokenizer), storage_options=options)
     assert (summary.rollouts, summary.already_committed) == (4, False)
-    store = batch_store(root, config.batch_id, options)
+    store = Batch.open(root, config.batch_id, options).store
     assert store.is_s3 and read_marker(store, 0) is not None
     assert [c.attempt for c in read_claims(store, 0)] == [0]

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from tasks import generate as generate_module
+from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.errors import EngineError
 from tasks.generate import generate_shard
-from tasks.plan import batch_store, plan_batch
+from tasks.plan import plan_batch
 from tasks.storage.claims import read_claims
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.sweep import sweep_orphans
@@ -28,17 +29,18 @@ def root(tmp_path) -> str:
 
 
 def run_shard(root: str, config: BatchConfig, shard: int, engine, **kwargs):
-    return generate_shard(root, config.batch_id, shard, engine=engine, run=asyncio.run, progress=False, **kwargs)
+    batch = Batch.open(root, config.batch_id)
+    return generate_shard(batch, shard, engine=engine, run=asyncio.run, progress=False, **kwargs)
 
 
 def test_generated_shard_commits_and_every_chain_is_token_exact(root, tokenizer):
     config = fake_model_config()
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     engine = FakeScriptedEngine(tokenizer)
     summary = run_shard(root, config, 0, engine)
     assert (summary.rollouts, summary.ok, summary.attempt, summary.already_committed) == (4, 4, 0, False)
     assert summary.calls == len(engine.requests) > 4  # guess_number: several turns per rollout
-    store = batch_store(root, config.batch_id)
+    store = Batch.open(root, config.batch_id).store
     chains = verified_sequences(store, 0)
     assert len(chains) == 4
     for rollout_id, deltas in chains.items():
@@ -56,9 +58,9 @@ def test_generated_shard_commits_and_every_chain_is_token_exact(root, tokenizer)
 
 def test_receipts_name_the_declared_terminal_and_rewards(root, tokenizer):
     config = fake_model_config(environment="arithmetic", max_turns=1)
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     run_shard(root, config, 1, FakeScriptedEngine(tokenizer, reply=lambda request: "The answer is 7."))
-    ledger = LedgerReader(batch_store(root, config.batch_id), 1)
+    ledger = LedgerReader(Batch.open(root, config.batch_id).store, 1)
     for bundle in ledger.rollouts():
         receipt = bundle.receipt
         assert receipt.status == "ok"
@@ -70,7 +72,7 @@ def test_receipts_name_the_declared_terminal_and_rewards(root, tokenizer):
 
 def test_generating_a_committed_shard_is_a_no_op(root, tokenizer):
     config = fake_model_config()
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     first = run_shard(root, config, 0, FakeScriptedEngine(tokenizer))
     engine = FakeScriptedEngine(tokenizer)
     again = run_shard(root, config, 0, engine)
@@ -82,8 +84,8 @@ def test_generating_a_committed_shard_is_a_no_op(root, tokenizer):
 def test_retry_adopts_receipted_rollouts_and_produces_no_duplicates(root, tokenizer, monkeypatch):
     monkeypatch.setattr(generate_module, "LEDGER_FLUSH_SECONDS", 0.0)
     config = fake_model_config(num_tasks=4, group_size=3, shards=1, max_in_flight=2)
-    plan_batch(root, config)
-    store = batch_store(root, config.batch_id)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    store = Batch.open(root, config.batch_id).store
     calls = []
 
     def crash_late(request):
@@ -112,13 +114,13 @@ def test_retry_adopts_receipted_rollouts_and_produces_no_duplicates(root, tokeni
 
 def test_engine_errors_write_failure_rows_and_poison_the_rollout(root, tokenizer):
     config = fake_model_config(shards=1, max_turns=3)
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
 
     def fail_second_calls(request):
         return EngineError("device lost") if request.request_id.endswith(".c001") else None
 
     run_shard(root, config, 0, FakeScriptedEngine(tokenizer, reply=lambda r: "0", fail=fail_second_calls))
-    ledger = LedgerReader(batch_store(root, config.batch_id), 0)
+    ledger = LedgerReader(Batch.open(root, config.batch_id).store, 0)
     for bundle in ledger.rollouts():
         assert bundle.receipt.status == "poisoned"
         assert bundle.receipt.failure_reason == "engine_error"
@@ -128,12 +130,12 @@ def test_engine_errors_write_failure_rows_and_poison_the_rollout(root, tokenizer
 
 def test_staging_failure_poisons_but_the_environment_still_gets_its_completion(root, tokenizer, monkeypatch):
     config = fake_model_config(shards=1, max_turns=2, environment="arithmetic")
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     fail_staging_writes(monkeypatch, "disk full")
     engine = FakeScriptedEngine(tokenizer, reply=lambda r: "The answer is 3.")
     summary = run_shard(root, config, 0, engine)
     assert summary.poisoned == summary.rollouts == 8
-    ledger = LedgerReader(batch_store(root, config.batch_id), 0)
+    ledger = LedgerReader(Batch.open(root, config.batch_id).store, 0)
     for bundle in ledger.rollouts():
         assert bundle.manifest == ()
         assert [f.reason for f in bundle.failures] == ["staging_failed"]
@@ -144,9 +146,9 @@ def test_staging_failure_poisons_but_the_environment_still_gets_its_completion(r
 
 def test_history_rewrite_is_a_named_failure_never_a_new_root(root, tokenizer):
     config = fake_model_config(environment="tests.generation.fakes:RewritingEnvironment", shards=1, num_tasks=2)
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     run_shard(root, config, 0, FakeScriptedEngine(tokenizer))
-    ledger = LedgerReader(batch_store(root, config.batch_id), 0)
+    ledger = LedgerReader(Batch.open(root, config.batch_id).store, 0)
     for bundle in ledger.rollouts():
         assert bundle.receipt.status == "poisoned"
         assert bundle.receipt.failure_reason == "history_diverged"
@@ -156,8 +158,8 @@ def test_history_rewrite_is_a_named_failure_never_a_new_root(root, tokenizer):
 
 def test_context_length_is_a_named_failure(root, tokenizer):
     config = fake_model_config(shards=1, max_turns=6)
-    plan_batch(root, config)
+    plan_batch(Batch.open(root, config.batch_id), config)
     run_shard(root, config, 0, FakeScriptedEngine(tokenizer, reply=lambda r: "0", max_model_len=120))
-    ledger = LedgerReader(batch_store(root, config.batch_id), 0)
+    ledger = LedgerReader(Batch.open(root, config.batch_id).store, 0)
     reasons = {b.receipt.failure_reason for b in ledger.rollouts()}
     assert reasons == {"context_length"}

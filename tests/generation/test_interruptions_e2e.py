@@ -18,11 +18,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.engines.base import SamplingSettings
 from tasks.finalize.stage import finalize_batch
 from tasks.generate import generate_shard
-from tasks.plan import batch_store, plan_batch
+from tasks.plan import plan_batch
 from tasks.storage.claims import read_claims
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import read_marker
@@ -62,8 +63,8 @@ def assert_stopped_cleanly(
 def test_sigterm_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_finishes_it(vllm_engine, tmp_path):
     config = interruptible_config("b-interrupt")
     root = str(tmp_path / "runs")
-    plan_batch(root, config)
-    store = batch_store(root, config.batch_id)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    store = Batch.open(root, config.batch_id).store
 
     term = GenerateProcess(root, config.batch_id, tmp_path / "term.log")
     done = term.wait_for_completed_rollouts()
@@ -86,7 +87,7 @@ def test_sigterm_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_fi
     assert "the engine died" in engine_kill.log.read_text()
 
     engine, loop = vllm_engine
-    summary = generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    summary = generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
     assert summary.attempt == 3 and summary.adopted > 0
     assert summary.poisoned == 0 and summary.rollouts == config.num_rollouts
     receipts = LedgerReader(store, 0).receipts
@@ -98,8 +99,8 @@ def test_sigterm_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_fi
 def test_two_generate_processes_on_one_shard_commit_it_once_at_the_planned_weight_version(tmp_path):
     config = interruptible_config("b-race", num_tasks=4, max_in_flight=4, weight_version=3)
     root = str(tmp_path / "runs")
-    plan_batch(root, config)
-    store = batch_store(root, config.batch_id)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    store = Batch.open(root, config.batch_id).store
     first = GenerateProcess(root, config.batch_id, tmp_path / "a.log")
     time.sleep(0.2)
     second = GenerateProcess(root, config.batch_id, tmp_path / "b.log")
@@ -116,7 +117,7 @@ def test_two_generate_processes_on_one_shard_commit_it_once_at_the_planned_weigh
     assert marker is not None and marker.counts.rollouts == config.num_rollouts
     sweep_orphans(store, 0)
     assert sweep_orphans(store, 0, dry_run=True).orphans == ()
-    finalize_batch(root, config.batch_id)
+    finalize_batch(Batch.open(root, config.batch_id))
     rows = [
         r
         for part in sorted(Path(store.full_path("dataset")).glob("part-*.parquet"))

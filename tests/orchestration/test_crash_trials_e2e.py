@@ -19,9 +19,9 @@ import psutil
 import pytest
 
 import tasks.crash_points  # noqa: F401  (imported, so read, before the variable is set: only generate's child crashes)
+from tasks.batch import Batch
 from tasks.crash_points import CRASH_AT_VARIABLE
 from tasks.orchestration import local_airflow
-from tasks.plan import batch_store, read_batch_config
 from tasks.storage.claims import read_claims
 from tasks.storage.objects import ObjectStore
 from tests.reliability.crash_trials import Trial, check_survivors, first_attempt_objects, reference_rows, trial_count
@@ -59,7 +59,7 @@ def test_a_generate_task_killed_at_a_crash_point_is_retried_by_airflow_and_the_b
     monkeypatch.setenv(CRASH_AT_VARIABLE, trial.crash.to_json())
     root = str(tmp_path / "runs")
     conf = {**CONF, "batch_id": f"dag-crash-{seed}", "storage_url": f"file://{root}"}
-    store = batch_store(root, conf["batch_id"])
+    store = Batch.open(root, conf["batch_id"]).store
     snapshot = KilledAttemptSnapshot(tmp_path / "crashed", store)
     snapshot.start()
 
@@ -72,7 +72,7 @@ def test_a_generate_task_killed_at_a_crash_point_is_retried_by_airflow_and_the_b
     assert states[("publish", -1)][0] == "success", f"{trial}: {states}"
     assert states[("generate", 0)][1] == 2, f"{trial}: Airflow did not retry the killed generate task once"
     assert [c.try_number for c in read_claims(store, 0)][-1] == 2
-    config = read_batch_config(store)
+    batch = Batch.open(root, conf["batch_id"])
     engine, loop = vllm_engine
-    clean_run = reference_rows(str(tmp_path / "clean"), config, engine, loop.run)
-    check_survivors(store, config, snapshot.objects, clean_run)
+    clean_run = reference_rows(str(tmp_path / "clean"), batch.config, engine, loop.run)
+    check_survivors(batch, snapshot.objects, clean_run)

@@ -12,11 +12,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
+from tasks.batch import Batch
 from tasks.orchestration import local_airflow, steps
 from tasks.orchestration.storage import storage_location
-from tasks.plan import batch_store, read_batch_config
-from tasks.storage.dataset_manifest import read_dataset_marker
-from tasks.validate import read_suite_summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SMALL = {"num_tasks": 2, "group_size": 2, "shards": 1, "max_turns": 3, "max_tokens": 16}
@@ -33,11 +31,11 @@ def states(dag_run) -> dict[str, str]:
 
 
 def published_rows(where, batch_id: str):
-    store = batch_store(where.root_url, batch_id, where.storage_options)
-    marker = read_dataset_marker(store)
+    batch = Batch.open(where.root_url, batch_id, where.storage_options)
+    marker = batch.published_dataset()
     assert marker is not None, "no dataset/_COMMITTED.json"
-    table = pq.read_table(store.full_path(marker.parts[0].path), filesystem=store.fs)
-    return store, marker, table
+    table = pq.read_table(batch.store.full_path(marker.parts[0].path), filesystem=batch.store.fs)
+    return batch, marker, table
 
 
 def test_a_run_with_params_from_the_run_conf_publishes_the_dataset_and_the_asset_event(published_run):
@@ -58,13 +56,13 @@ def test_a_run_with_params_from_the_run_conf_publishes_the_dataset_and_the_asset
     }
     batch_id = steps.run_batch_id(conf, dag_run)
     where = storage_location(conf["storage_url"])
-    store, marker, table = published_rows(where, batch_id)
-    planned = read_batch_config(store)
+    batch, marker, table = published_rows(where, batch_id)
+    store, planned = batch.store, batch.config
     assert (planned.num_tasks, planned.shards, planned.sampling.max_tokens, planned.weight_version) == (4, 2, 16, 3)
     assert marker.rows == table.num_rows == 8 and set(marker.validation) == {"lineage", "dataset"}
     assert marker.review is None and not store.exists("reports/review.json")
     assert store.exists("reports/index.html")
-    assert {read_suite_summary(store, suite).status for suite in ("lineage", "dataset")} == {"passed"}
+    assert {batch.suite_summary(suite).status for suite in ("lineage", "dataset")} == {"passed"}
     with settings.Session() as session:
         (event,) = session.query(AssetEvent).filter(AssetEvent.source_run_id == dag_run.run_id).all()
     assert event.extra["batch_id"] == batch_id and event.extra["rows"] == 8 and event.extra["weight_version"] == 3
@@ -90,15 +88,14 @@ def test_a_run_on_s3_reaches_storage_only_through_its_airflow_connection(
     tasks = states(dag_run)
     assert tasks.pop("review") == "skipped" and set(tasks.values()) == {"success"}  # both suites passed
     where = storage_location(conf["storage_url"], "ledger_s3")
-    _, marker, table = published_rows(where, steps.run_batch_id(conf, dag_run))
+    batch, marker, table = published_rows(where, steps.run_batch_id(conf, dag_run))
     assert marker.rows == table.num_rows == 4
-    assert "testing" not in json.dumps(dag_run.conf) and "testing" not in str(read_batch_config(_).to_json())
+    assert "testing" not in json.dumps(dag_run.conf) and "testing" not in str(batch.config.to_json())
 
 
 def test_a_failing_suite_fails_the_run_with_its_report_in_the_log_and_publishes_nothing(
     rollout_batch, tmp_path, caplog
 ):
-    from tasks.storage.dataset_manifest import read_staged_marker
 
     conf = {
         **SMALL,
@@ -120,8 +117,9 @@ def test_a_failing_suite_fails_the_run_with_its_report_in_the_log_and_publishes_
         "publish": "upstream_failed",
         "sweep_orphans": "success",
     }
-    store = batch_store(f"file://{tmp_path}", steps.run_batch_id(conf, dag_run))
-    assert read_staged_marker(store) is not None and read_dataset_marker(store) is None
-    assert read_suite_summary(store, "dataset").status == "failed"
+    batch = Batch.open(f"file://{tmp_path}", steps.run_batch_id(conf, dag_run))
+    store = batch.store
+    assert batch.staged_dataset() is not None and batch.published_dataset() is None
+    assert batch.suite_summary("dataset").status == "failed"
     failure = next(r.getMessage() for r in caplog.records if "the dataset suite failed the batch" in r.getMessage())
     assert "rewards_within_bounds" in failure and f"report: {store.url}/reports/dataset/run-000/index.html" in failure

@@ -20,11 +20,10 @@ from types import SimpleNamespace
 import pytest
 
 from tasks import layout
+from tasks.batch import Batch
+from tasks.layout import REVIEW_RECORD
 from tasks.orchestration import local_airflow, steps
 from tasks.orchestration.form import form_defaults
-from tasks.plan import batch_store
-from tasks.records.review import REVIEW_RECORD, read_review
-from tasks.storage.dataset_manifest import read_dataset_marker
 
 from .browser import chromium, sign_in
 from .hitl import AirflowRest, InBackground, answer_review, sweep_timeouts, wait_for_review
@@ -120,9 +119,10 @@ def test_a_warned_batch_waits_and_a_person_approves_it_in_the_browser_after_read
         "publish": "success",
         "sweep_orphans": "success",
     }
-    store = batch_store(conf["storage_url"], BATCH)
-    marker = read_dataset_marker(store)
-    assert marker is not None and marker.review is not None and marker.review == read_review(store, BATCH)
+    batch = Batch.open(conf["storage_url"], BATCH)
+    store = batch.store
+    marker = batch.published_dataset()
+    assert marker is not None and marker.review is not None and marker.review == batch.review()
     assert (marker.review.choice, marker.review.decided_by, marker.review.via, marker.review.reason) == (
         "publish",
         "admin",
@@ -152,14 +152,15 @@ def test_a_rejection_fails_the_run_and_the_batch_is_never_published(
         "publish": "upstream_failed",
         "sweep_orphans": "success",
     }
-    store = batch_store(conf["storage_url"], BATCH)
-    decision = read_review(store, BATCH)
+    batch = Batch.open(conf["storage_url"], BATCH)
+    store = batch.store
+    decision = batch.review()
     assert decision is not None and (decision.choice, decision.decided_by, decision.reason) == (
         "reject",
         "admin",
         "rewards are all zero",
     )
-    assert read_dataset_marker(store) is None and not store.exists(layout.DATASET_CARD)
+    assert batch.published_dataset() is None and not store.exists(layout.DATASET_CARD)
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert f"batch {BATCH} was rejected: reject by admin (airflow)" in logged and "never published" in logged
 
@@ -172,15 +173,16 @@ def test_a_review_nobody_answers_times_out_as_a_rejection_and_fails_the_run(roll
 
     assert str(dag_run.state) == "failed"
     assert (states(dag_run)["review"], states(dag_run)["publish"]) == ("failed", "upstream_failed")
-    store = batch_store(conf["storage_url"], BATCH)
-    decision = read_review(store, BATCH)
+    batch = Batch.open(conf["storage_url"], BATCH)
+    store = batch.store
+    decision = batch.review()
     assert decision is not None and (decision.choice, decision.reason, decision.decided_by, decision.via) == (
         "reject",
         "review_timeout",
         None,
         "timeout",
     )
-    assert store.exists(REVIEW_RECORD) and read_dataset_marker(store) is None
+    assert store.exists(REVIEW_RECORD) and batch.published_dataset() is None
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "nobody answered the review within 0.0005 hour(s)" in logged and "reject nobody answered (timeout)" in logged
 

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tasks.batch import Batch
 from tasks.errors import ConfigError
 from tasks.ids import MAX_ID_LENGTH, is_id
 from tasks.orchestration.steps import batch_id_for_run, run_batch_id
@@ -75,12 +76,12 @@ def test_a_recorded_rejection_fails_the_review_and_the_publish_steps_without_ret
     from airflow.sdk.exceptions import AirflowFailException
 
     from tasks.orchestration import steps
-    from tasks.plan import batch_store
-    from tasks.records.review import new_decision, write_review
+    from tasks.publish import write_review
+    from tasks.records.review import new_decision
 
     params = {"storage_url": f"file://{tmp_path}", "batch_id": "b1", "require_review": False}
     rejection = new_decision("b1", "reject", "rewards look wrong", decided_by="alice", via="cli")
-    write_review(batch_store(params["storage_url"], "b1"), rejection)
+    write_review(Batch.open(params["storage_url"], "b1"), rejection)
 
     request = steps.review_request({**params, "review_timeout_hours": 24}, RUN)
     assert (request.decision, request.needed, request.body) == (rejection, (), "")

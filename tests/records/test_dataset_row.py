@@ -13,7 +13,6 @@ import pytest
 from tasks.finalize import reasons
 from tasks.finalize.assemble import assemble_rows
 from tasks.records.dataset_row import DatasetRow, InvalidDatasetRowError, WeightSpan
-
 from tests.finalize.rollouts import BATCH_ID, assemble, make_rollout, rows_of
 from tests.finalize.verdicts import columns_of
 

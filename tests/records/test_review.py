@@ -6,24 +6,18 @@ import json
 
 import pytest
 
+from tasks.batch import Batch
 from tasks.errors import MalformedReviewError, ReviewInputError
-from tasks.records.review import (
-    REVIEW_RECORD,
-    TIMEOUT_REASON,
-    ReviewDecision,
-    new_decision,
-    read_review,
-    timeout_decision,
-    write_review,
-)
-from tasks.storage.objects import ObjectStore
+from tasks.layout import REVIEW_RECORD
+from tasks.publish import write_review
+from tasks.records.review import TIMEOUT_REASON, ReviewDecision, new_decision, timeout_decision
 
 AT = 1_790_000_000.0  # 2026-09-21T14:13:20Z
 
 
 @pytest.fixture
-def store(tmp_path) -> ObjectStore:
-    return ObjectStore(str(tmp_path / "batches" / "b1"))
+def batch(tmp_path) -> Batch:
+    return Batch.open(str(tmp_path), "b1")
 
 
 def approval(**overrides) -> ReviewDecision:
@@ -34,12 +28,12 @@ def approval(**overrides) -> ReviewDecision:
     return new_decision("b1", choice, reason, **fields)
 
 
-def test_a_decision_round_trips_and_says_who_when_what_and_why(store):
+def test_a_decision_round_trips_and_says_who_when_what_and_why(batch):
     decision = approval(reason="  failure rate is the flaky env  ")
     assert decision.reason == "failure rate is the flaky env"  # stripped
-    assert write_review(store, decision) == decision
-    assert read_review(store, "b1") == decision
-    assert json.loads(store.read_bytes(REVIEW_RECORD)) == {
+    assert write_review(batch, decision) == decision
+    assert batch.review() == decision
+    assert json.loads(batch.store.read_bytes(REVIEW_RECORD)) == {
         "batch_id": "b1",
         "choice": "publish",
         "reason": "failure rate is the flaky env",
@@ -69,7 +63,7 @@ def test_bad_input_from_a_person_is_a_review_input_error_naming_what_is_wrong(ch
         approval(**change)
 
 
-def test_a_timeout_rejects_with_its_reason_and_names_nobody(store):
+def test_a_timeout_rejects_with_its_reason_and_names_nobody(batch):
     decision = timeout_decision("b1", now=AT)
     assert (decision.choice, decision.reason, decision.decided_by, decision.via) == (
         "reject",
@@ -82,12 +76,12 @@ def test_a_timeout_rejects_with_its_reason_and_names_nobody(store):
         ReviewDecision(batch_id="b1", choice="publish", reason="r", decided_by=None, decided_at=AT, via="timeout")
 
 
-def test_the_first_decision_stands(store):
+def test_the_first_decision_stands(batch):
     first = approval(choice="reject", reason="rewards look wrong")
-    assert write_review(store, first) == first
+    assert write_review(batch, first) == first
     second = approval(decided_by="bob")
-    assert write_review(store, second) == first
-    assert read_review(store, "b1") == first
+    assert write_review(batch, second) == first
+    assert batch.review() == first
 
 
 @pytest.mark.parametrize(
@@ -102,16 +96,16 @@ def test_the_first_decision_stands(store):
         (lambda raw: raw.update(batch_id="other"), "the decision is on batch 'other', not 'b1'"),
     ],
 )
-def test_a_corrupted_record_on_storage_is_refused_naming_the_file_and_field(store, mutate, named):
+def test_a_corrupted_record_on_storage_is_refused_naming_the_file_and_field(batch, mutate, named):
     raw = json.loads(approval().to_json())
     mutate(raw)
-    store.write_once(REVIEW_RECORD, json.dumps(raw).encode())
+    batch.store.write_once(REVIEW_RECORD, json.dumps(raw).encode())
     with pytest.raises(MalformedReviewError, match=named) as caught:
-        read_review(store, "b1")
+        batch.review()
     assert "reports/review.json" in str(caught.value) and caught.value.reason == "malformed_review"
 
 
-def test_a_record_that_is_not_json_is_refused(store):
-    store.write_once(REVIEW_RECORD, b"{publish")
+def test_a_record_that_is_not_json_is_refused(batch):
+    batch.store.write_once(REVIEW_RECORD, b"{publish")
     with pytest.raises(MalformedReviewError, match=r"review\.json is not valid JSON"):
-        read_review(store, "b1")
+        batch.review()

@@ -8,41 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
 from tasks.engines.base import SamplingSettings
 from tasks.generate import generate_shards
-from tasks.plan import batch_store, plan_batch
-from tasks.storage.objects import ObjectStore
+from tasks.plan import plan_batch
+from tests.local_batch import LocalBatch
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _gx_analytics_off() -> None:
     os.environ["GX_ANALYTICS_ENABLED"] = "False"
-
-
-@dataclass(frozen=True)
-class LocalBatch:
-    root: Path
-    config: BatchConfig
-
-    @property
-    def batch_id(self) -> str:
-        return self.config.batch_id
-
-    @property
-    def dir(self) -> Path:
-        return self.root / "batches" / self.batch_id
-
-    @property
-    def store(self) -> ObjectStore:
-        return batch_store(str(self.root), self.batch_id)
 
 
 def reliability_config(**overrides: Any) -> BatchConfig:
@@ -65,16 +45,14 @@ def generate_all(root: str, config: BatchConfig, tokenizer: Any, storage_options
     """Plan and generate every shard with the fake scripted engine."""
     from tests.generation.fakes import FakeScriptedEngine
 
-    plan_batch(root, config, storage_options)
+    plan_batch(Batch.open(root, config.batch_id, storage_options), config)
     engine = FakeScriptedEngine(tokenizer, reply=lambda request: str(request.seed % 8 + 1))
     generate_shards(
-        root,
-        config.batch_id,
+        Batch.open(root, config.batch_id, storage_options),
         range(config.shards),
         engine=engine,
         run=asyncio.run,
         progress=False,
-        storage_options=storage_options,
     )
 
 
@@ -85,8 +63,3 @@ def committed_batch(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) ->
     config = reliability_config()
     generate_all(str(root), config, tokenizer)
     return LocalBatch(root=root, config=config)
-
-
-def copy_batch(batch: LocalBatch, target: Path) -> LocalBatch:
-    shutil.copytree(batch.root, target / "root")
-    return LocalBatch(root=target / "root", config=batch.config)

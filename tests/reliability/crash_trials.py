@@ -32,12 +32,13 @@ from typing import Any
 import pyarrow as pa
 
 from tasks import layout
+from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.crash_points import CrashPoint
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shards
 from tasks.pipeline import finalize_and_publish
-from tasks.plan import batch_store, plan_batch, read_shard_plan
+from tasks.plan import plan_batch
 from tasks.storage.claims import is_claim_path
 from tasks.storage.dataset_manifest import read_dataset_marker, read_dataset_part
 from tasks.storage.marker import read_marker
@@ -124,10 +125,11 @@ def first_attempt_objects(store: ObjectStore) -> dict[str, str]:
 def reference_rows(root: str, config: BatchConfig, engine: Any, run: Any) -> dict[str, dict[str, Any]]:
     """The dataset of a clean, uninterrupted run of ``config``'s plan on ``engine``, by rollout id."""
     clean = dataclasses.replace(config, batch_id=f"{config.batch_id}-clean")
-    plan_batch(root, clean)
-    generate_shards(root, clean.batch_id, range(clean.shards), engine=engine, run=run, progress=False)
-    finalize_batch(root, clean.batch_id, FinalizeOptions(audit=False))
-    return dataset_rows(batch_store(root, clean.batch_id), staged=True)
+    batch = Batch.open(root, clean.batch_id)
+    plan_batch(batch, clean)
+    generate_shards(batch, range(clean.shards), engine=engine, run=run, progress=False)
+    finalize_batch(batch, FinalizeOptions(audit=False))
+    return dataset_rows(batch.store, staged=True)
 
 
 def dataset_rows(store: ObjectStore, *, staged: bool = False) -> dict[str, dict[str, Any]]:
@@ -145,14 +147,13 @@ def dataset_rows(store: ObjectStore, *, staged: bool = False) -> dict[str, dict[
 
 def finish_batch(root: str, batch_id: str) -> None:
     """What the DAG runs after generate: both suites (reading every named object by sha256), finalize, publish."""
-    finalize_and_publish(root, batch_id, FinalizeOptions(audit=False))
+    finalize_and_publish(Batch.open(root, batch_id), FinalizeOptions(audit=False))
 
 
-def check_survivors(
-    store: ObjectStore, config: BatchConfig, first_attempt: dict[str, str], reference: dict[str, dict[str, Any]]
-) -> None:
+def check_survivors(batch: Batch, first_attempt: dict[str, str], reference: dict[str, dict[str, Any]]) -> None:
     """The trial's invariants (module docstring) on a batch whose shard is committed and dataset published."""
-    planned = {p.rollout_id for shard in range(config.shards) for p in read_shard_plan(store, config, shard)}
+    store = batch.store
+    planned = {p.rollout_id for shard in range(batch.config.shards) for p in batch.shard_plan(shard)}
     rows = dataset_rows(store)
     assert set(rows) == planned, f"dataset rollouts differ from the plan: {sorted(set(rows) ^ planned)}"
 

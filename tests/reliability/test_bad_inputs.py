@@ -29,19 +29,21 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks import ids
+from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.engines.base import SamplingSettings
 from tasks.errors import ConfigError, StorageIntegrityError
 from tasks.finalize.stage import finalize_batch
 from tasks.generate import MAX_ERROR_CHARS, generate_shard
-from tasks.plan import batch_store, plan_batch
+from tasks.plan import plan_batch
 from tasks.storage.dataset_manifest import read_dataset_part, read_staged_marker
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import read_marker
 from tasks.storage.sweep import sweep_orphans
+from tests.local_batch import LocalBatch, copy_batch
 
 from .bad_environments import BAD_INITIAL, BAD_REPLY
-from .conftest import LocalBatch, copy_batch, reliability_config
+from .conftest import reliability_config
 
 BAD_ENVIRONMENT = "tests.reliability.bad_environments:MalformedOutputEnvironment"
 
@@ -53,10 +55,10 @@ def run_bad_environment(root: Path, tokenizer, case: str, *, max_model_len: int 
     config = reliability_config(
         environment=BAD_ENVIRONMENT, environment_options={"case": case}, num_tasks=2, shards=1, max_turns=3
     )
-    plan_batch(str(root), config)
+    plan_batch(Batch.open(str(root), config.batch_id), config)
     engine = FakeScriptedEngine(tokenizer, reply=lambda request: "5", max_model_len=max_model_len)
-    summary = generate_shard(str(root), config.batch_id, 0, engine=engine, run=asyncio.run, progress=False)
-    store = batch_store(str(root), config.batch_id)
+    summary = generate_shard(Batch.open(str(root), config.batch_id), 0, engine=engine, run=asyncio.run, progress=False)
+    store = Batch.open(str(root), config.batch_id).store
     assert read_marker(store, 0) is not None  # the shard commits: a bad rollout never fails the shard
     return LedgerReader(store, 0), summary
 
@@ -115,9 +117,9 @@ def test_max_tokens_is_clipped_to_the_context_left(tmp_path, tokenizer):
     from tests.generation.fakes import FakeScriptedEngine
 
     config = reliability_config(num_tasks=1, shards=1, max_turns=1, sampling=SamplingSettings(max_tokens=4096))
-    plan_batch(str(tmp_path), config)
+    plan_batch(Batch.open(str(tmp_path), config.batch_id), config)
     engine = FakeScriptedEngine(tokenizer, max_model_len=300)
-    generate_shard(str(tmp_path), config.batch_id, 0, engine=engine, run=asyncio.run, progress=False)
+    generate_shard(Batch.open(str(tmp_path), config.batch_id), 0, engine=engine, run=asyncio.run, progress=False)
     assert engine.requests
     for request in engine.requests:
         assert request.max_tokens == 300 - len(request.prompt_token_ids)
@@ -133,7 +135,7 @@ def test_an_invalid_batch_id_is_refused_by_name_before_any_storage_path_is_built
     with pytest.raises(ConfigError, match="batch_id"):
         reliability_config(batch_id=bad)
     with pytest.raises((TypeError, ValueError), match="batch_id"):
-        batch_store(str(tmp_path), bad)
+        Batch.open(str(tmp_path), bad)
     with pytest.raises(ValueError, match="rollout_id"):
         ids.staging_key(bad, "r000000-00.a00.c000")
     assert list(tmp_path.iterdir()) == []
@@ -221,7 +223,7 @@ def dataset_rows(batch: LocalBatch) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def clean_rows(committed_batch, tmp_path_factory) -> dict[str, dict]:
     batch = copy_batch(committed_batch, tmp_path_factory.mktemp("clean"))
-    finalize_batch(str(batch.root), batch.batch_id)
+    finalize_batch(batch.handle)
     return dataset_rows(batch)
 
 
@@ -259,7 +261,7 @@ def plant_foreign_files(batch: LocalBatch) -> list[str]:
 def test_foreign_parquet_in_committed_shards_is_ignored_and_swept_by_name(committed_batch, clean_rows, tmp_path):
     batch = copy_batch(committed_batch, tmp_path)
     planted = plant_foreign_files(batch)
-    staged = finalize_batch(str(batch.root), batch.batch_id)
+    staged = finalize_batch(batch.handle)
     assert dataset_rows(batch) == clean_rows  # nothing planted was read, nothing committed was lost
     assert staged.marker.rows == len(clean_rows) == batch.config.num_rollouts
     deleted = [path for shard in (0, 1) for path in sweep_orphans(batch.store, shard).deleted]
@@ -274,10 +276,10 @@ def test_validation_and_publish_ignore_foreign_parquet_in_the_batch_and_the_data
 
     batch = copy_batch(committed_batch, tmp_path)
     plant_foreign_files(batch)
-    finalize_batch(str(batch.root), batch.batch_id)
+    finalize_batch(batch.handle)
     pq.write_table(foreign_table(), batch.dir / "dataset" / "part-099999.parquet")
     (batch.dir / "dataset" / "part-000000.parquet.tmp").write_bytes(b"junk")
-    result = finalize_and_publish(str(batch.root), batch.batch_id)
+    result = finalize_and_publish(batch.handle)
     assert {suite: outcome.status for suite, outcome in result.suites.items()} == {
         "lineage": "passed",
         "dataset": "passed",
@@ -301,7 +303,7 @@ def test_a_damaged_named_file_rejects_only_its_shard_with_a_reason_and_keeps_the
         target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
     else:
         pq.write_table(foreign_table(), target)
-    finalize_batch(str(batch.root), batch.batch_id)
+    finalize_batch(batch.handle)
     rows = dataset_rows(batch)
     assert set(rows) == set(clean_rows)  # every planned rollout keeps its row
     for rollout_id in shard_rollouts(committed_batch, 0):
@@ -319,5 +321,5 @@ def test_a_damaged_shard_marker_is_refused_by_name(committed_batch, tmp_path, co
     batch = copy_batch(committed_batch, tmp_path)
     (batch.dir / "ledger/shard-00000/_COMMITTED.json").write_bytes(content)
     with pytest.raises(StorageIntegrityError, match=r"ledger/shard-00000/_COMMITTED\.json"):
-        finalize_batch(str(batch.root), batch.batch_id)
+        finalize_batch(batch.handle)
     assert read_marker(batch.store, 1) is not None  # the other shard's commit is untouched

@@ -16,9 +16,10 @@ import signal
 
 import pytest
 
+from tasks.batch import Batch
 from tasks.crash_points import CRASH_AT_VARIABLE
 from tasks.generate import generate_shard
-from tasks.plan import batch_store, plan_batch
+from tasks.plan import plan_batch
 from tests.generation.configs import bundled_model_config
 from tests.generation.processes import GenerateProcess
 
@@ -48,8 +49,8 @@ def test_a_generate_process_killed_at_a_crash_point_is_retried_without_losing_a_
     print(trial)
     config = dataclasses.replace(planned, batch_id=f"crash-{seed}")
     root = request.getfixturevalue("s3_bucket") + "/runs" if (seed // 6) % 2 else str(tmp_path / "runs")
-    plan_batch(root, config)
-    store = batch_store(root, config.batch_id)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    store = Batch.open(root, config.batch_id).store
 
     first = GenerateProcess(
         root, config.batch_id, tmp_path / "first.log", env={CRASH_AT_VARIABLE: trial.crash.to_json()}
@@ -61,6 +62,6 @@ def test_a_generate_process_killed_at_a_crash_point_is_retried_without_losing_a_
     crashed = first_attempt_objects(store)
 
     engine, loop = vllm_engine
-    generate_shard(root, config.batch_id, 0, engine=engine, run=loop.run, progress=False)
+    generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
     finish_batch(root, config.batch_id)
-    check_survivors(store, config, crashed, clean_run)
+    check_survivors(Batch.open(root, config.batch_id), crashed, clean_run)

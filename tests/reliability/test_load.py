@@ -27,6 +27,7 @@ import psutil
 import pyarrow as pa
 import pytest
 
+from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
 from tasks.engines.base import SamplingSettings
 
@@ -114,7 +115,7 @@ def run_load(
     from tasks.finalize.stage import finalize_batch
     from tasks.generate import generate_shards
     from tasks.pipeline import finalize_and_publish
-    from tasks.plan import batch_store, plan_batch
+    from tasks.plan import plan_batch
     from tasks.storage.dataset_manifest import read_dataset_part, read_staged_marker
     from tasks.storage.marker import read_marker
     from tests.generation.fakes import FakeScriptedEngine
@@ -125,25 +126,23 @@ def run_load(
     )
     with RssSampler() as rss:
         with timed(seconds, "plan"):
-            plan_batch(root_url, config, storage_options)
+            plan_batch(Batch.open(root_url, config.batch_id, storage_options), config)
         with timed(seconds, "generate"):
             summaries = generate_shards(
-                root_url,
-                config.batch_id,
+                Batch.open(root_url, config.batch_id, storage_options),
                 range(config.shards),
                 engine=engine,
                 run=asyncio.run,
                 progress=False,
-                storage_options=storage_options,
             )
         generate_peak = rss.peak_mb
         with timed(seconds, "finalize"):
-            staged = finalize_batch(root_url, config.batch_id, storage_options=storage_options)
+            staged = finalize_batch(Batch.open(root_url, config.batch_id, storage_options))
         if publish:
             with timed(seconds, "validate_publish"):
-                result = finalize_and_publish(root_url, config.batch_id, storage_options=storage_options)
+                result = finalize_and_publish(Batch.open(root_url, config.batch_id, storage_options))
             assert result.published is not None and result.published.created
-        store = batch_store(root_url, config.batch_id, storage_options)
+        store = Batch.open(root_url, config.batch_id, storage_options).store
         markers = [read_marker(store, shard) for shard in range(config.shards)]
         marker = read_staged_marker(store)
         columns = ["rollout_id", "sample_mask", "mask_reason"]

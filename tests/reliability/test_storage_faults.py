@@ -29,11 +29,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.errors import StorageUnavailableError
 from tasks.finalize.stage import finalize_batch
 from tasks.pipeline import finalize_and_publish
-from tasks.plan import batch_store
 from tasks.storage.dataset_manifest import read_dataset_marker, read_dataset_part, read_staged_marker
 from tasks.storage.marker import read_marked_bytes, read_marker
 from tasks.storage.objects import ObjectStore
@@ -61,13 +61,13 @@ class Location:
     options: dict[str, Any]
 
     def store(self, batch_id: str) -> ObjectStore:
-        return batch_store(self.url, batch_id, self.options)
+        return Batch.open(self.url, batch_id, self.options).store
 
 
 def run_batch(where: Location, config: BatchConfig, tokenizer: Any) -> None:
     """Plan, generate every shard (FAKE engine), lineage suite, finalize, dataset suite, publish."""
     generate_all(where.url, config, tokenizer, where.options)
-    finalize_and_publish(where.url, config.batch_id, storage_options=where.options)
+    finalize_and_publish(Batch.open(where.url, config.batch_id, where.options))
 
 
 def dataset_rows(store: ObjectStore, *, published: bool = True) -> pa.Table:
@@ -191,7 +191,7 @@ def test_storage_that_refuses_every_write_of_a_kind_fails_generate_closed(
     generate_all(healthy.url, config, tokenizer)  # the retry, on healthy storage
     assert check_markers_name_whole_objects(store, config) == config.shards
     assert read_marker(store, 0).attempt == 1
-    finalize_batch(healthy.url, config.batch_id)
+    finalize_batch(Batch.open(healthy.url, config.batch_id))
     assert without_call_ids(dataset_rows(store, published=False)) == without_call_ids(reference)
     print(figures(f"every {refused} write refused (local)", injector, rows_lost=0))
 
@@ -211,7 +211,7 @@ def test_a_store_that_goes_away_mid_batch_fails_closed_and_the_retry_completes(s
 
     generate_all(healthy.url, config, tokenizer)
     assert check_markers_name_whole_objects(store, config) == config.shards
-    finalize_batch(healthy.url, config.batch_id)
+    finalize_batch(Batch.open(healthy.url, config.batch_id))
     assert without_call_ids(dataset_rows(store, published=False)) == without_call_ids(reference)
     print(figures("store goes away mid-batch (s3)", injector, shards_committed_before=committed, rows_lost=0))
 
@@ -229,13 +229,13 @@ def test_finalize_and_publish_fail_closed_on_a_dataset_they_cannot_write(tmp_pat
         injector = FaultInjector([rule], seed=5)
         faulty = Location(faulty_url(healthy.url), faulty_options(injector, retry=GIVE_UP_RETRY))
         with pytest.raises(StorageUnavailableError, match=f"write .*/{refused.replace('*', '')}"):
-            finalize_and_publish(faulty.url, config.batch_id, storage_options=faulty.options)
+            finalize_and_publish(Batch.open(faulty.url, config.batch_id, faulty.options))
         assert read_dataset_marker(store) is None, "nothing published"
         if refused.startswith("dataset/part-"):
             assert read_staged_marker(store) is None, "no dataset manifest over parts that were never written"
         injected.append(injector)
 
-    finalize_and_publish(healthy.url, config.batch_id)
+    finalize_and_publish(Batch.open(healthy.url, config.batch_id))
     assert dataset_rows(store).equals(reference)
     for refused, injector in zip(("dataset parts", "dataset/_COMMITTED.json"), injected, strict=True):
         print(figures(f"{refused} refused (local)", injector, rows_lost=0))

@@ -1,6 +1,6 @@
 """Batches the validation tests run on: generated with the fake scripted engine, copied per test, corrupted on disk.
 
-:class:`Batch` is a local batch directory. :func:`copy_batch` hands a test its own copy, so a
+:class:`LocalBatch` is a local batch directory. :func:`copy_batch` hands a test its own copy, so a
 batch is generated (and finalized) once however many tests corrupt or validate it.
 :class:`StagedDataset` rewrites rows of the staged dataset and reseals its manifest (a writer
 bug: the manifest vouches for the bad bytes, so only the dataset suite can catch them); ledger
@@ -11,54 +11,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks import layout
-from tasks.config import BatchConfig
-from tasks.plan import batch_store
 from tasks.records.dataset_row import DatasetRow
-from tasks.storage.objects import ObjectStore
+from tests.local_batch import LocalBatch
 
 Row = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Batch:
-    """A batch under a local root: its config and its directory."""
-
-    root: Path
-    config: BatchConfig
-
-    @property
-    def batch_id(self) -> str:
-        return self.config.batch_id
-
-    @property
-    def dir(self) -> Path:
-        return self.root / "batches" / self.batch_id
-
-    @property
-    def store(self) -> ObjectStore:
-        return batch_store(str(self.root), self.batch_id)
-
-
-def copy_batch(batch: Batch, target: Path) -> Batch:
-    """A private copy of ``batch`` under ``target`` that a test may corrupt or validate."""
-    shutil.copytree(batch.root, target / "root")
-    return Batch(root=target / "root", config=batch.config)
 
 
 class StagedDataset:
     """The staged dataset of a local batch, editable row by row (its manifest resealed after each edit)."""
 
-    def __init__(self, batch: Batch) -> None:
+    def __init__(self, batch: LocalBatch) -> None:
         self.batch = batch
         self.manifest_path = batch.dir / layout.DATASET_STAGED
 

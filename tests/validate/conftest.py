@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
+from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
 from tasks.engines.base import SamplingSettings
 from tasks.finalize.stage import finalize_batch
 from tasks.generate import generate_shards
 from tasks.plan import plan_batch
-
-from .batches import Batch, copy_batch
+from tests.local_batch import LocalBatch, copy_batch
 
 WEIGHT_VERSION = 2  # the batch's planned weight version: a call admitted below it can be forged
 
@@ -47,21 +47,21 @@ def validation_config(**overrides: Any) -> BatchConfig:
 
 
 @pytest.fixture(scope="session")
-def generated_batch(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Batch:
+def generated_batch(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> LocalBatch:
     """Both shards generated and committed, not finalized."""
     from tests.generation.fakes import FakeScriptedEngine
 
     root = tmp_path_factory.mktemp("validate-generated")
     config = validation_config()
-    plan_batch(str(root), config)
+    plan_batch(Batch.open(str(root), config.batch_id), config)
     engine = FakeScriptedEngine(tokenizer, reply=lambda r: str(r.seed % 8 + 1), weight_version=WEIGHT_VERSION)
-    generate_shards(str(root), config.batch_id, [0, 1], engine=engine, run=asyncio.run, progress=False)
-    return Batch(root=root, config=config)
+    generate_shards(Batch.open(str(root), config.batch_id), [0, 1], engine=engine, run=asyncio.run, progress=False)
+    return LocalBatch(root=root, config=config)
 
 
 @pytest.fixture(scope="session")
-def finalized_batch(generated_batch: Batch, tmp_path_factory: pytest.TempPathFactory) -> Batch:
+def finalized_batch(generated_batch: LocalBatch, tmp_path_factory: pytest.TempPathFactory) -> LocalBatch:
     """The generated batch, finalized: its dataset is staged (not validated, not published)."""
     batch = copy_batch(generated_batch, tmp_path_factory.mktemp("validate-finalized"))
-    finalize_batch(str(batch.root), batch.batch_id)
+    finalize_batch(batch.handle)
     return batch

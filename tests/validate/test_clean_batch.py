@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from tasks.batch import Batch
 from tasks.config import ValidationSpec
 from tasks.errors import MalformedSummaryError, NothingToValidateError
 from tasks.plan import plan_batch
-from tasks.validate import SuiteOutcome, read_suite_summary, validate_dataset, validate_lineage
+from tasks.validate import SuiteOutcome, validate_dataset, validate_lineage
 from tasks.validate.report import write_report_index
 from tasks.validate.suites import DATASET_TABLES, LINEAGE_TABLES
+from tests.local_batch import LocalBatch, copy_batch
 
-from .batches import Batch, copy_batch
 from .conftest import validation_config
 
 # The documented summary.json format: these keys, in this order (fields are only ever added).
@@ -52,16 +53,16 @@ EXPECTATION_KEYS = [
 
 @pytest.fixture(scope="module")
 def validated(
-    finalized_batch: Batch, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Batch, dict[str, SuiteOutcome]]:
+    finalized_batch: LocalBatch, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[LocalBatch, dict[str, SuiteOutcome]]:
     """A copy of the clean batch with both suites run once, from a working directory that must stay empty."""
     batch = copy_batch(finalized_batch, tmp_path_factory.mktemp("clean"))
     cwd = tmp_path_factory.mktemp("cwd")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(cwd)
         outcomes = {
-            "lineage": validate_lineage(str(batch.root), batch.batch_id),
-            "dataset": validate_dataset(str(batch.root), batch.batch_id),
+            "lineage": validate_lineage(batch.handle),
+            "dataset": validate_dataset(batch.handle),
         }
     assert list(cwd.iterdir()) == [], "validation wrote into the working directory (a gx/ folder?)"
     return batch, outcomes
@@ -96,7 +97,7 @@ def test_reports_are_written_under_the_run_directory(validated):
 def test_the_overview_links_each_tables_validation_page(validated):
     """Offline, the Data Docs index lists nothing (its table is drawn by CDN scripts): the overview links every page."""
     batch, _ = validated
-    page = (batch.dir / write_report_index(str(batch.root), batch.batch_id)).read_text()
+    page = (batch.dir / write_report_index(batch.handle)).read_text()
     for suite, tables in (("lineage", LINEAGE_TABLES), ("dataset", DATASET_TABLES)):
         for table in tables:
             pattern = rf'<a href="({suite}/run-000/validations/[^"]+/{suite}-{table.name}\.html)">{table.name}</a>'
@@ -113,23 +114,23 @@ def test_summary_json_keeps_the_documented_format(validated):
         assert [list(e) for e in raw["expectations"]] == [EXPECTATION_KEYS] * len(raw["expectations"])
         assert list(raw["counts"]) == ["expectations", "failed", "warned", "rows"]
         assert raw["thresholds"] == dataclasses.asdict(batch.config.validation)
-        assert read_suite_summary(batch.store, suite) == outcome.summary
+        assert batch.handle.suite_summary(suite) == outcome.summary
 
 
 def test_rerunning_with_the_same_inputs_is_a_no_op(validated):
     batch, outcomes = validated
-    again = validate_lineage(str(batch.root), batch.batch_id)
+    again = validate_lineage(batch.handle)
     assert again.created is False and again.summary == outcomes["lineage"].summary
     assert sorted(p.name for p in (batch.dir / "reports/lineage").iterdir()) == ["run-000"]
 
 
 def test_rerunning_with_other_thresholds_makes_a_new_current_run(finalized_batch, tmp_path):
     batch = copy_batch(finalized_batch, tmp_path)
-    first = validate_dataset(str(batch.root), batch.batch_id)
+    first = validate_dataset(batch.handle)
     relaxed = ValidationSpec(max_invalid_row_rate=0.5)
-    second = validate_dataset(str(batch.root), batch.batch_id, thresholds=relaxed)
+    second = validate_dataset(batch.handle, thresholds=relaxed)
     assert (first.summary.run, second.summary.run, second.created) == ("run-000", "run-001", True)
-    assert read_suite_summary(batch.store, "dataset") == second.summary
+    assert batch.handle.suite_summary("dataset") == second.summary
     assert second.summary.thresholds == relaxed
     assert (batch.dir / "reports/dataset/run-000/summary.json").is_file()  # the first run's files stay
 
@@ -138,9 +139,9 @@ def test_a_run_that_crashed_before_its_summary_is_not_current(finalized_batch, t
     batch = copy_batch(finalized_batch, tmp_path)
     (batch.dir / "reports/lineage/run-000").mkdir(parents=True)
     (batch.dir / "reports/lineage/run-000/_CLAIM.json").write_text("{}")
-    assert read_suite_summary(batch.store, "lineage") is None
-    outcome = validate_lineage(str(batch.root), batch.batch_id)
-    assert outcome.summary.run == "run-001" and read_suite_summary(batch.store, "lineage") == outcome.summary
+    assert batch.handle.suite_summary("lineage") is None
+    outcome = validate_lineage(batch.handle)
+    assert outcome.summary.run == "run-001" and batch.handle.suite_summary("lineage") == outcome.summary
 
 
 def test_a_malformed_summary_is_refused_naming_the_file(validated, tmp_path):
@@ -149,20 +150,20 @@ def test_a_malformed_summary_is_refused_naming_the_file(validated, tmp_path):
     raw = json.loads(path.read_text())
     path.write_text(json.dumps({**raw, "status": "fine"}))
     with pytest.raises(MalformedSummaryError, match=r"run-000/summary.json.*status"):
-        read_suite_summary(batch.store, "lineage")
+        batch.handle.suite_summary("lineage")
     path.write_text(json.dumps({k: v for k, v in raw.items() if k != "counts"}))
     with pytest.raises(MalformedSummaryError, match=r"missing field\(s\) \['counts'\]"):
-        read_suite_summary(batch.store, "lineage")
+        batch.handle.suite_summary("lineage")
 
 
 def test_a_batch_without_committed_shards_or_staged_dataset_is_refused(generated_batch, tmp_path):
     root = tmp_path / "planned-only"
     config = validation_config(batch_id="b-planned-only")
-    plan_batch(str(root), config)
+    plan_batch(Batch.open(str(root), config.batch_id), config)
     with pytest.raises(NothingToValidateError, match="none of its 2 shard"):
-        validate_lineage(str(root), config.batch_id)
+        validate_lineage(Batch.open(str(root), config.batch_id))
     with pytest.raises(NothingToValidateError, match="no staged dataset"):
-        validate_dataset(str(generated_batch.root), generated_batch.batch_id)
+        validate_dataset(generated_batch.handle)
 
 
 def test_importing_the_package_does_not_import_great_expectations():

@@ -22,8 +22,9 @@ from tasks.validate import SuiteOutcome, dataset_profile, validate_dataset
 from tasks.validate.dataset_profile import part_batches, profile_dataset, row_profile
 from tasks.validate.gx_run import run_suite
 from tasks.validate.suites import dataset_suite
+from tests.local_batch import LocalBatch, copy_batch
 
-from .batches import Batch, StagedDataset, copy_batch, row_of
+from .batches import StagedDataset, row_of
 
 THRESHOLDS = ValidationSpec(max_invalid_row_rate=0.0, reward_min=0.0, reward_max=1.0)
 EXPECTED = {
@@ -66,10 +67,10 @@ def corrupt(rows: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def corrupted(finalized_batch: Batch, tmp_path_factory: pytest.TempPathFactory) -> SuiteOutcome:
+def corrupted(finalized_batch: LocalBatch, tmp_path_factory: pytest.TempPathFactory) -> SuiteOutcome:
     batch = copy_batch(finalized_batch, tmp_path_factory.mktemp("dataset-corrupted"))
     StagedDataset(batch).edit(corrupt)
-    return validate_dataset(str(batch.root), batch.batch_id, thresholds=THRESHOLDS)
+    return validate_dataset(batch.handle, thresholds=THRESHOLDS)
 
 
 def test_the_corrupted_dataset_fails_exactly_the_violated_expectations(corrupted):
@@ -94,7 +95,7 @@ def test_the_invalid_row_rate_is_observed_over_planned_rollouts(corrupted, final
 
 def test_drop_mode_refuses_a_group_with_more_rows_than_planned(finalized_batch, tmp_path):
     store, config = finalized_batch.store, finalized_batch.config
-    tables = profile_dataset(store, read_staged_marker(store), config)
+    tables = profile_dataset(finalized_batch.handle, read_staged_marker(store))
     groups = tables["groups"].to_pylist()
     groups[1]["rows"] = config.group_size + 1
     tables["groups"] = pa.Table.from_pylist(groups, schema=tables["groups"].schema)
@@ -108,10 +109,10 @@ def test_drop_mode_refuses_a_group_with_more_rows_than_planned(finalized_batch, 
 def test_the_profile_is_the_same_whatever_the_batch_size(finalized_batch, monkeypatch):
     store = finalized_batch.store
     manifest = read_staged_marker(store)
-    whole = profile_dataset(store, manifest, finalized_batch.config)
+    whole = profile_dataset(finalized_batch.handle, manifest)
     monkeypatch.setattr(dataset_profile, "BATCH_ROWS", 2)
     assert [len(b) for b in part_batches(store, manifest.parts[0])][:2] == [2, 2]
-    assert profile_dataset(store, manifest, finalized_batch.config)["rows"].equals(whole["rows"])
+    assert profile_dataset(finalized_batch.handle, manifest)["rows"].equals(whole["rows"])
 
 
 def test_a_part_whose_bytes_the_manifest_does_not_name_is_refused(finalized_batch, tmp_path):

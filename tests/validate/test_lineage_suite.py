@@ -15,18 +15,20 @@ import pyarrow as pa
 import pytest
 
 from tasks import layout
+from tasks.batch import Batch
 from tasks.capture.calls import ENGINE_ERROR, STAGING_FAILED
 from tasks.config import ValidationSpec
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.objects import ObjectStore
-from tasks.validate import SuiteOutcome, lineage_profile, validate_dataset, validate_lineage
+from tasks.validate import SuiteOutcome, validate_dataset, validate_lineage
 from tasks.validate.gx_run import run_suite
 from tasks.validate.lineage_profile import lineage_inputs, profile_lineage
 from tasks.validate.suites import lineage_suite
 from tests.finalize.tamper import BatchFiles
+from tests.local_batch import LocalBatch, copy_batch
 
-from .batches import Batch, copy_batch, row_of
+from .batches import row_of
 from .conftest import WEIGHT_VERSION
 
 STRICT = ValidationSpec(
@@ -50,7 +52,7 @@ def terminal_child(calls: list[dict], rollout_id: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def corrupted(generated_batch: Batch, tmp_path_factory: pytest.TempPathFactory) -> tuple[SuiteOutcome, dict]:
+def corrupted(generated_batch: LocalBatch, tmp_path_factory: pytest.TempPathFactory) -> tuple[SuiteOutcome, dict]:
     """Shard 0 corrupted once per expectation (roles below), shard 1's ledger rotten on disk; validated strictly."""
     batch = copy_batch(generated_batch, tmp_path_factory.mktemp("lineage-corrupted"))
     files = BatchFiles(batch.dir, 0)
@@ -112,7 +114,7 @@ def corrupted(generated_batch: Batch, tmp_path_factory: pytest.TempPathFactory) 
     rotten.write_bytes(rotten.files("calls")[0], b"not parquet", reseal=False)
     expected["committed_ledgers_verified"] = {"shard-00001"}
 
-    return validate_lineage(str(batch.root), batch.batch_id, thresholds=STRICT), expected
+    return validate_lineage(batch.handle, thresholds=STRICT), expected
 
 
 def test_the_corrupted_ledger_fails_exactly_the_violated_expectations(corrupted):
@@ -164,7 +166,7 @@ def test_rates_report_the_observed_rate_against_the_threshold(corrupted):
 def test_rules_the_ledger_reader_enforces_fail_on_a_corrupted_profile(generated_batch, tmp_path, monkeypatch):
     """Digests are corrupted in the ledger tables the profile reads (a reader letting them through); lengths and
     root rules in the profile itself."""
-    store, config = generated_batch.store, generated_batch.config
+    store = generated_batch.store
     calls = LedgerReader(store, 0).tables.calls.to_pylist()
     digest_edits = {
         "digests_well_formed": (calls[2], {"digest": calls[2]["digest"].upper()}),
@@ -182,8 +184,9 @@ def test_rules_the_ledger_reader_enforces_fail_on_a_corrupted_profile(generated_
                 forged = pa.Table.from_pylist(calls, schema=self.tables.calls.schema)
                 self.tables = dataclasses.replace(self.tables, calls=forged)
 
-    monkeypatch.setattr(lineage_profile, "LedgerReader", LenientReader)
-    tables = profile_lineage(store, config, lineage_inputs(store, config))
+    monkeypatch.setattr(Batch, "ledger", lambda batch, shard: LenientReader(batch.store, shard))
+    batch = generated_batch.handle
+    tables = profile_lineage(batch, lineage_inputs(batch))
     rows = tables["calls"].to_pylist()
     roots = [c for c in rows if not c["has_parent"]]
     edits = {
@@ -204,9 +207,9 @@ def test_rules_the_ledger_reader_enforces_fail_on_a_corrupted_profile(generated_
 def test_a_batch_missing_a_shard_only_warns_in_both_suites(generated_batch, tmp_path):
     batch = copy_batch(generated_batch, tmp_path)
     (batch.dir / layout.shard_marker(1)).unlink()
-    lineage = validate_lineage(str(batch.root), batch.batch_id)
-    finalize_batch(str(batch.root), batch.batch_id, FinalizeOptions(allow_partial=True))
-    dataset = validate_dataset(str(batch.root), batch.batch_id)
+    lineage = validate_lineage(batch.handle)
+    finalize_batch(batch.handle, FinalizeOptions(allow_partial=True))
+    dataset = validate_dataset(batch.handle)
     for outcome, name in ((lineage, "all_shards_committed"), (dataset, "dataset_complete")):
         assert (outcome.status, outcome.success) == ("warned", True)
         assert [(e.name, e.severity, e.examples) for e in outcome.summary.expectations if not e.success] == [

@@ -16,14 +16,15 @@ from typing import Any
 
 import pytest
 
+from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec, ValidationSpec
 from tasks.engines.base import GenerationRequest, SamplingSettings
 from tasks.errors import EngineError
+from tasks.finalize.logprob_audit import AuditReport
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shards
-from tasks.plan import batch_store, plan_batch
+from tasks.plan import plan_batch
 from tasks.records.suite_summary import ExpectationOutcome, SuiteSummary, SummaryCounts, status_of
-from tasks.trainer.logprob_audit import AuditReport
 from tasks.validate import report
 from tasks.validate.report import (
     INDEX,
@@ -79,25 +80,24 @@ def fail_some(request: GenerationRequest) -> EngineError | None:
 def finalized(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A planned, generated (two shards, a refit in the second) and finalized batch; tests copy it."""
     root = tmp_path_factory.mktemp("report-batch")
-    plan_batch(str(root), report_config())
+    config = report_config()
+    plan_batch(Batch.open(str(root), config.batch_id), config)
     reply = lambda request: str(request.seed % 8 + 1)  # noqa: E731
     generate_shards(
-        str(root),
-        BATCH,
+        Batch.open(str(root), BATCH),
         [0],
         engine=FakeScriptedEngine(tokenizer, reply=reply, fail=fail_some, weight_version=3),
         run=asyncio.run,
         progress=False,
     )
     generate_shards(
-        str(root),
-        BATCH,
+        Batch.open(str(root), BATCH),
         [1],
         engine=RefittingEngine(tokenizer, reply=reply, fail=fail_some, weight_version=3),
         run=asyncio.run,
         progress=False,
     )
-    finalize_batch(str(root), BATCH, FinalizeOptions(audit=False))
+    finalize_batch(Batch.open(str(root), BATCH), FinalizeOptions(audit=False))
     return root
 
 
@@ -180,7 +180,7 @@ def test_the_page_shows_headline_numbers_suites_with_links_and_one_svg_per_plot(
             expectation("reward_range", success=False, severity="warn", threshold=[0.0, 0.9], unexpected_count=1),
         ],
     )
-    path = write_report_index(str(root), BATCH)
+    path = write_report_index(Batch.open(str(root), BATCH))
     assert path == INDEX == "reports/index.html"
     page = read_page(root)
     metrics = json.loads((root / "batches" / BATCH / "dataset" / "metrics.json").read_text())
@@ -216,7 +216,7 @@ def test_the_page_shows_headline_numbers_suites_with_links_and_one_svg_per_plot(
 
 
 def test_the_page_allows_its_only_style_sheet_by_hash_in_its_own_policy(root):
-    page = read_page(root, write_report_index(str(root), BATCH))
+    page = read_page(root, write_report_index(Batch.open(str(root), BATCH)))
     (style,) = re.findall(r"<style>(.*?)</style>", page, re.S)
     digest = base64.b64encode(hashlib.sha256(style.encode()).digest()).decode()
     policy = html.unescape(re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page).group(1))
@@ -225,14 +225,15 @@ def test_the_page_allows_its_only_style_sheet_by_hash_in_its_own_policy(root):
 
 def test_a_missing_suite_and_a_missing_dataset_show_as_not_run(root, tmp_path):
     write_summary(root, "lineage", [expectation("terminal_declared", success=False, severity="warn")], docs=False)
-    page = read_page(root, write_report_index(str(root), BATCH))
+    page = read_page(root, write_report_index(Batch.open(str(root), BATCH)))
     assert '<span class="badge warned">warned</span>' in page and '<span class="badge not-run">not run</span>' in page
     assert "not run: no completed run under <code>reports/dataset/</code>" in page and "not validated" in page
     assert "no Data Docs at reports/lineage/run-000/index.html" in page
 
     planned_only = tmp_path / "planned"
-    plan_batch(str(planned_only), report_config())
-    page = read_page(planned_only, write_report_index(str(planned_only), BATCH))
+    config = report_config()
+    plan_batch(Batch.open(str(planned_only), config.batch_id), config)
+    page = read_page(planned_only, write_report_index(Batch.open(str(planned_only), BATCH)))
     assert page.count('<span class="badge not-run">not run</span>') == 2
     assert "not built" in page and page.count("not run: the dataset has not been staged") == 6
     assert '>Rollouts planned</div><div class="value">32</div>' in page
@@ -243,7 +244,7 @@ def test_an_unreadable_summary_is_shown_not_raised(root):
     folder = root / "batches" / BATCH / "reports" / "dataset" / "run-000"
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text("{not json")
-    page = read_page(root, write_report_index(str(root), BATCH))
+    page = read_page(root, write_report_index(Batch.open(str(root), BATCH)))
     assert '<span class="badge unreadable">unreadable</span>' in page and "validation unreadable" in page
     assert "unreadable: " in page and "run-000/summary.json" in page
 
@@ -251,19 +252,19 @@ def test_an_unreadable_summary_is_shown_not_raised(root):
 def test_a_rerun_replaces_the_page_and_keeps_each_distinct_version(root):
     reports = root / "batches" / BATCH / "reports"
     write_summary(root, "lineage", [expectation("parents_resolve", success=False, examples=["x"])])
-    first = read_page(root, write_report_index(str(root), BATCH))
-    write_report_index(str(root), BATCH)  # same inputs: same bytes, nothing new
+    first = read_page(root, write_report_index(Batch.open(str(root), BATCH)))
+    write_report_index(Batch.open(str(root), BATCH))  # same inputs: same bytes, nothing new
     assert len(list(reports.glob("index-*.html"))) == 1
 
     write_summary(root, "lineage", [expectation("parents_resolve")], run=1)
-    second = read_page(root, write_report_index(str(root), BATCH))
+    second = read_page(root, write_report_index(Batch.open(str(root), BATCH)))
     assert "validation failed" in first and "run-001" in second and '<span class="badge passed">passed</span>' in second
     assert sorted(p.read_text(encoding="utf-8") for p in reports.glob("index-*.html")) == sorted([first, second])
     assert not [p for p in reports.iterdir() if p.name.startswith(".tmp-")]
 
 
 def test_the_audit_plot_is_drawn_from_the_audit_statistics(root):
-    inputs = read_report_inputs(batch_store(str(root), BATCH))
+    inputs = read_report_inputs(Batch.open(str(root), BATCH))
     audit = AuditReport(
         model_path="/models/smollm2",
         temperature=0.8,
@@ -300,7 +301,7 @@ def test_the_audit_plot_is_drawn_from_the_audit_statistics(root):
 
 def test_the_reward_plot_samples_evenly_spaced_groups_of_a_large_batch(root, monkeypatch):
     monkeypatch.setattr(report, "MAX_GROUPS_SHOWN", 3)
-    profile = read_report_inputs(batch_store(str(root), BATCH)).profile
+    profile = read_report_inputs(Batch.open(str(root), BATCH)).profile
     assert [g.group_id for g in profile.group_rewards] == ["g000000", "g000003", "g000006"]
     assert profile.groups == 8 and profile.rows == 32 == profile.lengths.size == profile.num_turns.size
     assert sum(len(g.trainable) for g in profile.group_rewards) <= 12
@@ -350,13 +351,13 @@ def test_the_page_is_written_and_replaced_on_object_storage_without_local_files(
     memory.put(str(root), "/report-root", recursive=True)
     url = "memory://report-root"
     try:
-        assert write_report_index(url, BATCH) == INDEX
+        assert write_report_index(Batch.open(url, BATCH)) == INDEX
         first = memory.cat_file(f"/report-root/batches/{BATCH}/{INDEX}").decode()
         memory.pipe_file(
             f"/report-root/batches/{BATCH}/reports/lineage/run-000/summary.json",
             summary_of("lineage", [expectation("call_ids_unique")]).to_json().encode(),
         )
-        write_report_index(url, BATCH)
+        write_report_index(Batch.open(url, BATCH))
         second = memory.cat_file(f"/report-root/batches/{BATCH}/{INDEX}").decode()
         assert "not validated" in first and '<span class="badge passed">passed</span>' in second
         assert len(memory.glob(f"/report-root/batches/{BATCH}/reports/index-*.html")) == 2

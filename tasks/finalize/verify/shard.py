@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.errors import StorageIntegrityError, UncommittedShardError
 from tasks.finalize import reasons as r
@@ -39,31 +40,29 @@ from tasks.finalize.verify.fetch import fetch_chains
 from tasks.finalize.verify.guards import rollout_verdict
 from tasks.finalize.verify.staged_rows import ChainRows
 from tasks.finalize.verify.verdicts import Linearized, VerdictsBuilder, VerifiedRollouts
-from tasks.plan import read_shard_plan
 from tasks.records.ledger import Receipt
 from tasks.records.planned import PlannedRollout
-from tasks.storage.ledger_reader import LedgerReader, LedgerTables
-from tasks.storage.objects import ObjectStore
+from tasks.storage.ledger_reader import LedgerTables
 from tasks.storage.staged_reader import StagedReader
 
 log = logging.getLogger(__name__)
 
 
-def prepare_shard(store: ObjectStore, shard: int, config: BatchConfig) -> PreparedShard:
+def prepare_shard(batch: Batch, shard: int, config: BatchConfig) -> PreparedShard:
     """Read and convert everything the verification of ``shard`` needs; :meth:`PreparedShard.verify` checks it.
 
-    ``store`` is rooted at the batch directory. Raises :class:`UncommittedShardError` when the
+    ``config`` is the batch's, with finalize's overrides. Raises :class:`UncommittedShardError` when the
     shard has no marker (a precondition of finalization, not a property of one rollout); a
     ledger that fails its integrity checks rejects every planned rollout with that reason.
     """
-    plan = read_shard_plan(store, config, shard)
+    plan = batch.shard_plan(shard)
     try:
-        ledger = LedgerReader(store, shard)
+        ledger = batch.ledger(shard)
     except UncommittedShardError:
         raise
     except StorageIntegrityError as exc:
         return PreparedShard(config=config, shard=shard, plan=plan, read=exc)
-    reader = StagedReader(store, segment_sha256=ledger.segment_sha256, cached_segments=0)
+    reader = StagedReader(batch.store, segment_sha256=ledger.segment_sha256, cached_segments=0)
     return prepare_ledger(config, shard, plan, ledger.tables, ledger_batch_id=ledger.marker.batch_id, reader=reader)
 
 
