@@ -5,23 +5,26 @@ vLLM runs its engine core and workers in child processes. When their parent is k
 writes to again, holding gigabytes of memory (GPU memory, on a GPU), and the retry's engine
 starts next to them. Start-up takes 30-80 s, and a kill can land anywhere in it.
 
-A :class:`Reaper` is a watchdog process, started before the engine. Every process started inside
-its :meth:`Reaper.marking` block (the engine's start) carries two marks, and passes them on to
-the processes it starts in turn:
+A :class:`Reaper` is a watchdog process started just before the engine (:meth:`Reaper.start`
+returns once it has seen what was already there). Until told the engine has started
+(:meth:`Reaper.started`) it looks at its parent's process tree every ``scan_seconds`` and
+remembers every process that was not there when it started; the engine's processes are those
+and whatever they start. It waits until its parent has ended (the kernel gives the watchdog
+another parent) or asks it to reap (:meth:`Reaper.reap`), then stops the remembered processes
+and their descendants: SIGTERM, then SIGKILL after a grace period, again until none is left. A
+process started after the last look and before the parent died is found too: the parent's
+orphans go where the watchdog went, so the watchdog takes the processes of its new parent that
+are in its old parent's process group and were born since that last look.
 
-* an environment variable holding the reaper's token: inherited by every program executed
-  (vLLM's ``spawn`` start method, and whatever the engine processes run);
-* an open file descriptor of the reaper's marker pipe: inherited by every ``fork`` (vLLM's default
-  start method), which leaves ``/proc/PID/environ`` as it was when the parent started.
+What a process carries cannot mark it: vLLM's processes rename themselves (``VLLM::EngineCore``),
+which on Linux overwrites the environment ``/proc`` shows, and its ``spawn`` start method closes
+inherited file descriptors. Nor is a process group of their own an option: they inherit their
+parent's, and moving the parent would take it out of its terminal's foreground group (Ctrl-C).
 
-The watchdog waits until its parent has ended (the kernel gives it another parent) or asks it to
-reap (:meth:`Reaper.reap`), then stops every process that carries a mark: SIGTERM, then SIGKILL
-after a grace period, scanning again until none is left. Marks are found by scanning
-``/proc`` when it is time to reap, so a process started an instant before the kill is found as
-surely as one started a minute earlier; the parent's process tree would not do, as its
-processes are re-parented the moment it dies. multiprocessing's resource tracker is started
-before the marks are set: it must outlive its users to remove what they leaked, and it ends by
-itself once they are gone. Run as ``python -m tasks.engines.reaper OWNER GRACE TOKEN MARKER``.
+multiprocessing's resource tracker is started before the watchdog: it must outlive its users to
+remove what they leaked, and it ends by itself once they are gone. Processes other than the
+engine's that this process starts during the engine's start-up are taken for the engine's.
+Run as ``python -m tasks.engines.reaper OWNER GRACE SCAN_SECONDS``.
 """
 
 from __future__ import annotations
@@ -32,140 +35,87 @@ import select
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable
 from multiprocessing import resource_tracker
 
 import psutil
 
 GRACE_SECONDS = 5.0
-POLL_SECONDS = 0.2  # how often the watchdog looks at its parent pid
+SCAN_SECONDS = 0.1  # how often the watchdog looks at its parent's tree during start-up
+POLL_SECONDS = 0.2  # how often it checks that its parent is alive
+BIRTH_SLACK_SECONDS = 0.05  # start times in /proc have clock-tick resolution
 KILL_ROUNDS = 5
-MARK_VARIABLE = "ROLLOUT_LEDGER_ENGINE_REAPER"
+WATCHING = b"watching\n"  # the watchdog's answers on its stdout
+STARTED = b"started\n"
 
 
 class Reaper:
-    """The watchdog of the processes one engine starts. Start it with :meth:`start`, before the engine."""
+    """The watchdog of the processes one engine starts. Start it with :meth:`start`, just before the engine."""
 
-    def __init__(self, watchdog: subprocess.Popen[bytes], token: str, marker_fd: int) -> None:
+    def __init__(self, watchdog: subprocess.Popen[bytes]) -> None:
         self._watchdog = watchdog
-        self._token = token
-        self._marker_fd: int | None = marker_fd
 
     @classmethod
-    def start(cls, *, grace: float = GRACE_SECONDS) -> Reaper:
-        """Start a watchdog for this process; nothing is marked until :meth:`marking`."""
+    def start(cls, *, grace: float = GRACE_SECONDS, scan_seconds: float = SCAN_SECONDS) -> Reaper:
+        """Start a watchdog for the processes this process starts from now on, until :meth:`started`."""
         resource_tracker.ensure_running()
-        read_end, marker_fd = os.pipe()  # non-inheritable across exec: only forks share the write end
-        os.close(read_end)
-        token = uuid.uuid4().hex
         watchdog = subprocess.Popen(
-            [sys.executable, "-m", "tasks.engines.reaper", str(os.getpid()), str(grace), token, _pipe_link(marker_fd)],
-            stdin=subprocess.PIPE,  # reap() writes a line here
-            stdout=subprocess.DEVNULL,
+            [sys.executable, "-m", "tasks.engines.reaper", str(os.getpid()), str(grace), str(scan_seconds)],
+            stdin=subprocess.PIPE,  # started() and reap() write a line here
+            stdout=subprocess.PIPE,  # it answers here: it has looked
             start_new_session=True,  # a signal to this process's group (Ctrl-C) does not reach it
         )
-        return cls(watchdog, token, marker_fd)
+        reaper = cls(watchdog)
+        if not reaper._answered(WATCHING):
+            reaper.stop()
+            raise RuntimeError(f"the engine watchdog did not start (exit status {watchdog.returncode})")
+        return reaper
 
     @property
     def pid(self) -> int:
         return self._watchdog.pid
 
-    @contextlib.contextmanager
-    def marking(self) -> Iterator[None]:
-        """Within the block, every process started from this one (and all they start) carries this reaper's marks.
+    def started(self) -> None:
+        """The engine is up: what was started so far is the engine's, what comes later is not (returns after a look)."""
+        if self._send(b"started\n"):
+            self._answered(STARTED)
 
-        One block per reaper: at its end the marker pipe is closed here (the marked processes keep
-        theirs) and the environment is restored, so processes started later are not marked.
-        """
-        if self._marker_fd is None:
-            raise RuntimeError("this reaper has marked its processes already")
-        saved = os.environ.get(MARK_VARIABLE)
-        os.environ[MARK_VARIABLE] = self._token
-        try:
-            yield
-        finally:
-            if saved is None:
-                os.environ.pop(MARK_VARIABLE, None)
-            else:
-                os.environ[MARK_VARIABLE] = saved
-            self._close_marker()
+    def _answered(self, answer: bytes) -> bool:
+        return self._watchdog.stdout is not None and self._watchdog.stdout.readline() == answer
 
     def reap(self) -> None:
-        """Stop every marked process now, as if this process had ended, and wait for the watchdog to finish."""
-        if self._watchdog.poll() is None and self._watchdog.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                self._watchdog.stdin.write(b"reap\n")
-                self._watchdog.stdin.flush()
+        """Stop the engine's processes now, as if this process had ended, and wait for the watchdog to finish."""
+        if self._send(b"reap\n"):
             self._watchdog.wait()
-        self._release()
+        self._close()
 
     def stop(self) -> None:
-        """End the watchdog and leave the marked processes alone (the engine was shut down in order): idempotent."""
+        """End the watchdog and leave the processes alone (the engine was shut down in order): idempotent."""
         if self._watchdog.poll() is None:
             self._watchdog.kill()
             self._watchdog.wait()
-        self._release()
+        self._close()
 
-    def _release(self) -> None:
-        self._close_marker()
-        if self._watchdog.stdin is not None:
-            self._watchdog.stdin.close()
+    def _send(self, line: bytes) -> bool:
+        if self._watchdog.poll() is not None or self._watchdog.stdin is None or self._watchdog.stdin.closed:
+            return False
+        try:
+            self._watchdog.stdin.write(line)
+            self._watchdog.stdin.flush()
+        except BrokenPipeError:
+            return False
+        return True
 
-    def _close_marker(self) -> None:
-        if self._marker_fd is not None:
-            os.close(self._marker_fd)
-            self._marker_fd = None
-
-
-def _pipe_link(fd: int) -> str:
-    """How ``/proc/PID/fd/N`` reads for a descriptor of the pipe ``fd`` belongs to."""
-    return f"pipe:[{os.fstat(fd).st_ino}]"
-
-
-def marked_processes(token: str, marker: str, *, exclude: frozenset[int] = frozenset()) -> list[psutil.Process]:
-    """Running processes (this user's: others' cannot be read) that carry the mark ``token`` or hold ``marker``."""
-    found = []
-    for process in psutil.process_iter():
-        if process.pid in exclude:
-            continue
-        with contextlib.suppress(psutil.Error, OSError):
-            if process.environ().get(MARK_VARIABLE) == token or _holds(process.pid, marker):
-                found.append(process)
-    return found
+    def _close(self) -> None:
+        for pipe in (self._watchdog.stdin, self._watchdog.stdout):
+            if pipe is not None:
+                with contextlib.suppress(BrokenPipeError):
+                    pipe.close()
 
 
-def _holds(pid: int, marker: str) -> bool:
-    folder = f"/proc/{pid}/fd"
-    for fd in os.listdir(folder):
-        with contextlib.suppress(OSError):
-            if os.readlink(f"{folder}/{fd}") == marker:
-                return True
-    return False
-
-
-def stop_marked(token: str, marker: str, *, grace: float, exclude: frozenset[int] = frozenset()) -> None:
-    """SIGTERM every marked process, SIGKILL what is left after ``grace`` s, and again until none is left."""
-    targets = marked_processes(token, marker, exclude=exclude)
-    for process in targets:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.terminate()
-    _wait_ended(targets, grace)
-    for _ in range(KILL_ROUNDS):
-        left = marked_processes(token, marker, exclude=exclude)
-        if not left:
-            return
-        for process in left:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        _wait_ended(left, 1.0)
-
-
-def _wait_ended(processes: list[psutil.Process], timeout: float) -> None:
-    """Wait up to ``timeout`` s until each of ``processes`` has ended (a zombie has: only its parent can reap it)."""
-    deadline = time.monotonic() + timeout
-    while any(_running(p) for p in processes) and time.monotonic() < deadline:
-        time.sleep(0.05)
+def _since_boot(process: psutil.Process) -> float:
+    """When ``process`` started, in seconds since boot (the clock of ``CLOCK_BOOTTIME``)."""
+    return process.create_time() - psutil.boot_time()
 
 
 def _running(process: psutil.Process) -> bool:
@@ -175,14 +125,119 @@ def _running(process: psutil.Process) -> bool:
         return False
 
 
-def _watch(owner: int, grace: float, token: str, marker: str) -> None:
-    """Wait until ``owner`` (the parent) has ended or stdin has a line (or EOF), then stop the marked processes."""
-    while os.getppid() == owner:
-        readable, _, _ = select.select([sys.stdin], [], [], POLL_SECONDS)
-        if readable:
+class _Watch:
+    """What the watchdog knows: its parent, the processes that were there before, and those born since."""
+
+    def __init__(self, owner: psutil.Process) -> None:
+        self.owner = owner
+        self.group = os.getpgid(owner.pid)
+        self.me = os.getpid()
+        self.before = {(p.pid, p.create_time()) for p in owner.children(recursive=True)}
+        self.born: dict[int, psutil.Process] = {}
+        self.last_scan = time.clock_gettime(time.CLOCK_BOOTTIME)
+
+    def scan(self) -> None:
+        """Remember every process of the parent's tree that was not there before (this one aside)."""
+        self.last_scan = time.clock_gettime(time.CLOCK_BOOTTIME)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for process in self.owner.children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if process.pid != self.me and (process.pid, process.create_time()) not in self.before:
+                        self.born.setdefault(process.pid, process)
+
+    def orphans_since_last_scan(self) -> list[psutil.Process]:
+        """Processes the dead parent's tree started after the last scan: re-parented where this one was."""
+        found = []
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for process in psutil.Process(os.getppid()).children():
+                with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                    if (
+                        process.pid != self.me
+                        and os.getpgid(process.pid) == self.group
+                        and _since_boot(process) >= self.last_scan - BIRTH_SLACK_SECONDS
+                    ):
+                        found.append(process)
+        return found
+
+
+def stop_processes(processes: Iterable[psutil.Process], *, grace: float) -> None:
+    """SIGTERM ``processes`` and their descendants, SIGKILL what is left after ``grace`` s, again until none is."""
+    targets = _with_descendants({p.pid: p for p in processes})
+    for process in targets.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _wait_ended(targets.values(), grace)
+    for _ in range(KILL_ROUNDS):
+        targets = _with_descendants(targets)
+        left = [p for p in targets.values() if _running(p)]
+        if not left:
+            return
+        for process in left:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        _wait_ended(left, 1.0)
+
+
+def _with_descendants(processes: dict[int, psutil.Process]) -> dict[int, psutil.Process]:
+    found = dict(processes)
+    for process in processes.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in process.children(recursive=True):
+                found.setdefault(child.pid, child)
+    return found
+
+
+def _wait_ended(processes: Iterable[psutil.Process], timeout: float) -> None:
+    """Wait up to ``timeout`` s until each of ``processes`` has ended (a zombie has: only its parent can reap it)."""
+    processes = list(processes)
+    deadline = time.monotonic() + timeout
+    while any(_running(p) for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _watch(owner_pid: int, grace: float, scan_seconds: float) -> None:
+    """Remember the parent's new processes until ``started``; when the parent is gone (or on ``reap``), stop them."""
+    try:
+        watch = _Watch(psutil.Process(owner_pid))
+    except psutil.NoSuchProcess:
+        return  # the parent died before anything could be watched: it started nothing after us
+    _answer(WATCHING)
+    scanning, next_scan, pending = True, 0.0, b""
+    while os.getppid() == owner_pid:
+        if scanning and time.monotonic() >= next_scan:
+            watch.scan()
+            next_scan = time.monotonic() + scan_seconds
+        readable, _, _ = select.select([0], [], [], min(POLL_SECONDS, scan_seconds) if scanning else POLL_SECONDS)
+        if not readable:
+            continue
+        data = os.read(0, 4096)
+        if not data:  # EOF: the parent is exiting; its children are re-parented in a moment
+            _wait_for_new_parent(owner_pid)
             break
-    stop_marked(token, marker, grace=grace, exclude=frozenset({os.getpid(), owner}))
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        if b"reap" in lines:
+            if scanning:
+                watch.scan()
+            break
+        if b"started" in lines:
+            watch.scan()
+            scanning = False
+            _answer(STARTED)
+    orphans = watch.orphans_since_last_scan() if scanning and os.getppid() != owner_pid else []
+    stop_processes([*watch.born.values(), *orphans], grace=grace)
+
+
+def _answer(answer: bytes) -> None:
+    with contextlib.suppress(BrokenPipeError):  # the parent is gone: reaping comes next
+        os.write(1, answer)
+
+
+def _wait_for_new_parent(owner_pid: int, timeout: float = 1.0) -> None:
+    deadline = time.monotonic() + timeout
+    while os.getppid() == owner_pid and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 if __name__ == "__main__":
-    _watch(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4])
+    _watch(int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]))

@@ -1,10 +1,10 @@
-"""The reaper stops the processes started inside its marking block once the process that started them is gone.
+"""The reaper stops the processes its parent started after it, once the parent is gone, however it went.
 
-Real processes: a parent (standing in for ``rollout-ledger generate``) starts its reaper, then,
-inside the marking block, one sleeper by exec (as vLLM's ``spawn`` does) and one by fork (vLLM's
-default), and after the block one unmarked sleeper; the test then kills the parent, or the parent
-asks its reaper to reap or to stop. The real engine's start-up is covered by
-tests/engines/test_vllm_start_kill.py.
+Real processes: a parent (standing in for ``rollout-ledger generate``) starts one sleeper, then
+its reaper, then two sleepers standing in for the engine's processes (one by exec, as vLLM's
+``spawn`` does, one by fork, vLLM's default elsewhere), tells the reaper the engine has started
+and starts one more sleeper; the test then kills the parent, or the parent dies at once, or asks
+its reaper to reap or to stop. The real engine's start-up: tests/engines/test_vllm_start_kill.py.
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ import psutil
 import pytest
 
 PARENT = """
-import json, os, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
 from tasks.engines.reaper import Reaper
-sleeper, grace, then = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+sleeper, grace, scan_seconds, then = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 
-def forked_sleeper():
+def start(how):
+    if how == "exec":
+        return subprocess.Popen([sys.executable, "-c", sleeper]).pid
     pid = os.fork()
     if pid == 0:
         try:
@@ -33,15 +35,21 @@ def forked_sleeper():
             os._exit(0)
     return pid
 
-reaper = Reaper.start(grace=grace)
-with reaper.marking():
-    marked = [subprocess.Popen([sys.executable, "-c", sleeper]).pid, forked_sleeper()]
-unmarked = subprocess.Popen([sys.executable, "-c", sleeper]).pid
+before = start("exec")
+reaper = Reaper.start(grace=grace, scan_seconds=scan_seconds)
+engine = [start("exec"), start("fork")]
+pids = {"before": before, "engine": engine, "watchdog": reaper.pid}
+if then == "die-at-once":
+    print(json.dumps(pids), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+if then == "reap":
+    reaper.reap()
+else:
+    reaper.started()
+pids["after"] = start("exec")
 if then == "stop":
     reaper.stop()
-elif then == "reap":
-    reaper.reap()
-print(json.dumps({"marked": marked, "unmarked": unmarked, "watchdog": reaper.pid}), flush=True)
+print(json.dumps(pids), flush=True)
 time.sleep(600)
 """
 SLEEPER = "import time; time.sleep(600)"
@@ -52,9 +60,11 @@ STARTS_ITS_OWN = (
 )
 
 
-def start_parent(sleeper: str, *, grace: float = 5.0, then: str = "watch") -> tuple[subprocess.Popen, dict]:
+def start_parent(
+    sleeper: str, *, then: str = "started", grace: float = 5.0, scan_seconds: float = 0.1
+) -> tuple[subprocess.Popen, dict]:
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, sleeper, str(grace), then],
+        [sys.executable, "-c", PARENT, sleeper, str(grace), str(scan_seconds), then],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": os.getcwd()},
@@ -92,33 +102,48 @@ def end(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def bystanders(pids: dict) -> list[int]:
+    return [pids["before"], *([pids["after"]] if "after" in pids else [])]
+
+
 @pytest.mark.parametrize(
     "sleeper", [SLEEPER, IGNORES_SIGTERM, STARTS_ITS_OWN], ids=["stops-on-sigterm", "ignores-sigterm", "starts-its-own"]
 )
-def test_the_marked_processes_end_when_their_parent_is_killed_with_sigkill(sleeper):
+def test_the_engine_processes_end_when_their_parent_is_killed_with_sigkill(sleeper):
     parent, pids = start_parent(sleeper, grace=1.0)
-    grandchildren = descendants(pids["marked"], at_least=2) if sleeper == STARTS_ITS_OWN else []
+    grandchildren = descendants(pids["engine"], at_least=2) if sleeper == STARTS_ITS_OWN else []
     try:
-        assert all(running(p) for p in pids["marked"] + grandchildren)
+        assert all(running(p) for p in pids["engine"] + grandchildren)
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        assert wait_until_gone(pids["marked"] + grandchildren, timeout=15) == []
+        assert wait_until_gone(pids["engine"] + grandchildren, timeout=15) == []
         assert wait_until_gone([pids["watchdog"]], timeout=10) == []
-        assert running(pids["unmarked"]), "a process started after the marking block is not the engine's"
+        assert all(running(p) for p in bystanders(pids)), "processes started before the reaper or after started()"
     finally:
-        end(pids["marked"] + grandchildren + [pids["unmarked"]])
+        end(pids["engine"] + grandchildren + bystanders(pids))
 
 
-def test_reap_stops_the_marked_processes_now_and_leaves_the_parent_running():
+def test_processes_started_after_the_watchdogs_last_look_are_found_when_the_parent_dies():
+    parent, pids = start_parent(SLEEPER, then="die-at-once", scan_seconds=3600)  # it looks once, at its start
+    try:
+        parent.wait()
+        assert wait_until_gone(pids["engine"], timeout=15) == []
+        assert wait_until_gone([pids["watchdog"]], timeout=10) == []
+        assert running(pids["before"])
+    finally:
+        end(pids["engine"] + bystanders(pids))
+
+
+def test_reap_stops_the_engine_processes_now_and_leaves_the_parent_running():
     parent, pids = start_parent(SLEEPER, then="reap")
     try:
-        assert wait_until_gone(pids["marked"] + [pids["watchdog"]], timeout=1) == []
+        assert wait_until_gone(pids["engine"] + [pids["watchdog"]], timeout=1) == []
         assert parent.poll() is None
-        assert running(pids["unmarked"])
+        assert all(running(p) for p in bystanders(pids))
     finally:
         parent.kill()
         parent.wait()
-        end(pids["marked"] + [pids["unmarked"]])
+        end(pids["engine"] + bystanders(pids))
 
 
 def test_a_stopped_reaper_leaves_the_processes_alone():
@@ -128,19 +153,6 @@ def test_a_stopped_reaper_leaves_the_processes_alone():
         parent.kill()
         parent.wait()
         time.sleep(1.0)
-        assert all(running(p) for p in pids["marked"])
+        assert all(running(p) for p in pids["engine"])
     finally:
-        end(pids["marked"] + [pids["unmarked"]])
-
-
-def test_a_reaper_marks_once():
-    from tasks.engines.reaper import Reaper
-
-    reaper = Reaper.start()
-    try:
-        with reaper.marking():
-            pass
-        with pytest.raises(RuntimeError, match="marked its processes already"), reaper.marking():
-            pass
-    finally:
-        reaper.stop()
+        end(pids["engine"] + bystanders(pids))

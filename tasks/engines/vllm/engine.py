@@ -105,7 +105,7 @@ class VllmEngine(Engine):
         before = {p.pid for p in engine_processes()}
         reaper = Reaper.start()
         try:
-            with scoped_environ(cpu_env_defaults(options, os.environ) if on_cpu else {}), reaper.marking():
+            with scoped_environ(cpu_env_defaults(options, os.environ) if on_cpu else {}):
                 # No local holds the AsyncLLM: a module vLLM imports lazily keeps this frame alive, and a
                 # local here would keep the engine alive past close() (its __del__ then fails at exit).
                 engine = cls(
@@ -114,6 +114,7 @@ class VllmEngine(Engine):
         except BaseException:
             reaper.reap()
             raise
+        reaper.started()
         engine._processes = [p for p in engine_processes() if p.pid not in before]
         engine._reaper = reaper
         return engine
