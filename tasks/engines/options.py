@@ -29,7 +29,12 @@ _NOUNS: Mapping[type, str] = {
     str: "a string",
     dict: "a JSON object",
 }
-_BOUNDS = ((annotated_types.Ge, "ge", ">="), (annotated_types.Gt, "gt", ">"), (annotated_types.Le, "le", "<="))
+_BOUNDS = (
+    (annotated_types.Ge, "ge", ">="),
+    (annotated_types.Gt, "gt", ">"),
+    (annotated_types.Le, "le", "<="),
+    (annotated_types.Lt, "lt", "<"),
+)
 
 
 class EngineOptions(BaseModel):

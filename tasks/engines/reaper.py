@@ -160,7 +160,7 @@ class _Watch:
         return found
 
 
-def stop_processes(processes: Iterable[psutil.Process], *, grace: float) -> None:
+def _stop_processes(processes: Iterable[psutil.Process], *, grace: float) -> None:
     """SIGTERM ``processes`` and their descendants, SIGKILL what is left after ``grace`` s, again until none is."""
     targets = _with_descendants({p.pid: p for p in processes})
     for process in targets.values():
@@ -225,7 +225,7 @@ def _watch(owner_pid: int, grace: float, scan_seconds: float) -> None:
             scanning = False
             _answer(STARTED)
     orphans = watch.orphans_since_last_scan() if scanning and os.getppid() != owner_pid else []
-    stop_processes([*watch.born.values(), *orphans], grace=grace)
+    _stop_processes([*watch.born.values(), *orphans], grace=grace)
 
 
 def _answer(answer: bytes) -> None:
