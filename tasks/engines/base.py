@@ -1,4 +1,4 @@
-"""The engine contract: one interface every inference backend implements (vLLM today).
+"""The engine contract: one interface every inference backend implements (vLLM, Megatron-core).
 
 An engine generates from token-id prompts and returns exactly what it sampled: the token ids,
 each sampled token's logprob under the distribution it was sampled from (``processed``:
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -81,29 +82,44 @@ class GenerationResult:
 
 
 class Engine(abc.ABC):
-    """An inference backend. Create it, ``await generate(...)`` concurrently, ``await close()``."""
+    """An inference backend. Create it, ``await generate(...)`` concurrently, ``await close()``.
+
+    The base keeps what every engine reports the same way: the served tokenizer, ``max_model_len``
+    and the weight version, set once by :meth:`__init__`; a refit moves ``_weight_version``.
+    An engine the registry starts by name (:mod:`tasks.engines.registry`) implements :meth:`create`.
+    """
 
     name: str = "engine"
 
+    def __init__(self, *, tokenizer: Any, max_model_len: int, weight_version: int = 0) -> None:
+        self._tokenizer = tokenizer
+        self._max_model_len = int(max_model_len)
+        self._weight_version = weight_version
+
+    @classmethod
+    async def create(cls, model_path: str | Path, options: Any, *, weight_version: int = 0) -> Engine:
+        """Start the engine on the local model folder ``model_path`` with its options model, at ``weight_version``."""
+        raise NotImplementedError(f"{cls.__name__} is not started by name")
+
     @property
-    @abc.abstractmethod
     def weight_version(self) -> int:
         """Version of the weights now loaded; stamped on each call at admission."""
+        return self._weight_version
 
     @property
-    @abc.abstractmethod
     def tokenizer(self) -> Any:
         """The Hugging Face tokenizer (with chat template) matching the served weights."""
+        return self._tokenizer
 
     @property
-    @abc.abstractmethod
     def eos_token_id(self) -> int:
-        """End-of-turn token id: the splice boundary of ARCHITECTURE section 6."""
+        """End-of-turn token id: the splice boundary (docs/contract.md)."""
+        return int(self._tokenizer.eos_token_id)
 
     @property
-    @abc.abstractmethod
     def max_model_len(self) -> int:
         """Longest prompt + generation the engine accepts, in tokens."""
+        return self._max_model_len
 
     @abc.abstractmethod
     async def generate(self, request: GenerationRequest) -> GenerationResult:

@@ -15,8 +15,7 @@ import pytest
 from tasks.config import EngineSpec
 from tasks.engines import check_engine, create_engine
 from tasks.engines.base import SamplingSettings
-from tasks.engines.megatron import (
-    MegatronOptions,
+from tasks.engines.megatron.engine import (
     MegatronSampling,
     MegatronUnavailableError,
     megatron_sampling,
@@ -24,6 +23,7 @@ from tasks.engines.megatron import (
     require_megatron,
     to_generation_result,
 )
+from tasks.engines.megatron.options import MegatronOptions
 from tasks.errors import ConfigError, EngineError
 
 needs_no_megatron_machine = pytest.mark.skipif(

@@ -1,8 +1,8 @@
-"""The Megatron engine's step thread (tasks/engines/megatron_stepper.py) on CPU, with a fake step backend.
+"""The Megatron engine's step thread (tasks/engines/megatron/stepper.py) on CPU, with a fake step backend.
 
 ``FakeStepBackend`` stands in for megatron's dynamic engine: a request (payload = how many steps
 it needs) finishes after that many steps and returns the weight versions it was stepped under.
-Also :class:`tasks.engines.megatron._MegatronStepBackend` over a fake megatron engine, to check
+Also :class:`tasks.engines.megatron.engine._MegatronStepBackend` over a fake megatron engine, to check
 that megatron's request futures live on the step thread's own loop.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tasks.engines.megatron_stepper import StepThread
+from tasks.engines.megatron.stepper import StepThread
 from tasks.errors import EngineDeadError, EngineError
 
 TIMEOUT = 10
@@ -310,7 +310,7 @@ class _FakeMegatronEngine:
 def test_the_megatron_backend_steps_megatron_on_the_thread_own_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """megatron's request futures are created and resolved on the step thread's loop, not the caller's."""
     torch = pytest.importorskip("torch")
-    from tasks.engines.megatron import _Admission, _MegatronStepBackend
+    from tasks.engines.megatron.engine import _Admission, _MegatronStepBackend
 
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from tasks.engines.megatron_weights import LlamaShape, WeightMappingError, llama_shape, qkv_weight, to_megatron
+from tasks.engines.megatron.weights import LlamaShape, WeightMappingError, llama_shape, qkv_weight, to_megatron
 
 CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],

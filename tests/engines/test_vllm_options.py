@@ -12,7 +12,8 @@ import pytest
 
 from tasks.engines import check_engine, create_engine
 from tasks.engines.base import GenerationRequest, SamplingSettings
-from tasks.engines.vllm import LOGPROBS_MODE, VllmEngine, VllmOptions, cpu_env_defaults, to_generation_result
+from tasks.engines.vllm.engine import VllmEngine, cpu_env_defaults, to_generation_result
+from tasks.engines.vllm.options import LOGPROBS_MODE, VllmOptions
 from tasks.errors import EngineError
 
 MODEL = Path("/models/m")
@@ -198,7 +199,7 @@ def test_unservable_prompt_raises_engine_error_before_reaching_vllm(prompt: tupl
 def test_failed_refit_resumes_the_engine_and_then_refuses_requests(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import tasks.engines.vllm as vllm_module
+    import tasks.engines.vllm.engine as vllm_module
 
     monkeypatch.setattr(vllm_module, "check_model_folder", lambda path: path)
     monkeypatch.setattr(vllm_module, "model_provenance", lambda path: {"tokenizer_sha256": "t" * 64})
@@ -227,7 +228,7 @@ def test_engine_names_and_options_are_checked_without_starting_anything() -> Non
 def test_cpu_settings_are_scoped_to_the_engine_start(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from tasks.engines.vllm import scoped_environ
+    from tasks.engines.vllm.engine import scoped_environ
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "user-choice")

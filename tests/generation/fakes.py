@@ -42,32 +42,14 @@ class FakeScriptedEngine(Engine):
         weight_version: int = 0,
         record: bool = True,
     ) -> None:
-        self._tokenizer = tokenizer
+        super().__init__(tokenizer=tokenizer, max_model_len=max_model_len, weight_version=weight_version)
         self._reply = reply
         self._fail = fail
-        self._max_model_len = max_model_len
-        self._version = weight_version
         self._record = record
         self.requests: list[GenerationRequest] = []
         self.results: dict[str, GenerationResult] = {}
         self.prompt_tokens = 0
         self.generated_tokens = 0
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def eos_token_id(self) -> int:
-        return int(self._tokenizer.eos_token_id)
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         await asyncio.sleep(0)
@@ -96,8 +78,8 @@ class FakeScriptedEngine(Engine):
         return result
 
     async def update_weights(self, model_path: str, *, version: int | None = None) -> int:
-        self._version = next_weight_version(self._version, version)
-        return self._version
+        self._weight_version = next_weight_version(self._weight_version, version)
+        return self._weight_version
 
     async def close(self) -> None:
         return None

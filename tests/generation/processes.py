@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from tasks.engines.vllm import engine_processes
+from tasks.engines.vllm.engine import engine_processes
 
 PROGRESS = re.compile(r"shard 0: (\d+)/(\d+) rollouts done")
 ENGINE_START_TIMEOUT = 300

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,104 +27,17 @@ import numpy as np
 import psutil
 
 from tasks.engines.base import FINISH_REASONS, Engine, GenerationRequest, GenerationResult, next_weight_version
-from tasks.engines.reaper import Reaper, reap_with_this_process
+from tasks.engines.reaper import Reaper
+from tasks.engines.vllm.options import VllmOptions
 from tasks.errors import EngineDeadError, EngineError, ModelFolderError
 from tasks.models.bundled import check_model_folder, load_tokenizer
 from tasks.models.provenance import model_provenance
 
 log = logging.getLogger(__name__)
-LOGPROBS_MODE = "processed_logprobs"
 ENGINE_EXIT_GRACE_SECONDS = 10.0
 ENGINE_PROCESS_PREFIX = "VLLM"
 # vLLM-CPU settings applied only where the user has not set them (CPU platform only).
 CPU_KVCACHE_GIB = "1"
-CPU_MIN_BATCHED_TOKENS = 2048
-# Engine arguments this module decides; engine_kwargs may not override them.
-RESERVED_ENGINE_KWARGS = frozenset({"model", "tokenizer", "logprobs_mode", "skip_tokenizer_init"})
-
-
-@dataclass(frozen=True)
-class VllmOptions:
-    """Engine options of a batch config (``engine_options``); ``None`` means the platform default.
-
-    ``dtype`` defaults to float32 on CPU (deterministic across batch sizes) and ``auto`` on
-    GPU; ``enforce_eager`` to True on CPU (compilation costs minutes there). ``engine_kwargs``
-    passes any other ``AsyncEngineArgs`` field through unchanged.
-    """
-
-    dtype: str | None = None
-    max_model_len: int | None = None
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1
-    enforce_eager: bool | None = None
-    gpu_memory_utilization: float | None = None
-    seed: int = 0
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name in ("tensor_parallel_size", "data_parallel_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"engine option {name} must be an int >= 1, got {value!r}")
-        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
-            raise ValueError(f"engine option max_model_len must be an int >= 2, got {self.max_model_len!r}")
-        if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(
-                f"engine option gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
-            )
-        named = {f.name for f in fields(self)} - {"engine_kwargs"}
-        for key in self.engine_kwargs:
-            if key in named:
-                raise ValueError(f"engine_kwargs.{key}: set it as the engine option {key!r} instead")
-            if key in RESERVED_ENGINE_KWARGS:
-                raise ValueError(f"engine_kwargs.{key}: fixed by the vLLM engine (the data contract needs it)")
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any] | None) -> VllmOptions:
-        """Build from a config mapping; an unknown key is an error naming it."""
-        options = dict(options or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown vllm engine option(s) {unknown}; known: {sorted(known)} (others go in engine_kwargs)"
-            )
-        return cls(**options)
-
-    def engine_args(self, model_path: Path, *, on_cpu: bool) -> dict[str, Any]:
-        """Keyword arguments of ``AsyncEngineArgs`` for serving ``model_path``."""
-        args: dict[str, Any] = {
-            "model": str(model_path),
-            "tokenizer": str(model_path),
-            "dtype": self.dtype or ("float32" if on_cpu else "auto"),
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "data_parallel_size": self.data_parallel_size,
-            "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager,
-            "seed": self.seed,
-            "logprobs_mode": LOGPROBS_MODE,
-            "disable_log_stats": True,
-        }
-        if self.max_model_len is not None:
-            args["max_model_len"] = self.max_model_len
-        if self.gpu_memory_utilization is not None:
-            args["gpu_memory_utilization"] = self.gpu_memory_utilization
-        if on_cpu and "enable_chunked_prefill" not in self.engine_kwargs:
-            # vLLM-CPU 0.32 crashes the engine ("CPU Generator does not use offset") when a seeded
-            # request's prefill is chunked: rewinding its sampler discards needs CUDA generators.
-            # Per-request seeds are part of the contract, so prefills are scheduled whole on CPU.
-            max_len = self.max_model_len or _model_max_len(model_path)
-            args["enable_chunked_prefill"] = False
-            args["max_num_batched_tokens"] = max(max_len, CPU_MIN_BATCHED_TOKENS)
-        return args | self.engine_kwargs
-
-
-def _model_max_len(model_path: Path) -> int:
-    """The model's own context length (``max_position_embeddings`` of its config.json)."""
-    config = json.loads((model_path / "config.json").read_text())
-    value = config.get("max_position_embeddings") or config.get("max_seq_len") or config.get("n_positions")
-    if not isinstance(value, int) or value < 2:
-        raise ValueError(f"{model_path}/config.json names no context length; set the engine option max_model_len")
-    return value
 
 
 def cpu_env_defaults(options: VllmOptions, environ: Mapping[str, str]) -> dict[str, str]:
@@ -149,12 +60,12 @@ class VllmEngine(Engine):
     def __init__(
         self, llm: Any, model_path: Path, tokenizer: Any, tokenizer_sha256: str, *, weight_version: int = 0
     ) -> None:
+        super().__init__(
+            tokenizer=tokenizer, max_model_len=llm.model_config.max_model_len, weight_version=weight_version
+        )
         self._llm = llm
         self._model_path = model_path
-        self._tokenizer = tokenizer
         self._tokenizer_sha256 = tokenizer_sha256
-        self._max_model_len = int(llm.model_config.max_model_len)
-        self._weight_version = weight_version
         self._refit_lock = asyncio.Lock()
         self._failed: str | None = None
         self._closed = False
@@ -169,11 +80,14 @@ class VllmEngine(Engine):
 
         The engine is bound to the running event loop: call it from that loop only. vLLM-CPU's
         environment settings (:func:`cpu_env_defaults`) are set only while the engine processes
-        start, then the process environment is restored (workers are long-lived).
+        start, then the process environment is restored (workers are long-lived). The watchdog
+        (:class:`~tasks.engines.reaper.Reaper`) is up before the first engine process starts: a
+        kill of this process at any moment of start-up, or a failed start, leaves none behind.
         """
         if not isinstance(options, VllmOptions):
             options = VllmOptions.from_mapping(options)
         path = check_model_folder(Path(model_path))
+        tokenizer, tokenizer_sha256 = load_tokenizer(path), model_provenance(path)["tokenizer_sha256"]
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
@@ -182,35 +96,21 @@ class VllmEngine(Engine):
 
         args = AsyncEngineArgs(**options.engine_args(path, on_cpu=on_cpu))
         before = {p.pid for p in engine_processes()}
-        with scoped_environ(cpu_env_defaults(options, os.environ) if on_cpu else {}):
-            # No local holds the AsyncLLM: a module vLLM imports lazily keeps this frame alive, and a
-            # local here would keep the engine alive past close() (its __del__ then fails at exit).
-            engine = cls(
-                AsyncLLM.from_engine_args(args),
-                path,
-                load_tokenizer(path),
-                model_provenance(path)["tokenizer_sha256"],
-                weight_version=weight_version,
-            )
+        reaper = Reaper.start()
+        try:
+            with scoped_environ(cpu_env_defaults(options, os.environ) if on_cpu else {}):
+                # No local holds the AsyncLLM: a module vLLM imports lazily keeps this frame alive, and a
+                # local here would keep the engine alive past close() (its __del__ then fails at exit).
+                engine = cls(
+                    AsyncLLM.from_engine_args(args), path, tokenizer, tokenizer_sha256, weight_version=weight_version
+                )
+        except BaseException:
+            reaper.reap()
+            raise
+        reaper.started()
         engine._processes = [p for p in engine_processes() if p.pid not in before]
-        engine._reaper = reap_with_this_process(engine._processes)
+        engine._reaper = reaper
         return engine
-
-    @property
-    def weight_version(self) -> int:
-        return self._weight_version
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def eos_token_id(self) -> int:
-        return int(self._tokenizer.eos_token_id)
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
 
     @property
     def num_unfinished_requests(self) -> int:

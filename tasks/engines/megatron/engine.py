@@ -2,14 +2,14 @@
 
 Same contract as the vLLM engine (:class:`tasks.engines.base.Engine`): every in-flight
 :meth:`MegatronEngine.generate` is one request in megatron's dynamic batch. The engine is stepped
-in a thread of its own (:class:`tasks.engines.megatron_stepper.StepThread`), not on the event loop
+in a thread of its own (:class:`tasks.engines.megatron.stepper.StepThread`), not on the event loop
 the engine was created on, so a step never holds that loop: admissions go to the thread through a
 FIFO inbox, results come back through ``loop.call_soon_threadsafe``. Only that thread touches the
 megatron engine and model after :meth:`MegatronEngine.create`. Each result carries the sampled ids
 (the stop token included, as vLLM does), one float32 logprob per sampled id under the
 distribution it was sampled from (``processed_logprobs``; greedy rows as vLLM reports them, see
-:class:`tasks.engines.megatron_model.VllmConventionSampling`), the finish reason, and the prompt it
-ran on. The weights are a Hugging Face Llama folder mapped by :mod:`tasks.engines.megatron_weights`.
+:class:`tasks.engines.megatron.model.VllmConventionSampling`), the finish reason, and the prompt it
+ran on. The weights are a Hugging Face Llama folder mapped by :mod:`tasks.engines.megatron.weights`.
 
 A refit (:meth:`MegatronEngine.update_weights`) copies the new weights into the model between two
 engine steps, on the step thread. The version is bumped on the loop in the same breath as the copy
@@ -35,27 +35,23 @@ import itertools
 import logging
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings, next_weight_version
-from tasks.engines.megatron_stepper import StepThread
-from tasks.engines.megatron_weights import LlamaShape, WeightMappingError, load_megatron_state, read_llama_shape
+from tasks.engines.megatron.options import MegatronOptions
+from tasks.engines.megatron.stepper import StepThread
+from tasks.engines.megatron.weights import LlamaShape, WeightMappingError, load_megatron_state, read_llama_shape
 from tasks.errors import EngineDeadError, EngineError, ModelFolderError
 from tasks.models.bundled import check_model_folder, load_tokenizer
 from tasks.models.provenance import model_provenance
 
 log = logging.getLogger(__name__)
 EXTRA = "megatron"
-DTYPES = ("bfloat16", "float32")
 GREEDY_TOP_K = 1
-# InferenceConfig fields this module decides; inference_kwargs may not override them.
-RESERVED_INFERENCE_KWARGS = frozenset(
-    {"max_sequence_length", "max_requests", "buffer_size_gb", "logprobs_mode", "materialize_only_last_token_logits"}
-)
 
 
 class MegatronUnavailableError(RuntimeError):
@@ -84,59 +80,6 @@ def require_gpu() -> None:
             "the megatron engine needs a CUDA GPU and this machine has none (torch.cuda.is_available() is False); "
             "run it on a GPU worker, or use engine 'vllm'"
         )
-
-
-@dataclass(frozen=True)
-class MegatronOptions:
-    """Engine options of a batch config for ``engine: megatron``.
-
-    ``max_model_len`` defaults to the model's context length; ``max_requests`` is how many requests
-    the dynamic batch holds at once (more wait in its queue); ``kv_cache_gb`` is the GPU memory
-    reserved for the KV cache; ``seed`` seeds the engine's sampling generator. ``inference_kwargs``
-    passes any other ``megatron.core.inference.config.InferenceConfig`` field through unchanged.
-    """
-
-    dtype: str = "bfloat16"
-    max_model_len: int | None = None
-    max_requests: int = 256
-    kv_cache_gb: float = 8.0
-    seed: int = 0
-    inference_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"engine option dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.max_model_len is not None and not _is_int_at_least(self.max_model_len, 2):
-            raise ValueError(f"engine option max_model_len must be an int >= 2, got {self.max_model_len!r}")
-        if not _is_int_at_least(self.max_requests, 1):
-            raise ValueError(f"engine option max_requests must be an int >= 1, got {self.max_requests!r}")
-        gb = self.kv_cache_gb
-        if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not 0 < gb < float("inf"):
-            raise ValueError(f"engine option kv_cache_gb must be a number > 0, got {self.kv_cache_gb!r}")
-        if not _is_int_at_least(self.seed, 0):
-            raise ValueError(f"engine option seed must be an int >= 0, got {self.seed!r}")
-        if not isinstance(self.inference_kwargs, dict):
-            raise ValueError(f"engine option inference_kwargs must be a JSON object, got {self.inference_kwargs!r}")
-        for key in self.inference_kwargs:
-            if key in RESERVED_INFERENCE_KWARGS:
-                raise ValueError(f"inference_kwargs.{key}: fixed by the megatron engine (an engine option sets it)")
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any] | None) -> MegatronOptions:
-        """Build from a config mapping; an unknown key is an error naming it."""
-        options = dict(options or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown megatron engine option(s) {unknown}; known: {sorted(known)} "
-                "(other InferenceConfig fields go in inference_kwargs)"
-            )
-        return cls(**options)
-
-
-def _is_int_at_least(value: object, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 @dataclass(frozen=True)
@@ -199,14 +142,12 @@ class MegatronEngine(Engine):
         max_model_len: int,
         weight_version: int,
     ) -> None:
+        super().__init__(tokenizer=tokenizer, max_model_len=max_model_len, weight_version=weight_version)
         self._runtime = runtime  # megatron objects: model, engine (see _start_runtime)
         self._model_path = model_path
         self._shape = shape
-        self._tokenizer = tokenizer
         self._tokenizer_sha256 = tokenizer_sha256
         self._options = options
-        self._max_model_len = max_model_len
-        self._weight_version = weight_version
         self._ids = itertools.count()
         self._closed = False
         self._stepper = StepThread(
@@ -248,22 +189,6 @@ class MegatronEngine(Engine):
             max_model_len=max_model_len,
             weight_version=weight_version,
         )
-
-    @property
-    def weight_version(self) -> int:
-        return self._weight_version
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def eos_token_id(self) -> int:
-        return int(self._tokenizer.eos_token_id)
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
 
     @property
     def model_path(self) -> Path:
@@ -354,7 +279,7 @@ class MegatronEngine(Engine):
         kills the engine: every waiter gets :class:`EngineDeadError`. A caller that stops waiting
         does not stop the copy.
         """
-        from tasks.engines.megatron_model import load_weights
+        from tasks.engines.megatron.model import load_weights
 
         self._check_usable("refit")
         new_version = next_weight_version(self._weight_version, version)
@@ -417,7 +342,7 @@ class _Admission:
 
 
 class _MegatronStepBackend:
-    """:class:`~tasks.engines.megatron_stepper.StepBackend` over a ``DynamicInferenceEngine``, on its step thread.
+    """:class:`~tasks.engines.megatron.stepper.StepBackend` over a ``DynamicInferenceEngine``, on its step thread.
 
     The thread gets a private event loop for megatron's coroutine steps, and the engine is pointed
     at it (``engine._loop``): the request futures megatron creates and resolves then belong to the
@@ -491,7 +416,7 @@ def _start_runtime(
         TextGenerationController,
     )
 
-    from tasks.engines import megatron_model
+    from tasks.engines.megatron import model as megatron_model
 
     torch.cuda.set_device(0)
     megatron_model.ensure_single_rank_groups(seed=options.seed)

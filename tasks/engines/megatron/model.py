@@ -1,7 +1,7 @@
 """The megatron-core side of the Megatron engine: process groups, the GPT model of a Llama shape, sampling.
 
 Imports megatron-core at module level: import this module only after
-:func:`tasks.engines.megatron.require_megatron` said it is installed. One process, one GPU:
+:func:`tasks.engines.megatron.engine.require_megatron` said it is installed. One process, one GPU:
 the engine runs with tensor and pipeline parallel size 1 (a process group of one rank is
 created when none exists; an existing larger one is refused, not joined).
 """
@@ -20,7 +20,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 
-from tasks.engines.megatron_weights import LlamaShape, WeightMappingError
+from tasks.engines.megatron.weights import LlamaShape, WeightMappingError
 
 # Tensors megatron modules keep besides weights (serialization state of fused modules), never loaded.
 EXTRA_STATE_SUFFIX = "._extra_state"

@@ -1,0 +1,95 @@
+"""The vLLM engine's options (``engine.options`` of a batch config) and the ``AsyncEngineArgs`` they make.
+
+Light on purpose (pydantic and the standard library only): the engine registry imports it to
+check options at plan time and to describe them in the Airflow form.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from tasks.engines.options import EngineOptions
+
+LOGPROBS_MODE = "processed_logprobs"
+# vLLM-CPU runs whole prefills (see engine_args): a batch holds at least this many tokens.
+CPU_MIN_BATCHED_TOKENS = 2048
+# Engine arguments this module decides; engine_kwargs may not override them.
+RESERVED_ENGINE_KWARGS = frozenset({"model", "tokenizer", "logprobs_mode", "skip_tokenizer_init"})
+
+
+class VllmOptions(EngineOptions):
+    """Options of ``engine: vllm``; ``None`` means the platform default.
+
+    ``dtype`` defaults to float32 on CPU (deterministic across batch sizes) and ``auto`` on
+    GPU; ``enforce_eager`` to True on CPU (compilation costs minutes there). ``engine_kwargs``
+    passes any other ``AsyncEngineArgs`` field through unchanged.
+    """
+
+    engine = "vllm"
+    unknown_hint = "others go in engine_kwargs"
+
+    dtype: str | None = Field(None, description="Weights and activations dtype; default float32 on CPU, auto on GPU.")
+    max_model_len: int | None = Field(
+        None, ge=2, description="Longest prompt + generation in tokens; default the model's context length."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs (or CPU ranks) one model replica is split over.")
+    data_parallel_size: int = Field(1, ge=1, description="Replicas of the model serving the batch together.")
+    enforce_eager: bool | None = Field(
+        None, description="Skip graph compilation; default true on CPU (compiling costs minutes there)."
+    )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="Share of GPU memory vLLM may use; default vLLM's."
+    )
+    seed: int = Field(0, description="vLLM's engine seed (each request also carries its own seed).")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Other AsyncEngineArgs fields, passed through unchanged."
+    )
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _no_named_or_contract_arguments(cls, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+        for key in engine_kwargs:
+            if key in cls.model_fields and key != "engine_kwargs":
+                raise ValueError(f"engine_kwargs.{key}: set it as the engine option {key!r} instead")
+            if key in RESERVED_ENGINE_KWARGS:
+                raise ValueError(f"engine_kwargs.{key}: fixed by the vLLM engine (the data contract needs it)")
+        return engine_kwargs
+
+    def engine_args(self, model_path: Path, *, on_cpu: bool) -> dict[str, Any]:
+        """Keyword arguments of ``AsyncEngineArgs`` for serving ``model_path``."""
+        args: dict[str, Any] = {
+            "model": str(model_path),
+            "tokenizer": str(model_path),
+            "dtype": self.dtype or ("float32" if on_cpu else "auto"),
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "data_parallel_size": self.data_parallel_size,
+            "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager,
+            "seed": self.seed,
+            "logprobs_mode": LOGPROBS_MODE,
+            "disable_log_stats": True,
+        }
+        if self.max_model_len is not None:
+            args["max_model_len"] = self.max_model_len
+        if self.gpu_memory_utilization is not None:
+            args["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if on_cpu and "enable_chunked_prefill" not in self.engine_kwargs:
+            # vLLM-CPU 0.32 crashes the engine ("CPU Generator does not use offset") when a seeded
+            # request's prefill is chunked: rewinding its sampler discards needs CUDA generators.
+            # Per-request seeds are part of the contract, so prefills are scheduled whole on CPU.
+            max_len = self.max_model_len or _model_max_len(model_path)
+            args["enable_chunked_prefill"] = False
+            args["max_num_batched_tokens"] = max(max_len, CPU_MIN_BATCHED_TOKENS)
+        return args | self.engine_kwargs
+
+
+def _model_max_len(model_path: Path) -> int:
+    """The model's own context length (``max_position_embeddings`` of its config.json)."""
+    config = json.loads((model_path / "config.json").read_text())
+    value = config.get("max_position_embeddings") or config.get("max_seq_len") or config.get("n_positions")
+    if not isinstance(value, int) or value < 2:
+        raise ValueError(f"{model_path}/config.json names no context length; set the engine option max_model_len")
+    return value
