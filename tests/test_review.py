@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tasks.review import (
+    NO_REVIEW_REASON,
     REVIEW_RECORD,
     TIMEOUT_REASON,
     MalformedReviewError,
@@ -15,6 +16,7 @@ from tasks.review import (
     new_decision,
     read_review,
     timeout_decision,
+    unreviewed_decision,
     write_review,
 )
 from tasks.storage.objects import ObjectStore
@@ -47,7 +49,7 @@ def test_a_decision_round_trips_and_says_who_when_what_and_why(store):
         "decided_by": "alice",
         "decided_at": AT,
         "via": "cli",
-        "record_version": 1,
+        "record_version": 2,
     }
     assert decision.describe() == "publish by alice (cli) at 2026-09-21T14:13:20Z: failure rate is the flaky env"
 
@@ -61,6 +63,7 @@ def test_a_decision_round_trips_and_says_who_when_what_and_why(store):
         ({"choice": "approve"}, "unknown review choice 'approve'"),
         ({"decided_by": ""}, "decided_by must name who decided"),
         ({"via": "timeout"}, "not timeout"),
+        ({"via": "validation"}, "not validation"),
         ({"via": "email"}, "via must be one of"),
         ({"reason": "x" * 2001}, "reason has 2001 characters; at most 2000"),
     ],
@@ -83,6 +86,23 @@ def test_a_timeout_rejects_with_its_reason_and_names_nobody(store):
         ReviewDecision(batch_id="b1", choice="publish", reason="r", decided_by=None, decided_at=AT, via="timeout")
 
 
+def test_publish_own_record_publishes_without_review_and_names_nobody(store):
+    decision = unreviewed_decision("b1", now=AT)
+    assert (decision.choice, decision.reason, decision.decided_by, decision.via) == (
+        "publish",
+        NO_REVIEW_REASON,
+        None,
+        "validation",
+    )
+    assert decision.approved and decision.unreviewed and not approval().unreviewed
+    assert decision.describe() == "publish without review at 2026-09-21T14:13:20Z: no_review_needed (no suite warned)"
+    assert write_review(store, decision) == decision and read_review(store, "b1") == decision
+    for change in ({"choice": "reject"}, {"reason": "looked fine"}, {"decided_by": "alice"}):
+        fields = {"choice": "publish", "reason": NO_REVIEW_REASON, "decided_by": None} | change
+        with pytest.raises(ValueError, match="publish's own record publishes with reason 'no_review_needed'"):
+            ReviewDecision(batch_id="b1", decided_at=AT, via="validation", **fields)
+
+
 def test_the_first_decision_stands(store):
     first = approval(choice="reject", reason="rewards look wrong")
     assert write_review(store, first) == first
@@ -99,7 +119,8 @@ def test_the_first_decision_stands(store):
         (lambda raw: raw.update(extra=1), r"unknown field\(s\) \['extra'\]"),
         (lambda raw: raw.update(reason=""), "reason must be a non-empty text"),
         (lambda raw: raw.update(decided_at="yesterday"), "decided_at must be seconds since the epoch"),
-        (lambda raw: raw.update(record_version=2), "record_version 2 not supported"),
+        (lambda raw: raw.update(record_version=3), r"record_version 3 is not supported \(this code reads \[1, 2\]\)"),
+        (lambda raw: raw.update(record_version=True), "record_version True is not supported"),
         (lambda raw: raw.update(batch_id="other"), "the decision is on batch 'other', not 'b1'"),
     ],
 )

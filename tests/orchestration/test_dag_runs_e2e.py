@@ -16,6 +16,7 @@ from tasks.finalize.publish import read_dataset_marker
 from tasks.orchestration import local_airflow, steps
 from tasks.orchestration.storage import storage_location
 from tasks.plan import batch_store, read_batch_config
+from tasks.review import read_review
 from tasks.validate import read_suite_summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -62,7 +63,10 @@ def test_a_run_with_params_from_the_run_conf_publishes_the_dataset_and_the_asset
     planned = read_batch_config(store)
     assert (planned.num_tasks, planned.shards, planned.sampling.max_tokens, planned.weight_version) == (4, 2, 16, 3)
     assert marker.rows == table.num_rows == 8 and set(marker.validation) == {"lineage", "dataset"}
-    assert marker.review is None and not store.exists("reports/review.json")
+    assert marker.review is None  # nobody reviewed: publish recorded that it needed no review, and nothing else
+    recorded = read_review(store, batch_id)
+    assert recorded is not None
+    assert (recorded.choice, recorded.via, recorded.decided_by) == ("publish", "validation", None)
     assert store.exists("reports/index.html")
     assert {read_suite_summary(store, suite).status for suite in ("lineage", "dataset")} == {"passed"}
     with settings.Session() as session:
