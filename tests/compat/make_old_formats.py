@@ -91,6 +91,20 @@ out = AttemptClaim(batch_id="old-b1", shard=0, attempt=0, host="worker-1", pid=4
                    try_number=1, code_version="old").to_json()
 """,
     ),
+    "suite-summary-first.json": (
+        "50469dc",
+        """
+from tasks.config import ValidationSpec
+from tasks.validate.summary import ExpectationOutcome, SuiteSummary, SummaryCounts
+warned = ExpectationOutcome(name="all_shards_committed", expectation="expect_column_values_to_be_in_set",
+                            severity="warn", success=False, observed=0.5, threshold=None, unexpected_count=1,
+                            examples=("1",), error=None)
+out = SuiteSummary(suite="lineage", batch_id="old-b1", status="warned", success=True, expectations=(warned,),
+                   counts=SummaryCounts(expectations=1, failed=0, warned=1, rows=2), thresholds=ValidationSpec(),
+                   gx_version="1.24.1", report="reports/lineage/run-000/index.html", created_at=1764600100.0,
+                   run="run-000", run_key="ab" * 32, inputs={"ledger/shard-00000/_COMMITTED.json": "cd" * 32}).to_json()
+""",
+    ),
     "review-v1.json": ("331a738", _REVIEW + "out = review.to_json()"),
     "dataset-v1-committed.json": (
         "d4ad1bf",

@@ -22,6 +22,7 @@ from tasks.review import REVIEW_RECORD, new_decision, read_review
 from tasks.storage import layout
 from tasks.storage.claims import read_claims
 from tasks.storage.marker import read_marker
+from tasks.validate.suite_runs import SUMMARY_NAME, read_suite_summary, run_dir, run_name
 
 OLD = Path(__file__).parent / "old_formats"
 BATCH = "old-b1"  # the batch every old record names
@@ -77,6 +78,13 @@ def test_the_first_shard_marker_and_attempt_claim_read_as_written(store):
     assert marker.to_json().encode() == old("shard-marker-v1.json")  # nothing was lost or added in reading
     (claim,) = read_claims(store, 0)
     assert claim.to_json().encode() == old("attempt-claim-first.json")
+
+
+def test_the_first_suite_summary_reads_as_written(store):
+    store.write_once(f"{run_dir('lineage', run_name(0))}/{SUMMARY_NAME}", old("suite-summary-first.json"))
+    summary = read_suite_summary(store, "lineage")
+    assert summary is not None and (summary.status, summary.run) == ("warned", "run-000")
+    assert summary.to_json().encode() == old("suite-summary-first.json")
 
 
 def test_a_version_1_review_record_reads_as_version_2_with_the_same_decision(store):
