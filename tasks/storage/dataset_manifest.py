@@ -20,10 +20,10 @@ import pyarrow as pa
 
 from tasks import layout
 from tasks.checks import check_int, is_int
-from tasks.errors import MalformedDatasetMarkerError
+from tasks.errors import MalformedDatasetMarkerError, MalformedReviewError
 from tasks.ids import check_id
 from tasks.records.dataset_row import DATASET_SCHEMA_VERSION, DatasetRow
-from tasks.records.review import ReviewDecision
+from tasks.records.review import ReviewDecision, upgrade_record
 from tasks.schema import read_parquet_bytes
 from tasks.storage.marker import MarkedFile, read_marked_bytes
 from tasks.storage.objects import ObjectStore
@@ -32,6 +32,7 @@ from tasks.strict_json import load_dataclass, parse_json
 # 2: records missing_shards and partial; 3: files are MarkedFile (with their kind), validation outcomes;
 # 4: the card is publish's (a staged manifest names none), the review decision
 MARKER_VERSION = 4
+READABLE_MARKER_VERSIONS = (3, 4)  # 3: a committed manifest with validation outcomes only (upgrade_manifest)
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,61 @@ class DatasetMarker:
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = layout.DATASET_MARKER) -> Self:
         """The marker ``text`` holds; :class:`MalformedDatasetMarkerError` naming the field for anything else."""
-        raw = parse_json(text, source=source, error=MalformedDatasetMarkerError)
+        raw = upgrade_manifest(parse_json(text, source=source, error=MalformedDatasetMarkerError), source=source)
         return load_dataclass(cls, raw, source=source, error=MalformedDatasetMarkerError, require_all=True)
+
+
+def upgrade_manifest(raw: object, *, source: str) -> object:
+    """A parsed dataset manifest of an older version in the current shape, or the refusal that says what to do.
+
+    * 4: as it is, an embedded review decision of record version 1 upgraded
+      (:func:`tasks.records.review.upgrade_record`);
+    * 3, committed (with validation outcomes, ``_COMMITTED.json`` since publish was gated): read as 4
+      without a review decision, which version 3 did not have: it was published with both suites
+      passed or warned, before warned batches waited for one;
+    * 3 staged, 3 committed before validation existed, 2 and 1: refused. Publish cannot commit a
+      version-3 staged dataset (finalize wrote a card, publish writes its own), and nothing vouches
+      that an older committed one passed validation; the message says how to build it again.
+    """
+    if not isinstance(raw, dict) or "marker_version" not in raw:
+        return raw  # the loader names what is wrong with it
+    version = raw["marker_version"]
+    if type(version) is not int or not 1 <= version <= MARKER_VERSION:
+        newer = type(version) is int and version > MARKER_VERSION
+        step = "it was written by newer code: read it with that code" if newer else "no code ever wrote it"
+        raise MalformedDatasetMarkerError(_unsupported(source, version, step))
+    if version == MARKER_VERSION:
+        if isinstance(raw.get("review"), dict):
+            try:
+                return raw | {"review": upgrade_record(raw["review"], source=f"{source}.review")}
+            except MalformedReviewError as exc:
+                raise MalformedDatasetMarkerError(str(exc)) from None
+        return raw
+    if version == 3 and isinstance(raw.get("validation"), dict):
+        return raw | {"review": None, "marker_version": MARKER_VERSION}
+    if version == 1:
+        step = (
+            "version 1 predates validation and its batch's config is version 1: re-plan the batch under a new batch "
+            "id and generate it again"
+        )
+    else:
+        what = (
+            "a staged dataset whose card finalize wrote"
+            if version == 3 and "validation" in raw
+            else "a dataset published without validation"
+        )
+        step = (
+            f"it is {what}: copy the batch's plan/, staging/ and ledger/ (not dataset/ or reports/) under a new "
+            "root and run `rollout-ledger finalize --root NEW_ROOT --batch-id BATCH_ID` on the copy"
+        )
+    raise MalformedDatasetMarkerError(_unsupported(source, version, step))
+
+
+def _unsupported(source: str, version: object, step: str) -> str:
+    return (
+        f"{source}: marker_version {version!r} is not supported (this code reads {list(READABLE_MARKER_VERSIONS)}, "
+        f"version 3 only as a published manifest with validation outcomes); {step}"
+    )
 
 
 def read_staged_marker(store: ObjectStore) -> DatasetMarker | None:

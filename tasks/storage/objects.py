@@ -31,7 +31,7 @@ from fsspec.spec import AbstractBufferedFile
 
 from tasks.crash_points import crash_point
 from tasks.errors import ObjectConflictError
-from tasks.storage.options import RETRY_OPTION, is_s3_url, retry_settings
+from tasks.storage.options import RETRY_OPTION, is_s3_url, retry_settings, with_s3_defaults
 from tasks.storage.retries import RetryPolicy, call_with_retries
 
 SCHEMES_LOCAL = ("file", "local")
@@ -63,13 +63,17 @@ class ObjectStore:
     ``$ROLLOUT_LEDGER_STORAGE_RETRY``) sets the :class:`RetryPolicy` of every operation; the
     other options go to fsspec. On S3, listings are not cached (``use_listings_cache`` False unless
     given): other processes write the same prefixes, and a marker another task committed must be
-    seen at once, not after a cached listing of its folder expires.
+    seen at once, not after a cached listing of its folder expires. On S3 the policy is the only
+    retry loop: botocore makes one attempt per call with a short connect timeout unless
+    ``config_kwargs`` says otherwise (:func:`~tasks.storage.options.with_s3_defaults`), and s3fs
+    tries each call once.
     """
 
     def __init__(self, url: str, *, block_size: int | None = None, **storage_options: Any) -> None:
         self.retry_policy = RetryPolicy.of(retry_settings(storage_options.pop(RETRY_OPTION, None), os.environ))
         if is_s3_url(url):
             storage_options.setdefault("use_listings_cache", False)
+            storage_options = with_s3_defaults(storage_options)
         fs, root = fsspec.core.url_to_fs(url, **storage_options)
         self.fs: fsspec.AbstractFileSystem = fs
         self.url = url.rstrip("/")
@@ -78,6 +82,8 @@ class ObjectStore:
         protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
         self.is_local = any(p in SCHEMES_LOCAL for p in protocols)
         self.is_s3 = any(p in ("s3", "s3a") for p in protocols)
+        if self.is_s3:
+            fs.retries = 1  # s3fs's own loop around each call (5 tries by default): the policy is the only one
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r})"

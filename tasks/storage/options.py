@@ -10,7 +10,10 @@ name which variables were read, never their values.
 One option is rollout-ledger's own and never reaches fsspec: :data:`RETRY_OPTION`, the retry
 policy of every storage operation (:class:`tasks.storage.retries.RetryPolicy`). Without it, a
 store takes the policy from ``$ROLLOUT_LEDGER_STORAGE_RETRY`` (the same JSON object), else the
-defaults: :func:`retry_settings`.
+defaults: :func:`retry_settings`. That policy is the only retry loop: an S3 filesystem a store
+builds asks botocore for one attempt per call and a short connect timeout
+(:data:`S3_CONFIG_DEFAULTS`), under whatever ``config_kwargs`` the options set themselves
+(:func:`with_s3_defaults`), so a dead endpoint fails within the policy's deadline.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ STORAGE_OPTIONS_VARIABLE = "ROLLOUT_LEDGER_STORAGE_OPTIONS"
 # {"attempts": 6, "deadline_s": 60, "initial_wait_s": 0.2, "max_wait_s": 10}: any subset of RetryPolicy's fields.
 RETRY_OPTION = "rollout_ledger_retry"
 RETRY_VARIABLE = "ROLLOUT_LEDGER_STORAGE_RETRY"
+# botocore Config of every S3 filesystem a store builds, for the keys the options' config_kwargs leave out.
+S3_CONFIG_DEFAULTS: Mapping[str, Any] = {"retries": {"total_max_attempts": 1}, "connect_timeout": 3}
 
 
 def is_s3_url(url: str) -> bool:
@@ -56,6 +61,16 @@ def storage_options_from_env(url: str, environ: Mapping[str, str]) -> dict[str, 
     if region:
         options["client_kwargs"] = {"region_name": region}
     return options
+
+
+def with_s3_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with :data:`S3_CONFIG_DEFAULTS` added to its ``config_kwargs`` for each key it does not set."""
+    from tasks.errors import ConfigError
+
+    own = options.get("config_kwargs") or {}
+    if not isinstance(own, Mapping):
+        raise ConfigError(f"storage option config_kwargs must be a mapping of botocore Config arguments, got {own!r}")
+    return {**options, "config_kwargs": {**S3_CONFIG_DEFAULTS, **own}}
 
 
 def aws_variables_read(environ: Mapping[str, str]) -> list[str]:

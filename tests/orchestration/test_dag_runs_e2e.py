@@ -60,7 +60,10 @@ def test_a_run_with_params_from_the_run_conf_publishes_the_dataset_and_the_asset
     store, planned = batch.store, batch.config
     assert (planned.num_tasks, planned.shards, planned.sampling.max_tokens, planned.weight_version) == (4, 2, 16, 3)
     assert marker.rows == table.num_rows == 8 and set(marker.validation) == {"lineage", "dataset"}
-    assert marker.review is None and not store.exists("reports/review.json")
+    assert marker.review is None  # nobody reviewed: publish recorded that it needed no review, and nothing else
+    recorded = batch.review()
+    assert recorded is not None
+    assert (recorded.choice, recorded.via, recorded.decided_by) == ("publish", "validation", None)
     assert store.exists("reports/index.html")
     assert {batch.suite_summary(suite).status for suite in ("lineage", "dataset")} == {"passed"}
     with settings.Session() as session:

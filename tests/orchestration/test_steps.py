@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -55,6 +56,19 @@ def s3_connection(s3_endpoint, s3_bucket, monkeypatch):
     return s3_bucket
 
 
+def test_the_connections_own_config_kwargs_are_kept_and_the_s3_defaults_fill_the_rest(s3_connection, monkeypatch):
+    connection = json.loads(os.environ["AIRFLOW_CONN_LEDGER_S3"])
+    retries = {"mode": "standard", "total_max_attempts": 3}
+    connection["extra"]["config_kwargs"] = {"connect_timeout": 7, "retries": retries}
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_S3_TUNED", json.dumps(connection))  # Airflow caches a store per conn id
+    where = storage_location(f"{s3_connection}/runs", "ledger_s3_tuned")
+    assert where.storage_options["config_kwargs"] == connection["extra"]["config_kwargs"]
+    store = ObjectStore(where.root_url, **where.storage_options)
+    store.write_once("probe.txt", b"reachable")
+    config = store.fs.s3.meta.config
+    assert (config.connect_timeout, config.retries) == (7, retries)
+
+
 @pytest.mark.parametrize("form", ["s3://ledger_s3@{bucket}/runs/", "s3://{bucket}/runs"])
 def test_s3_storage_gets_the_connections_credentials(s3_connection, s3_endpoint, form):
     bucket = s3_connection.removeprefix("s3://")
@@ -65,6 +79,7 @@ def test_s3_storage_gets_the_connections_credentials(s3_connection, s3_endpoint,
     assert "testing" not in repr(where)
     store = ObjectStore(where.root_url, **where.storage_options)
     store.write_once("probe.txt", b"reachable")
+    assert store.fs.s3.meta.config.retries["total_max_attempts"] == 1  # the store's retry policy is the only loop
     assert store.read_bytes("probe.txt") == b"reachable"
     # a child process gets the same options from one variable
     assert storage_options_from_env(where.root_url, where.environment()) == where.storage_options

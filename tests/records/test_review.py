@@ -10,7 +10,14 @@ from tasks.batch import Batch
 from tasks.errors import MalformedReviewError, ReviewInputError
 from tasks.layout import REVIEW_RECORD
 from tasks.publish import write_review
-from tasks.records.review import TIMEOUT_REASON, ReviewDecision, new_decision, timeout_decision
+from tasks.records.review import (
+    NO_REVIEW_REASON,
+    TIMEOUT_REASON,
+    ReviewDecision,
+    new_decision,
+    timeout_decision,
+    unreviewed_decision,
+)
 
 AT = 1_790_000_000.0  # 2026-09-21T14:13:20Z
 
@@ -40,7 +47,7 @@ def test_a_decision_round_trips_and_says_who_when_what_and_why(batch):
         "decided_by": "alice",
         "decided_at": AT,
         "via": "cli",
-        "record_version": 1,
+        "record_version": 2,
     }
     assert decision.describe() == "publish by alice (cli) at 2026-09-21T14:13:20Z: failure rate is the flaky env"
 
@@ -54,6 +61,7 @@ def test_a_decision_round_trips_and_says_who_when_what_and_why(batch):
         ({"choice": "approve"}, "unknown review choice 'approve'"),
         ({"decided_by": ""}, "decided_by must name who decided"),
         ({"via": "timeout"}, "not timeout"),
+        ({"via": "validation"}, "not validation"),
         ({"via": "email"}, "via must be one of"),
         ({"reason": "x" * 2001}, "reason has 2001 characters; at most 2000"),
     ],
@@ -76,6 +84,23 @@ def test_a_timeout_rejects_with_its_reason_and_names_nobody(batch):
         ReviewDecision(batch_id="b1", choice="publish", reason="r", decided_by=None, decided_at=AT, via="timeout")
 
 
+def test_publish_own_record_publishes_without_review_and_names_nobody(batch):
+    decision = unreviewed_decision("b1", now=AT)
+    assert (decision.choice, decision.reason, decision.decided_by, decision.via) == (
+        "publish",
+        NO_REVIEW_REASON,
+        None,
+        "validation",
+    )
+    assert decision.approved and decision.unreviewed and not approval().unreviewed
+    assert decision.describe() == "publish without review at 2026-09-21T14:13:20Z: no_review_needed (no suite warned)"
+    assert write_review(batch, decision) == decision and batch.review() == decision
+    for change in ({"choice": "reject"}, {"reason": "looked fine"}, {"decided_by": "alice"}):
+        fields = {"choice": "publish", "reason": NO_REVIEW_REASON, "decided_by": None} | change
+        with pytest.raises(ValueError, match="publish's own record publishes with reason 'no_review_needed'"):
+            ReviewDecision(batch_id="b1", decided_at=AT, via="validation", **fields)
+
+
 def test_the_first_decision_stands(batch):
     first = approval(choice="reject", reason="rewards look wrong")
     assert write_review(batch, first) == first
@@ -92,7 +117,8 @@ def test_the_first_decision_stands(batch):
         (lambda raw: raw.update(extra=1), r"unknown field\(s\) \['extra'\]"),
         (lambda raw: raw.update(reason=""), "reason must be a non-empty text"),
         (lambda raw: raw.update(decided_at="yesterday"), "decided_at must be seconds since the epoch"),
-        (lambda raw: raw.update(record_version=2), "record_version 2 not supported"),
+        (lambda raw: raw.update(record_version=3), r"record_version 3 is not supported \(this code reads \[1, 2\]\)"),
+        (lambda raw: raw.update(record_version=True), "record_version True is not supported"),
         (lambda raw: raw.update(batch_id="other"), "the decision is on batch 'other', not 'b1'"),
     ],
 )

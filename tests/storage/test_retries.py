@@ -206,3 +206,53 @@ def test_a_store_takes_its_policy_from_the_storage_option_else_the_environment(
     monkeypatch.setenv(RETRY_VARIABLE, "[1]")
     with pytest.raises(ConfigError, match=RETRY_VARIABLE):
         ObjectStore(str(tmp_path))
+
+
+def _dead_endpoint() -> str:
+    """A loopback port nothing listens on: connections are refused at once."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _botocore_config(store: ObjectStore):
+    store.fs.connect()
+    return store.fs.s3.meta.config
+
+
+def test_a_dead_s3_endpoint_fails_within_the_policy_deadline_with_botocore_trying_once() -> None:
+    deadline = 1.0
+    store = ObjectStore(
+        "s3://bucket/root",
+        endpoint_url=_dead_endpoint(),
+        key="k",
+        secret="s",
+        skip_instance_cache=True,
+        rollout_ledger_retry={"attempts": 1000, "deadline_s": deadline, "initial_wait_s": 0.05, "max_wait_s": 0.2},
+    )
+    config = _botocore_config(store)
+    assert config.retries["total_max_attempts"] == 1 and config.connect_timeout == 3
+    assert store.fs.retries == 1  # s3fs's own loop tries once too
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailableError) as raised:
+        store.exists("plan/batch.json")
+    elapsed = time.monotonic() - started
+    assert elapsed < deadline + 1.0, f"gave up after {elapsed:.1f} s: another retry loop runs inside the policy"
+    assert raised.value.attempts > 1, "the policy, not botocore, retried"
+
+
+def test_config_kwargs_of_the_options_win_key_by_key_over_the_s3_defaults() -> None:
+    own = {"connect_timeout": 10, "read_timeout": 99}
+    store = ObjectStore("s3://bucket/root", endpoint_url=_dead_endpoint(), skip_instance_cache=True, config_kwargs=own)
+    config = _botocore_config(store)
+    assert (config.connect_timeout, config.read_timeout, config.retries["total_max_attempts"]) == (10, 99, 1)
+    assert own == {"connect_timeout": 10, "read_timeout": 99}  # the caller's mapping is left as it was
+    retries = {"mode": "standard", "total_max_attempts": 4}
+    store = ObjectStore(
+        "s3://bucket/root", endpoint_url=_dead_endpoint(), skip_instance_cache=True, config_kwargs={"retries": retries}
+    )
+    assert _botocore_config(store).retries == retries
+    with pytest.raises(ConfigError, match="config_kwargs must be a mapping"):
+        ObjectStore("s3://bucket/root", skip_instance_cache=True, config_kwargs=["retries"])

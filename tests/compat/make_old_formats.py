@@ -1,0 +1,209 @@
+"""Write ``old_formats/``: records as the code of an older commit wrote them, for the compatibility tests.
+
+Each file is produced by running a snippet against the ``tasks`` package of the commit named
+beside it (``git archive``), so its bytes are that code's own serialization, not a hand-written
+imitation. Run from the repository root (a git checkout with that history)::
+
+    python tests/compat/make_old_formats.py
+
+Files that already exist are left alone unless ``--force`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+from pathlib import Path
+
+HERE = Path(__file__).parent / "old_formats"
+
+_CONFIG_V1 = """
+from tasks.config import BatchConfig, ModelSpec
+config = BatchConfig(batch_id="old-b1", environment="arithmetic", num_tasks=2, group_size=2, shards=2,
+                     model=ModelSpec(path="/models/smollm2"), code_version="87c43b5")
+"""
+_CONFIG_V2 = """
+from tasks.config import BatchConfig, ModelSpec
+config = BatchConfig(batch_id="old-b1", environment="arithmetic", num_tasks=2, group_size=2, shards=2,
+                     model=ModelSpec(reference="bundled:smollm2-135m-instruct"), code_version="old")
+"""
+_SHA = '"0123456789abcdef" * 4'
+# A dataset of two parts (3 + 1 rows), its metrics and its card, as each era's file type names them.
+_DATASET_FILES_V1 = f"""
+from tasks.finalize.publish import DatasetFile
+parts = (DatasetFile(path="dataset/part-00000.parquet", size=100, sha256={_SHA}, rows=3),
+         DatasetFile(path="dataset/part-00001.parquet", size=60, sha256={_SHA}, rows=1))
+metrics = DatasetFile(path="dataset/metrics.json", size=10, sha256={_SHA})
+card = DatasetFile(path="dataset/README.md", size=20, sha256={_SHA})
+"""
+_DATASET_FILES_V3 = f"""
+from tasks.storage.marker import MarkedFile
+parts = (MarkedFile(path="dataset/part-00000.parquet", kind="part", size=100, sha256={_SHA}, rows=3),
+         MarkedFile(path="dataset/part-00001.parquet", kind="part", size=60, sha256={_SHA}, rows=1))
+metrics = MarkedFile(path="dataset/metrics.json", kind="metrics", size=10, sha256={_SHA}, rows=0)
+card = MarkedFile(path="dataset/README.md", kind="card", size=20, sha256={_SHA}, rows=0)
+"""
+_DATASET_COUNTS = """
+import json
+from tasks.finalize.publish import DatasetMarker
+counts = dict(batch_id="old-b1", schema_version=1, rows=4, trainable_rows=3, groups=2,
+              config=json.loads(config.to_json()), committed_at=1764600000.0)
+"""
+_VALIDATION = """
+validation = {suite: {"status": "warned" if suite == "lineage" else "passed",
+                      "report": f"reports/{suite}/run-000/index.html",
+                      "warned": ["all_shards_committed"] if suite == "lineage" else [],
+                      "gx_version": "1.24.1", "validated_at": 1764600100.0}
+              for suite in ("lineage", "dataset")}
+"""
+_REVIEW = """
+from tasks.review import new_decision
+review = new_decision("old-b1", "publish", "partial on purpose", decided_by="alice", via="cli", now=1764600200.0)
+"""
+
+# file name -> (commit whose code writes it, snippet that leaves the bytes in `out`)
+FORMATS: dict[str, tuple[str, str]] = {
+    "batch-config-v1.json": ("87c43b5", _CONFIG_V1 + "out = config.to_json()"),
+    "batch-config-v2-first.json": ("c8f4a6f", _CONFIG_V2 + "out = config.to_json()"),
+    "shard-marker-v1.json": (
+        "82b2a78",
+        f"""
+from tasks.storage import layout
+from tasks.storage.marker import MarkedFile, ShardCounts, ShardMarker
+files = (MarkedFile(path=layout.staging_segment(0, 0, 0), kind="staging", size=9, sha256={_SHA}, rows=4),
+         MarkedFile(path=layout.ledger_file(0, 0, "calls", 0), kind="calls", size=9, sha256={_SHA}, rows=4),
+         MarkedFile(path=layout.ledger_file(0, 0, "receipts", 0), kind="receipts", size=9, sha256={_SHA}, rows=2))
+counts = ShardCounts(rollouts=2, ok=2, poisoned=0, failed=0, calls=4, failures=0, staged_rows=4, adopted_rollouts=0)
+out = ShardMarker(batch_id="old-b1", shard=0, attempt=0, files=files, counts=counts,
+                  committed_at=1764600000.0).to_json()
+""",
+    ),
+    "attempt-claim-first.json": (
+        "c8f4a6f",
+        """
+from tasks.storage.claims import AttemptClaim
+out = AttemptClaim(batch_id="old-b1", shard=0, attempt=0, host="worker-1", pid=4242, started_at=1764600000.0,
+                   try_number=1, code_version="old").to_json()
+""",
+    ),
+    "suite-summary-first.json": (
+        "50469dc",
+        """
+from tasks.config import ValidationSpec
+from tasks.validate.summary import ExpectationOutcome, SuiteSummary, SummaryCounts
+warned = ExpectationOutcome(name="all_shards_committed", expectation="expect_column_values_to_be_in_set",
+                            severity="warn", success=False, observed=0.5, threshold=None, unexpected_count=1,
+                            examples=("1",), error=None)
+out = SuiteSummary(suite="lineage", batch_id="old-b1", status="warned", success=True, expectations=(warned,),
+                   counts=SummaryCounts(expectations=1, failed=0, warned=1, rows=2), thresholds=ValidationSpec(),
+                   gx_version="1.24.1", report="reports/lineage/run-000/index.html", created_at=1764600100.0,
+                   run="run-000", run_key="ab" * 32, inputs={"ledger/shard-00000/_COMMITTED.json": "cd" * 32}).to_json()
+""",
+    ),
+    "review-v1.json": ("331a738", _REVIEW + "out = review.to_json()"),
+    "dataset-v1-committed.json": (
+        "d4ad1bf",
+        _CONFIG_V1
+        + _DATASET_FILES_V1
+        + _DATASET_COUNTS
+        + "out = DatasetMarker(parts=parts, metrics=metrics, card=card, **counts).to_json()",
+    ),
+    "dataset-v2-committed.json": (
+        "79128e6",
+        _CONFIG_V2
+        + _DATASET_FILES_V1
+        + _DATASET_COUNTS
+        + "out = DatasetMarker(parts=parts, metrics=metrics, card=card, missing_shards=(1,), partial=True,"
+        " **counts).to_json()",
+    ),
+    "dataset-v3-committed-unvalidated.json": (
+        "71b6fc4",
+        _CONFIG_V2
+        + _DATASET_FILES_V3
+        + _DATASET_COUNTS
+        + "out = DatasetMarker(parts=parts, metrics=metrics, card=card, missing_shards=(1,), partial=True,"
+        " **counts).to_json()",
+    ),
+    "dataset-v3-staged.json": (
+        "19793a7",
+        _CONFIG_V2
+        + _DATASET_FILES_V3
+        + _DATASET_COUNTS
+        + "out = DatasetMarker(parts=parts, metrics=metrics, card=card, missing_shards=(1,), partial=True,"
+        " **counts).to_json()",
+    ),
+    "dataset-v3-committed.json": (
+        "19793a7",
+        _CONFIG_V2
+        + _DATASET_FILES_V3
+        + _DATASET_COUNTS
+        + _VALIDATION
+        + "out = DatasetMarker(parts=parts, metrics=metrics, card=card, missing_shards=(1,), partial=True,"
+        " validation=validation, **counts).to_json()",
+    ),
+    "dataset-v4-committed-review-v1.json": (
+        "52eeab8",
+        _CONFIG_V2
+        + _DATASET_FILES_V3
+        + _DATASET_COUNTS
+        + _VALIDATION
+        + _REVIEW
+        + "out = DatasetMarker(parts=parts, metrics=metrics, card=card, missing_shards=(1,), partial=True,"
+        " validation=validation, review=review, **counts).to_json()",
+    ),
+    "ledger-schemas-v2.txt": (
+        "82b2a78",
+        """
+from tasks.capture.records import CallRecord, FailureRow, Receipt, StagedDelta
+out = "".join(f"{c.__name__}\\n{c.arrow_schema().to_string(show_schema_metadata=True)}\\n"
+              for c in (StagedDelta, CallRecord, FailureRow, Receipt))
+""",
+    ),
+    "dataset-row-schema-v1.txt": (
+        "d4ad1bf",
+        """
+from tasks.finalize.dataset import DatasetRow
+out = DatasetRow.arrow_schema().to_string(show_schema_metadata=True) + "\\n"
+""",
+    ),
+}
+
+
+def write(name: str, commit: str, snippet: str, *, checkout: Path) -> None:
+    """Run ``snippet`` on ``commit``'s ``tasks`` package and store what it leaves in ``out`` as ``name``."""
+    with tempfile.TemporaryDirectory() as tree:
+        archive = subprocess.run(
+            ["git", "-C", str(checkout), "archive", commit, "tasks"], check=True, capture_output=True
+        ).stdout
+        with tarfile.open(fileobj=BytesIO(archive)) as tar:
+            tar.extractall(tree, filter="data")
+        program = snippet + "\nimport sys\nsys.stdout.write(out)\n"
+        result = subprocess.run(
+            [sys.executable, "-c", program],
+            check=True,
+            capture_output=True,
+            cwd=tree,
+            env={**os.environ, "PYTHONPATH": tree},
+        )
+    (HERE / name).write_bytes(result.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--force", action="store_true", help="rewrite files that exist")
+    args = parser.parse_args()
+    HERE.mkdir(exist_ok=True)
+    checkout = Path(__file__).resolve().parents[2]
+    for name, (commit, snippet) in FORMATS.items():
+        if args.force or not (HERE / name).exists():
+            write(name, commit, snippet, checkout=checkout)
+            print(f"{name}: written by {commit}")
+
+
+if __name__ == "__main__":
+    main()

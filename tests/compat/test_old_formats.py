@@ -1,0 +1,155 @@
+"""Every record version this project ever wrote is read, or refused with the file, the version and the way out.
+
+The bytes under ``old_formats/`` were written by the code of the commit each was current in
+(``make_old_formats.py``). They are put where the layout puts them and read through the readers
+the stages use.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks import layout
+from tasks.batch import Batch
+from tasks.config import ValidationSpec
+from tasks.errors import ConfigError, MalformedDatasetMarkerError, ReviewConflictError
+from tasks.layout import REVIEW_RECORD
+from tasks.publish import publish_batch, record_decision
+from tasks.records.dataset_row import DatasetRow
+from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
+from tasks.records.review import new_decision
+from tasks.storage.claims import read_claims
+from tasks.storage.dataset_manifest import read_dataset_marker, read_staged_marker
+from tasks.storage.marker import read_marker
+
+OLD = Path(__file__).parent / "old_formats"
+BATCH = "old-b1"  # the batch every old record names
+
+
+def old(name: str) -> bytes:
+    return (OLD / name).read_bytes()
+
+
+@pytest.fixture
+def root(tmp_path) -> str:
+    return str(tmp_path / "root")
+
+
+@pytest.fixture
+def batch(root) -> Batch:
+    return Batch.open(root, BATCH)
+
+
+@pytest.fixture
+def store(batch):
+    return batch.store
+
+
+def test_a_version_2_config_from_before_the_later_thresholds_reads_them_as_defaults(batch, store):
+    store.write_once(layout.plan_config(), old("batch-config-v2-first.json"))
+    assert "max_poisoned_rate" not in json.loads(old("batch-config-v2-first.json"))["validation"]
+    config = batch.config
+    assert (config.batch_id, config.config_version, config.model.reference) == (
+        BATCH,
+        2,
+        "bundled:smollm2-135m-instruct",
+    )
+    assert config.validation == ValidationSpec()
+
+
+def test_a_version_1_config_is_refused_naming_the_file_and_the_re_plan(batch, store):
+    store.write_once(layout.plan_config(), old("batch-config-v1.json"))
+    with pytest.raises(ConfigError) as refused:
+        _ = batch.config
+    message = str(refused.value)
+    assert message.startswith(f"{store.url}/plan/batch.json: config_version 1 is not supported (this code reads [2])")
+    assert "re-plan it under a new batch id" in message
+
+
+def test_a_config_of_a_newer_version_is_refused_as_such(batch, store):
+    newer = json.loads(old("batch-config-v2-first.json")) | {"config_version": 3}
+    store.write_once(layout.plan_config(), json.dumps(newer).encode())
+    with pytest.raises(ConfigError, match=r"config_version 3 is not supported .* written by newer code"):
+        _ = batch.config
+
+
+def test_the_first_shard_marker_and_attempt_claim_read_as_written(store):
+    store.write_once(layout.shard_marker(0), old("shard-marker-v1.json"))
+    store.write_once(layout.attempt_claim(0, 0), old("attempt-claim-first.json"))
+    marker = read_marker(store, 0)
+    assert marker is not None and (marker.marker_version, marker.counts.rollouts, len(marker.files)) == (1, 2, 3)
+    assert marker.to_json().encode() == old("shard-marker-v1.json")  # nothing was lost or added in reading
+    (claim,) = read_claims(store, 0)
+    assert claim.to_json().encode() == old("attempt-claim-first.json")
+
+
+def test_the_first_suite_summary_reads_as_written(batch, store):
+    store.write_once(layout.suite_summary("lineage", layout.suite_run_name(0)), old("suite-summary-first.json"))
+    summary = batch.suite_summary("lineage")
+    assert summary is not None and (summary.status, summary.run) == ("warned", "run-000")
+    assert summary.to_json().encode() == old("suite-summary-first.json")
+
+
+def test_a_version_1_review_record_reads_as_version_2_with_the_same_decision(batch, store):
+    store.write_once(REVIEW_RECORD, old("review-v1.json"))
+    decision = batch.review()
+    written = json.loads(old("review-v1.json"))
+    assert written["record_version"] == 1
+    assert decision is not None and json.loads(decision.to_json()) == written | {"record_version": 2}
+
+
+def test_a_version_4_manifest_holding_a_version_1_review_reads_with_the_review_upgraded(store):
+    store.write_once(layout.DATASET_MARKER, old("dataset-v4-committed-review-v1.json"))
+    marker = read_dataset_marker(store)
+    written = json.loads(old("dataset-v4-committed-review-v1.json"))
+    assert marker is not None and marker.review is not None
+    assert json.loads(marker.review.to_json()) == written["review"] | {"record_version": 2}
+    assert json.loads(marker.to_json()) == written | {"review": written["review"] | {"record_version": 2}}
+
+
+def test_a_published_version_3_manifest_reads_as_4_without_a_review_and_stays_published(root, store):
+    store.write_once(layout.DATASET_MARKER, old("dataset-v3-committed.json"))
+    written = json.loads(old("dataset-v3-committed.json"))
+    marker = read_dataset_marker(store)
+    assert marker is not None and (marker.marker_version, marker.review) == (4, None)
+    assert json.loads(marker.to_json()) == written | {"marker_version": 4, "review": None}
+    assert marker.validation is not None and marker.validation["lineage"]["status"] == "warned"
+    again = publish_batch(Batch.open(root, BATCH))  # publishing a published batch returns its manifest
+    assert not again.created and again.marker == marker
+    with pytest.raises(ReviewConflictError, match="published without a review"):
+        record_decision(Batch.open(root, BATCH), new_decision(BATCH, "reject", "late", decided_by="alice", via="cli"))
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "step"),
+    [
+        ("dataset-v1-committed.json", layout.DATASET_MARKER, "re-plan the batch under a new batch id"),
+        ("dataset-v2-committed.json", layout.DATASET_MARKER, "a dataset published without validation: copy"),
+        ("dataset-v3-committed-unvalidated.json", layout.DATASET_MARKER, "a dataset published without validation"),
+        ("dataset-v3-staged.json", layout.DATASET_STAGED, "a staged dataset whose card finalize wrote: copy"),
+    ],
+)
+def test_older_dataset_manifests_are_refused_naming_the_file_version_and_the_rebuild(store, name, path, step):
+    store.write_once(path, old(name))
+    version = json.loads(old(name))["marker_version"]
+    with pytest.raises(MalformedDatasetMarkerError) as refused:
+        read_dataset_marker(store) if path == layout.DATASET_MARKER else read_staged_marker(store)
+    message = str(refused.value)
+    assert message.startswith(f"{store.url}/{path}: marker_version {version} is not supported (this code reads [3, 4]")
+    assert step in message
+    if version > 1:
+        assert "run `rollout-ledger finalize --root NEW_ROOT --batch-id BATCH_ID` on the copy" in message
+
+
+def test_the_parquet_schemas_are_the_ones_their_versions_were_first_written_with():
+    """Only one version of each was ever written; a change to a schema needs a new version number and a reader."""
+    ledger = "".join(
+        f"{c.__name__}\n{c.arrow_schema().to_string(show_schema_metadata=True)}\n"
+        for c in (StagedDelta, CallRecord, FailureRow, Receipt)
+    )
+    assert ledger == old("ledger-schemas-v2.txt").decode(), "bump tasks/records/digest.py SCHEMA_VERSION"
+    rows = DatasetRow.arrow_schema().to_string(show_schema_metadata=True) + "\n"
+    assert rows == old("dataset-row-schema-v1.txt").decode(), "bump DATASET_SCHEMA_VERSION"
