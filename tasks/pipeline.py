@@ -49,8 +49,8 @@ def thresholds_with(batch: Batch, overrides: Mapping[str, Any]) -> ValidationSpe
 
 def run_suite(suite: str, batch: Batch, *, thresholds: ValidationSpec | None = None) -> SuiteOutcome:
     """Run one suite, rewrite the overview page, and return the suite's outcome (failed or not)."""
+    from tasks.report import write_report_index
     from tasks.validate import validate_dataset, validate_lineage
-    from tasks.validate.report import write_report_index
 
     validate: Callable[..., SuiteOutcome] = {"lineage": validate_lineage, "dataset": validate_dataset}[suite]
     outcome = validate(batch, thresholds=thresholds)
@@ -77,7 +77,7 @@ def finalize_and_publish(
 
 def publish_and_report(batch: Batch, *, require_review: bool = False) -> PublishedBatch:
     """Publish, then rewrite the overview page so it says the dataset is published."""
-    from tasks.validate.report import write_report_index
+    from tasks.report import write_report_index
 
     published = publish_batch(batch, require_review=require_review)
     write_report_index(batch)
@@ -89,7 +89,7 @@ def decide_and_report(batch: Batch, decision: ReviewDecision) -> ReviewDecision:
 
     Returns the batch's decision: ``decision``, or the earlier one with the same choice.
     """
-    from tasks.validate.report import write_report_index
+    from tasks.report import write_report_index
 
     recorded = record_decision(batch, decision)
     write_report_index(batch)

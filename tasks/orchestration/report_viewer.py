@@ -1,39 +1,70 @@
 """The validation report viewer: a FastAPI app the Airflow api-server mounts at ``/rollout-ledger``.
 
-Routes (every one behind Airflow's own authentication):
+Routes behind Airflow's own authentication:
 
 * ``GET /dags/{dag_id}/runs/{run_id}/reports/`` — the run's overview page (``reports/index.html``);
 * ``GET /dags/{dag_id}/runs/{run_id}/reports/{path}`` — any file below the batch's ``reports/``
-  (Data Docs pages, their styles and images), with its content type;
+  (Data Docs pages, their styles and images);
 * ``GET /batches`` — the recent batches the user may read: run, state, published or not, links.
+
+The two report routes answer with a redirect (307, a relative ``Location``) to the same file at
+``GET /dags/{dag_id}/runs/{run_id}/signed/{grant}/{path}``, which serves it with its content type
+to whoever holds the grant: a signed, short-lived grant to read that run's reports
+(:mod:`tasks.orchestration.report_grants`), because a sandboxed page's own requests carry no
+Airflow session. Relative links keep the grant.
 
 A run maps to its batch through what its ``plan`` task recorded (XCom ``batch``: batch id,
 storage URL, connection id); files are read through ``ObjectStoragePath`` with that connection.
 Report routes require read access to the DAG's runs (``requires_access_dag``): 401 without a
-token, 403 without access. Ids outside their charsets and paths that are not plain relative
-paths (``..``, ``.``, absolute, encoded, backslashes, hidden names) are 404 before any storage
-is touched; nothing outside ``reports/`` can be named. Every response carries
-``Content-Security-Policy: frame-ancestors 'self'`` and ``X-Content-Type-Options: nosniff``;
-everything the batches page interpolates is HTML-escaped.
+token, 403 without access; a signed route without a valid grant for its run is 403. Ids outside
+their charsets and paths that are not plain relative paths (``..``, ``.``, absolute, encoded,
+backslashes, hidden names) are 404 before any storage is touched; nothing outside ``reports/``
+can be named.
+
+Every response carries ``X-Content-Type-Options: nosniff`` and a Content-Security-Policy that
+sandboxes it (:data:`REPORT_POLICY`): a report file (the overview page, Data Docs pages, SVG,
+JSON, ...) may run scripts, but in an opaque origin, never Airflow's: it cannot read the
+session's cookies or storage, and its requests to Airflow's REST API are cross-origin, so it
+cannot act with the reader's session. Whatever a hostile string in a report manages to run runs
+there. It may open links in new windows (which leave its sandbox) and navigate the top window on a
+click; ``frame-ancestors 'self'`` lets only Airflow's UI frame it. The batches page is the
+viewer's own: everything it interpolates is HTML-escaped, and it is sandboxed as well, without
+scripts, which it has none of (:data:`BATCHES_POLICY`).
 
 No ``from __future__ import annotations`` here: FastAPI resolves the routes' parameter types
 (``SessionDep``, ``GetUserDep``, imported inside :func:`create_app`) when they are declared.
 """
 
+import base64
+import hashlib
 import html
 import mimetypes
 import re
 from typing import Any
 from urllib.parse import quote
 
+from tasks.orchestration.report_grants import GrantError, check_grant, mint_grant
 from tasks.orchestration.steps import BATCH_XCOM_KEY, PLAN_TASK_ID
 
 URL_PREFIX = "/rollout-ledger"  # where the api-server mounts the app (plugins/report_viewer.py)
 DAG_ID = re.compile(r"[A-Za-z0-9_.-]{1,250}")
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,249}")
 PATH_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")  # no leading dot: no '.', '..' or hidden names
-SECURITY_HEADERS = {"Content-Security-Policy": "frame-ancestors 'self'", "X-Content-Type-Options": "nosniff"}
+SANDBOX = "sandbox allow-popups allow-popups-to-escape-sandbox allow-top-navigation-by-user-activation"
+REPORT_POLICY = f"{SANDBOX} allow-scripts; frame-ancestors 'self'"
 RECENT_BATCHES = 50
+BATCHES_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #1d2433; }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; padding: .4rem .6rem; border-bottom: 1px solid #d8dde6; font-size: .9rem; }
+th { background: #f3f5f9; }
+"""
+BATCHES_POLICY = (
+    f"{SANDBOX}; default-src 'none'; "
+    f"style-src 'sha256-{base64.b64encode(hashlib.sha256(BATCHES_STYLE.encode()).digest()).decode()}'; "
+    "frame-ancestors 'self'"
+)
+SECURITY_HEADERS = {"Content-Security-Policy": REPORT_POLICY, "X-Content-Type-Options": "nosniff"}
 
 
 class NotFoundError(LookupError):
@@ -128,12 +159,7 @@ def batches_page(rows: list[dict[str, Any]]) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Rollout batches</title>
 <base href="/rollout-ledger/">
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 1.5rem; color: #1d2433; }}
-table {{ border-collapse: collapse; width: 100%; }}
-th, td {{ text-align: left; padding: .4rem .6rem; border-bottom: 1px solid #d8dde6; font-size: .9rem; }}
-th {{ background: #f3f5f9; }}
-</style></head><body>
+<style>{BATCHES_STYLE}</style></head><body>
 <h1>Rollout batches</h1>
 <p>The {RECENT_BATCHES} most recent runs that planned a batch, in the DAGs you can read.</p>
 <table><thead><tr><th>DAG</th><th>run</th><th>state</th><th>batch</th><th>dataset</th><th></th></tr></thead>
@@ -181,8 +207,9 @@ def _published(record: dict[str, Any]) -> bool:
 
 
 def create_app() -> Any:
-    """The FastAPI app; every route depends on Airflow's authentication and access checks."""
+    """The FastAPI app; every route depends on Airflow's authentication and access checks, or on a grant."""
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.auth.tokens import get_signing_key
     from airflow.api_fastapi.common.db.common import SessionDep
     from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
     from fastapi import Depends, FastAPI, Request, Response
@@ -193,19 +220,32 @@ def create_app() -> Any:
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Any) -> Response:
+        """Every response gets the headers; one that names its own policy (the batches page) keeps it."""
         response = await call_next(request)
-        response.headers.update(SECURITY_HEADERS)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
         return response
 
     @app.exception_handler(NotFoundError)
     async def not_found(request: Request, exc: NotFoundError) -> Response:
         return Response("Not Found", status_code=404, media_type="text/plain", headers=SECURITY_HEADERS)
 
-    def serve(session: Any, dag_id: str, run_id: str, path: str) -> Response:
+    @app.exception_handler(GrantError)
+    async def no_grant(request: Request, exc: GrantError) -> Response:
+        text = f"{exc}: open the report again from its run's page"
+        return Response(text, status_code=403, media_type="text/plain", headers=SECURITY_HEADERS)
+
+    def secret() -> str:
+        return get_signing_key("api", "secret_key")
+
+    def grant_redirect(session: Any, dag_id: str, run_id: str, requested: str) -> Response:
+        """From ``reports/{requested}`` to the same file below ``signed/<grant>/`` (``index.html`` for ``""``)."""
         check_run(dag_id, run_id)
-        segments = report_path(path)
-        data, kind = read_report(batch_record(session, dag_id, run_id), segments)
-        return Response(data, media_type=kind, headers={"Cache-Control": "private, no-cache"})
+        path = "/".join(report_path(requested or "index.html"))
+        batch_record(session, dag_id, run_id)  # a run without a batch is 404 before any grant is made
+        up = "../" * (requested.count("/") + 1)  # from the requested file's folder to the run's
+        target = f"{up}signed/{mint_grant(secret(), dag_id, run_id)}/{path}"
+        return RedirectResponse(target, status_code=307, headers={"Cache-Control": "no-store"})
 
     @app.get("/dags/{dag_id}/runs/{run_id}/reports", dependencies=read_runs, include_in_schema=False)
     def reports_root(dag_id: str, run_id: str) -> Response:
@@ -214,17 +254,26 @@ def create_app() -> Any:
 
     @app.get("/dags/{dag_id}/runs/{run_id}/reports/", dependencies=read_runs)
     def report_index(dag_id: str, run_id: str, session: SessionDep) -> Response:
-        return serve(session, dag_id, run_id, "index.html")
+        return grant_redirect(session, dag_id, run_id, "")
 
     @app.get("/dags/{dag_id}/runs/{run_id}/reports/{path:path}", dependencies=read_runs)
     def report_file(dag_id: str, run_id: str, path: str, session: SessionDep) -> Response:
-        return serve(session, dag_id, run_id, path)
+        return grant_redirect(session, dag_id, run_id, path)
+
+    @app.get("/dags/{dag_id}/runs/{run_id}/signed/{grant}/{path:path}")
+    def signed_file(dag_id: str, run_id: str, grant: str, path: str, session: SessionDep) -> Response:
+        check_run(dag_id, run_id)
+        check_grant(secret(), grant, dag_id, run_id)
+        data, kind = read_report(batch_record(session, dag_id, run_id), report_path(path))
+        return Response(data, media_type=kind, headers={"Cache-Control": "private, no-cache"})
 
     @app.get("/batches", response_class=HTMLResponse)
     def batches(user: GetUserDep, session: SessionDep) -> HTMLResponse:
         from airflow.api_fastapi.app import get_auth_manager
 
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session)
-        return HTMLResponse(batches_page(recent_batches(session, readable)))
+        return HTMLResponse(
+            batches_page(recent_batches(session, readable)), headers={"Content-Security-Policy": BATCHES_POLICY}
+        )
 
     return app

@@ -72,7 +72,11 @@ def _answers(url: str) -> bool:
 
 
 def chromium(width: int = 1400, height: int = 1000):
-    """A headless Chromium (the Debian package) under its matching chromedriver."""
+    """A headless Chromium (the Debian package) under its matching chromedriver, resolving no host but loopback.
+
+    Pages that load scripts from public CDNs (GX Data Docs) then fail those loads at once, the same
+    on every machine, instead of waiting on whatever DNS the machine has.
+    """
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -82,7 +86,13 @@ def chromium(width: int = 1400, height: int = 1000):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+    ):
         options.add_argument(argument)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 

@@ -7,11 +7,22 @@ simple-auth-manager users: an admin, a viewer, and a user with no role (no DAG a
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
+import time
+from pathlib import Path
+
 import pytest
 
 from tasks.orchestration.report_viewer import batches_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+REPORT_POLICY = (
+    "sandbox allow-popups allow-popups-to-escape-sandbox allow-top-navigation-by-user-activation allow-scripts; "
+    "frame-ancestors 'self'"
+)
+SVG_WITH_SCRIPT = "<svg xmlns='http://www.w3.org/2000/svg'><script>document.title = 'ran'</script></svg>"
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +64,7 @@ def test_the_overview_page_and_data_docs_are_served_with_their_types_and_headers
     page = client.get(reports, headers=headers["viewer"])
     assert page.status_code == 200 and page.headers["content-type"] == "text/html; charset=utf-8"
     assert run_batch_id(conf, dag_run) in page.text and "<svg" in page.text
-    assert page.headers["content-security-policy"] == "frame-ancestors 'self'"
+    assert page.headers["content-security-policy"] == REPORT_POLICY
     assert page.headers["x-content-type-options"] == "nosniff"
     for path, kind in [
         ("lineage/run-000/index.html", "text/html; charset=utf-8"),
@@ -64,6 +75,67 @@ def test_the_overview_page_and_data_docs_are_served_with_their_types_and_headers
         response = client.get(reports + path, headers=headers["admin"])
         assert (response.status_code, response.headers["content-type"]) == (200, kind), path
         assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["content-security-policy"] == REPORT_POLICY, path
+
+
+def test_every_report_file_is_sandboxed_whatever_its_type(client, headers, reports, published_run):
+    """An SVG or HTML file below reports/ other than the overview page gets the same sandbox, never Airflow's origin."""
+    from tasks.orchestration.steps import run_batch_id
+
+    dag_run, conf = published_run
+    folder = Path(conf["storage_url"].removeprefix("file://")) / "batches" / run_batch_id(conf, dag_run) / "reports"
+    for name, text, kind in [
+        ("sandbox-check.svg", SVG_WITH_SCRIPT, "image/svg+xml; charset=utf-8"),
+        ("sandbox-check.html", f"<!doctype html>{SVG_WITH_SCRIPT}", "text/html; charset=utf-8"),
+    ]:
+        (folder / name).write_text(text)
+        response = client.get(reports + name, headers=headers["viewer"])
+        assert (response.status_code, response.headers["content-type"], response.text) == (200, kind, text)
+        assert response.headers["content-security-policy"] == REPORT_POLICY
+
+
+def test_report_routes_redirect_to_a_signed_address_that_reads_that_run_without_a_login(client, headers, reports):
+    from urllib.parse import urljoin
+
+    start = client.get(reports, headers=headers["viewer"], follow_redirects=False)
+    assert start.status_code == 307 and start.headers["cache-control"] == "no-store"
+    assert re.fullmatch(r"\.\./signed/[0-9]+-[A-Za-z0-9_-]{43}/index\.html", start.headers["location"])
+    index = urljoin(f"http://testserver{reports}", start.headers["location"])
+    page = client.get(index)  # no token, no cookie: the grant in the address
+    assert page.status_code == 200 and "<svg" in page.text
+    assert page.headers["content-security-policy"] == REPORT_POLICY
+
+    deep = client.get(reports + "lineage/run-000/index.html", headers=headers["viewer"], follow_redirects=False)
+    assert deep.headers["location"].startswith("../../../signed/")
+    signed = urljoin(f"http://testserver{reports}lineage/run-000/index.html", deep.headers["location"])
+    assert signed.rsplit("/signed/", 1)[0] == index.rsplit("/signed/", 1)[0]
+    assert client.get(signed).status_code == 200
+    assert client.get(urljoin(signed, "static/styles/data_docs_default_styles.css")).status_code == 200  # relative
+
+
+def test_a_signed_address_with_a_forged_expired_or_other_runs_grant_is_403(client, headers, reports):
+    from urllib.parse import urljoin
+
+    from airflow.api_fastapi.auth.tokens import get_signing_key
+
+    from tasks.orchestration.report_grants import GRANT_SECONDS, mint_grant
+
+    start = client.get(reports, headers=headers["viewer"], follow_redirects=False)
+    index = urljoin(f"http://testserver{reports}", start.headers["location"])
+    run = reports.split("/runs/", 1)[1].split("/", 1)[0]
+    base, _, rest = index.partition("/signed/")
+    grant = rest.split("/", 1)[0]
+    secret = get_signing_key("api", "secret_key")
+    expired = mint_grant(secret, "rollout_batch", run, now=time.time() - GRANT_SECONDS - 1)
+    altered = grant[:-1] + ("A" if grant[-1] != "A" else "B")
+    for forged in (expired, mint_grant("not the secret", "rollout_batch", run), altered, "1-x"):
+        response = client.get(f"{base}/signed/{forged}/index.html")
+        assert response.status_code == 403 and "open the report again" in response.text, forged
+        assert response.headers["content-security-policy"] == REPORT_POLICY
+    other = base.replace(f"/runs/{run}", "/runs/manual__another")
+    assert client.get(f"{other}/signed/{grant}/index.html").status_code == 403
+    for path in ("..%2fplan%2fbatch.json", "%2e%2e/plan/batch.json", ".hidden", "lineage//run-000/index.html"):
+        assert client.get(f"{base}/signed/{grant}/{path}").status_code == 404, path
 
 
 def test_the_cookie_the_ui_keeps_authenticates_too(client, reports):
@@ -84,7 +156,12 @@ def test_the_batches_page_needs_a_login_and_lists_the_run(client, headers, publi
     page = client.get("/rollout-ledger/batches", headers=headers["viewer"])
     assert page.status_code == 200 and dag_run.run_id.replace("+", "+") in page.text
     assert "published" in page.text and f"dags/rollout_batch/runs/{dag_run.run_id}/reports/" in page.text
-    assert page.headers["content-security-policy"] == "frame-ancestors 'self'"
+    (style,) = re.findall(r"<style>(.*?)</style>", page.text, re.S)
+    digest = base64.b64encode(hashlib.sha256(style.encode()).digest()).decode()
+    assert page.headers["content-security-policy"] == (  # sandboxed too, without scripts: it has none
+        "sandbox allow-popups allow-popups-to-escape-sandbox allow-top-navigation-by-user-activation; "
+        f"default-src 'none'; style-src 'sha256-{digest}'; frame-ancestors 'self'"
+    )
     nobody = client.get("/rollout-ledger/batches", headers=headers["nobody"])
     assert nobody.status_code == 200 and dag_run.run_id not in nobody.text  # it lists only readable DAGs
 
@@ -111,7 +188,7 @@ def test_the_batches_page_needs_a_login_and_lists_the_run(client, headers, publi
 def test_paths_that_leave_reports_or_are_not_plain_are_404(client, headers, reports, path):
     response = client.get(reports + path, headers=headers["admin"])
     assert response.status_code == 404, path
-    assert response.headers["content-security-policy"] == "frame-ancestors 'self'"
+    assert response.headers["content-security-policy"] == REPORT_POLICY
 
 
 @pytest.mark.parametrize(

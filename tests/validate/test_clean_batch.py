@@ -15,8 +15,8 @@ from tasks.batch import Batch
 from tasks.config import ValidationSpec
 from tasks.errors import MalformedSummaryError, NothingToValidateError
 from tasks.plan import plan_batch
+from tasks.report import write_report_index
 from tasks.validate import SuiteOutcome, validate_dataset, validate_lineage
-from tasks.validate.report import write_report_index
 from tasks.validate.suites import DATASET_TABLES, LINEAGE_TABLES
 from tests.local_batch import LocalBatch, copy_batch
 

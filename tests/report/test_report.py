@@ -1,157 +1,27 @@
 """The overview page ``reports/index.html``: rendered from a real generated and finalized batch
-(fake scripted engine, real tokenizer and storage) plus hand-written suite summaries."""
+(fake scripted engine, real tokenizer and storage; ``conftest.py``) plus hand-written suite summaries."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import hashlib
 import html
 import json
 import re
-import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tasks.batch import Batch
-from tasks.config import BatchConfig, ModelSpec, ValidationSpec
-from tasks.engines.base import GenerationRequest, SamplingSettings
-from tasks.errors import EngineError
 from tasks.finalize.logprob_audit import AuditReport
-from tasks.finalize.stage import FinalizeOptions, finalize_batch
-from tasks.generate import generate_shards
 from tasks.plan import plan_batch
-from tasks.records.suite_summary import ExpectationOutcome, SuiteSummary, SummaryCounts, status_of
-from tasks.validate import report
-from tasks.validate.report import (
-    INDEX,
-    SuiteView,
-    docs_link,
-    nice_ticks,
-    overall_status,
-    read_report_inputs,
-    render_report,
-    write_report_index,
-)
-from tests.generation.fakes import FakeScriptedEngine
+from tasks.report import INDEX, gather, write_report_index
+from tasks.report.charts import nice_ticks
+from tasks.report.gather import AuditFigures, SuiteView, gather_report, overall_status
+from tasks.report.render import docs_link, render_report
 
-BATCH = "b-report"
-HOSTILE = "<img src=x onerror=alert(1)>"
-
-
-def report_config(**overrides: Any) -> BatchConfig:
-    fields = {
-        "batch_id": BATCH,
-        "environment": "guess_number",
-        "environment_options": {"lo": 1, "hi": 8},
-        "num_tasks": 8,
-        "group_size": 4,
-        "shards": 2,
-        "model": ModelSpec(reference="fake-model"),
-        "sampling": SamplingSettings(temperature=0.8, max_tokens=24),
-        "max_turns": 4,
-        "max_in_flight": 8,
-        "weight_version": 3,
-    } | overrides
-    return BatchConfig(**fields)
-
-
-class RefittingEngine(FakeScriptedEngine):
-    """Refits to weight version 5 when its 10th request arrives (rows then span versions 3 and 5)."""
-
-    entered = 0
-
-    async def generate(self, request: GenerationRequest) -> Any:
-        self.entered += 1
-        if self.entered == 10:
-            await self.update_weights("unused", version=5)
-        return await super().generate(request)
-
-
-def fail_some(request: GenerationRequest) -> EngineError | None:
-    """An engine error on the third call of every fifth seed: failure rows and masked rollouts."""
-    return EngineError("device lost") if request.request_id.endswith(".c002") and request.seed % 5 == 0 else None
-
-
-@pytest.fixture(scope="module")
-def finalized(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A planned, generated (two shards, a refit in the second) and finalized batch; tests copy it."""
-    root = tmp_path_factory.mktemp("report-batch")
-    config = report_config()
-    plan_batch(Batch.open(str(root), config.batch_id), config)
-    reply = lambda request: str(request.seed % 8 + 1)  # noqa: E731
-    generate_shards(
-        Batch.open(str(root), BATCH),
-        [0],
-        engine=FakeScriptedEngine(tokenizer, reply=reply, fail=fail_some, weight_version=3),
-        run=asyncio.run,
-        progress=False,
-    )
-    generate_shards(
-        Batch.open(str(root), BATCH),
-        [1],
-        engine=RefittingEngine(tokenizer, reply=reply, fail=fail_some, weight_version=3),
-        run=asyncio.run,
-        progress=False,
-    )
-    finalize_batch(Batch.open(str(root), BATCH), FinalizeOptions(audit=False))
-    return root
-
-
-@pytest.fixture
-def root(finalized: Path, tmp_path: Path) -> Path:
-    """A private copy of the finalized batch."""
-    return Path(shutil.copytree(finalized, tmp_path / "root"))
-
-
-def summary_of(suite: str, expectations: list[ExpectationOutcome], *, run: int = 0) -> SuiteSummary:
-    """A suite run's summary in the validation stage's format."""
-    failed = sum(not e.success and e.severity == "fail" for e in expectations)
-    warned = sum(not e.success and e.severity == "warn" for e in expectations)
-    status = status_of(failed, warned)
-    return SuiteSummary(
-        suite=suite,
-        batch_id=BATCH,
-        status=status,
-        success=status != "failed",
-        expectations=tuple(expectations),
-        counts=SummaryCounts(expectations=len(expectations), failed=failed, warned=warned, rows=32),
-        thresholds=ValidationSpec(),
-        gx_version="1.24.1",
-        report=f"reports/{suite}/run-{run:03d}/index.html",
-        created_at=1764628000.0,
-        run=f"run-{run:03d}",
-        run_key=hashlib.sha256(f"{suite}{run}".encode()).hexdigest(),
-        inputs={},
-    )
-
-
-def write_summary(
-    root: Path, suite: str, expectations: list[ExpectationOutcome], *, run: int = 0, docs: bool = True
-) -> None:
-    """A completed run of ``suite`` as the validation stage leaves it (summary and a stand-in for its Data Docs)."""
-    folder = root / "batches" / BATCH / "reports" / suite / f"run-{run:03d}"
-    folder.mkdir(parents=True)
-    (folder / "summary.json").write_text(summary_of(suite, expectations, run=run).to_json())
-    if docs:
-        (folder / "index.html").write_text("<html>Data Docs</html>")
-
-
-def expectation(name: str, *, success: bool = True, severity: str = "fail", **fields: Any) -> ExpectationOutcome:
-    return ExpectationOutcome(
-        name=name,
-        expectation=f"expect_{name}",
-        severity=severity,
-        success=success,
-        observed=fields.get("observed", 0.0),
-        threshold=fields.get("threshold"),
-        unexpected_count=fields.get("unexpected_count", 0),
-        examples=tuple(fields.get("examples", ())),
-        error=None,
-    )
+from .batches import BATCH, HOSTILE, expectation, report_config, summary_of, write_summary
 
 
 def svg_count(page: str) -> int:
@@ -264,7 +134,7 @@ def test_a_rerun_replaces_the_page_and_keeps_each_distinct_version(root):
 
 
 def test_the_audit_plot_is_drawn_from_the_audit_statistics(root):
-    inputs = read_report_inputs(Batch.open(str(root), BATCH))
+    figures = gather_report(Batch.open(str(root), BATCH))
     audit = AuditReport(
         model_path="/models/smollm2",
         temperature=0.8,
@@ -294,14 +164,16 @@ def test_the_audit_plot_is_drawn_from_the_audit_statistics(root):
         sequences_outside_clip=1,
         seq_outside_clip_fraction=1 / 16,
     ).to_dict()
-    page = render_report(dataclasses.replace(inputs, metrics={**inputs.metrics, "audit": audit}))
+    page = render_report(
+        dataclasses.replace(figures, metrics=dataclasses.replace(figures.metrics, audit=AuditFigures.of(audit)))
+    )
     assert svg_count(page) == 6 and "not run: finalize ran without --audit" not in page
     assert "16 of 20 eligible" in page and "0.0021" in page and "clip 0.5" in page and "/models/smollm2" in page
 
 
 def test_the_reward_plot_samples_evenly_spaced_groups_of_a_large_batch(root, monkeypatch):
-    monkeypatch.setattr(report, "MAX_GROUPS_SHOWN", 3)
-    profile = read_report_inputs(Batch.open(str(root), BATCH)).profile
+    monkeypatch.setattr(gather, "MAX_GROUPS_SHOWN", 3)
+    profile = gather_report(Batch.open(str(root), BATCH)).profile
     assert [g.group_id for g in profile.group_rewards] == ["g000000", "g000003", "g000006"]
     assert profile.groups == 8 and profile.rows == 32 == profile.lengths.size == profile.num_turns.size
     assert sum(len(g.trainable) for g in profile.group_rewards) <= 12
