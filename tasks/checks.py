@@ -10,11 +10,10 @@ have their own module, :mod:`tasks.ids`.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Collection
 from typing import TypeVar
-
-import numpy as np
 
 HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 REASON_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -23,13 +22,13 @@ T = TypeVar("T")
 
 
 def is_int(value: object) -> bool:
-    """An int (a numpy integer too), never a bool."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    """An int (a numpy integer too: numpy registers them as ``numbers.Integral``), never a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def is_number(value: object) -> bool:
-    """An int or a float (numpy ones too), never a bool."""
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    """An int or a float (numpy ones too, as ``numbers.Real``), never a bool (numpy's ``bool_`` is not a number)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def is_hex_digest(value: object) -> bool:

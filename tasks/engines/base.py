@@ -13,12 +13,13 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from tasks.checks import check_finite, check_int, is_int
 from tasks.errors import EngineError
+
+if TYPE_CHECKING:
+    import numpy as np  # the config imports SamplingSettings at DAG parse time: no numpy import there
 
 FINISH_REASONS = ("stop", "length", "abort")
 

@@ -26,8 +26,6 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import fsspec
-
 from tasks.environments.base import Environment, Message, Turn, check_messages
 from tasks.environments.parsing import last_assistant_content
 from tasks.environments.rewards import reward_function
@@ -126,6 +124,8 @@ class PromptsFile(Environment):
             raise PromptFileError(f"prompt file path must be a string ending in one of {SUFFIXES}, got {path!r}")
         self.path, self.reward = recorded_path(path), reward
         self._score = reward_function(reward)
+        import fsspec  # the registry (and so DAG parsing) imports this module: open files only when used
+
         try:
             with fsspec.open(self.path, "rb") as handle:
                 data = handle.read()

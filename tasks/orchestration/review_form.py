@@ -3,8 +3,9 @@
 :func:`build_review_request` says whether a decision is needed (a suite warned, or the run requires
 review), whether one is already recorded, and renders the form: why review is needed, the headline
 numbers, every expectation that warned with its observed value and threshold, and a link to the
-run's overview page in the report viewer. The buttons are :data:`OPTIONS`; the one field is
-:data:`REASON_FIELD`. Values from storage are escaped for Markdown. No Airflow import here.
+run's overview page in the report viewer. The buttons and the reason field are
+:data:`tasks.records.review.OPTIONS` and :data:`~tasks.records.review.REASON_FIELD`. Values from
+storage are escaped for Markdown. No Airflow import here.
 """
 
 from __future__ import annotations
@@ -15,21 +16,9 @@ from typing import Any
 
 from tasks.batch import Batch
 from tasks.publish import review_reasons, staged_dataset, validation_outcomes
-from tasks.records.review import MAX_REASON_LENGTH, PUBLISH, REJECT, TIMEOUT_REASON, ReviewDecision
+from tasks.records.review import TIMEOUT_REASON, ReviewDecision
 from tasks.records.suite_summary import SUITES
 from tasks.storage.dataset_manifest import DatasetMarker
-
-OPTIONS = {"Publish": PUBLISH, "Reject": REJECT}  # the form's buttons -> the recorded choice
-REASON_FIELD = "reason"
-# Empty by default (Airflow validates a task's params, this field included, before the task runs);
-# an answer without a reason is refused when it arrives (tasks.records.review.new_decision).
-REASON_SCHEMA = {
-    "default": "",
-    "type": "string",
-    "maxLength": MAX_REASON_LENGTH,
-    "title": "Reason",
-    "description": "required: why you publish or reject this batch; kept in its record and the dataset card",
-}
 
 
 @dataclass(frozen=True)

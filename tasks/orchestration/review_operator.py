@@ -23,7 +23,7 @@ from airflow.sdk import Param
 
 from tasks.orchestration import steps
 from tasks.orchestration.form import DEFAULT_REVIEW_TIMEOUT_HOURS
-from tasks.orchestration.review_form import OPTIONS, REASON_FIELD, REASON_SCHEMA
+from tasks.records.review import OPTIONS, REASON_FIELD, REASON_SCHEMA
 
 
 class BatchReviewOperator(HITLOperator):

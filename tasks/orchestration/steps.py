@@ -179,8 +179,7 @@ def review_request(params: Mapping[str, Any], run: DagRunRef) -> ReviewRequest:
 
 def response_decision(params: Mapping[str, Any], run: DagRunRef, event: Mapping[str, Any]) -> ReviewDecision:
     """The decision a person submitted in the review form (or its REST API); a bad one fails the task, naming why."""
-    from tasks.orchestration.review_form import OPTIONS, REASON_FIELD
-    from tasks.records.review import new_decision
+    from tasks.records.review import OPTIONS, REASON_FIELD, new_decision
 
     chosen = list(event.get("chosen_options") or [])
     user = event.get("responded_by_user") or {}

@@ -45,6 +45,19 @@ SOURCES = ("airflow", "cli", "timeout", UNREVIEWED)
 TIMEOUT_REASON = "review_timeout"
 NO_REVIEW_REASON = "no_review_needed"
 MAX_REASON_LENGTH = 2000
+# The decision form a person answers (the Airflow review task, the CLI's flags map to the same):
+# its buttons -> the recorded choice, and its one field, the reason. Empty by default (Airflow
+# validates a task's params before the task runs); an answer without a reason is refused when it
+# arrives (:func:`new_decision`).
+OPTIONS = {"Publish": PUBLISH, "Reject": REJECT}
+REASON_FIELD = "reason"
+REASON_SCHEMA = {
+    "default": "",
+    "type": "string",
+    "maxLength": MAX_REASON_LENGTH,
+    "title": "Reason",
+    "description": "required: why you publish or reject this batch; kept in its record and the dataset card",
+}
 MAX_NAME_LENGTH = 256
 
 
