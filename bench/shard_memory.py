@@ -151,9 +151,9 @@ def _snapshot_before_commit() -> tuple[tracemalloc.Snapshot, list[tracemalloc.Sn
     Diagnostic only (tracing slows the shard several-fold): wraps ``LedgerWriter.commit`` in this
     process, so the snapshot holds everything the shard still keeps at its high point.
     """
-    from tasks import generate
+    from tasks.generate import attempt
 
-    writer = generate.LedgerWriter  # the ledger writer class the stage uses, wherever it lives
+    writer = attempt.LedgerWriter  # the ledger writer class the stage uses, wherever it lives
     original = writer.commit
     taken: list[tracemalloc.Snapshot] = []
 

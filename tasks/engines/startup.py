@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from tasks.env_vars import scoped_environ
 from tasks.models.bundled import cache_dir
 
 START_TIMES_FILE = "engine-start-seconds.json"
@@ -80,23 +81,19 @@ def engine_output_to(path: Path) -> Iterator[None]:
     old_streams = [h.stream for h in handlers]
     engine_logger = logging.getLogger(ENGINE_LOGGER)
     to_log_file = logging.StreamHandler(sys.__stderr__)
-    saved_stream_setting = os.environ.get(VLLM_STREAM_VARIABLE)
     try:
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        os.environ[VLLM_STREAM_VARIABLE] = "ext://sys.__stderr__"  # vLLM's own handlers, here and in its processes
         engine_logger.addHandler(to_log_file)
         engine_logger.propagate = False
         sys.stdout, sys.stderr = console_out, console_err
         for handler, stream in zip(handlers, old_streams, strict=True):
             handler.setStream(console_out if stream is old_out else console_err)
-        yield
+        # vLLM's own log handlers, here and in its processes, write to descriptor 2: the log file
+        with scoped_environ(**{VLLM_STREAM_VARIABLE: "ext://sys.__stderr__"}):
+            yield
     finally:
         engine_logger.removeHandler(to_log_file)
-        if saved_stream_setting is None:
-            os.environ.pop(VLLM_STREAM_VARIABLE, None)
-        else:
-            os.environ[VLLM_STREAM_VARIABLE] = saved_stream_setting
         for handler, stream in zip(handlers, old_streams, strict=True):
             handler.setStream(stream)
         sys.stdout, sys.stderr = old_out, old_err

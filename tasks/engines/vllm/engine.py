@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import psutil
 from tasks.engines.base import FINISH_REASONS, Engine, GenerationRequest, GenerationResult, next_weight_version
 from tasks.engines.reaper import Reaper
 from tasks.engines.vllm.options import VllmOptions
+from tasks.env_vars import scoped_environ
 from tasks.errors import EngineDeadError, EngineError, ModelFolderError
 from tasks.models.bundled import check_model_folder, load_tokenizer
 from tasks.models.provenance import model_provenance
@@ -98,7 +99,7 @@ class VllmEngine(Engine):
         before = {p.pid for p in engine_processes()}
         reaper = Reaper.start()
         try:
-            with scoped_environ(cpu_env_defaults(options, os.environ) if on_cpu else {}):
+            with scoped_environ(**(cpu_env_defaults(options, os.environ) if on_cpu else {})):
                 # No local holds the AsyncLLM: a module vLLM imports lazily keeps this frame alive, and a
                 # local here would keep the engine alive past close() (its __del__ then fails at exit).
                 engine = cls(
@@ -256,21 +257,6 @@ def _is_dead(exc: BaseException) -> bool:
     from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 
     return isinstance(exc, VllmEngineDeadError)
-
-
-@contextlib.contextmanager
-def scoped_environ(settings: Mapping[str, str]) -> Iterator[None]:
-    """Set ``settings`` in ``os.environ`` for the block, then restore every key as it was."""
-    saved = {key: os.environ.get(key) for key in settings}
-    os.environ.update(settings)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def to_generation_result(request_id: str, output: Any) -> GenerationResult:

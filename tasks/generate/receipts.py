@@ -1,0 +1,67 @@
+"""A rollout's final word: its receipt, and the outcome the training-signal summary keeps of it.
+
+Pure functions of what the rollout captured. A receipt is ``ok`` only with a reward and an
+attributed terminal call (the episode's last captured call is the declared one); an environment
+error makes it ``failed`` (:data:`ENVIRONMENT_ERROR`), a poisoned capture or a missing terminal
+or reward makes it ``poisoned`` with the reason, and neither names a terminal call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tasks.capture.calls import RolloutCapture
+from tasks.capture.terminal import attribute_terminal
+from tasks.environments.base import Turn
+from tasks.records.ledger import CallRecord, Receipt, canonical_json
+from tasks.records.planned import PlannedRollout
+from tasks.training_signal import RolloutOutcome
+
+ENVIRONMENT_ERROR = "environment_error"
+
+
+def outcome_of(receipt: Receipt, manifest: Sequence[CallRecord]) -> RolloutOutcome:
+    """What the training-signal summary needs of a receipted rollout (truncated: its terminal hit max_tokens)."""
+    terminal = next((c for c in manifest if c.call_id == receipt.terminal_call_id), None)
+    return RolloutOutcome(
+        group_id=receipt.group_id,
+        status=receipt.status,
+        reward=receipt.reward,
+        failure_reason=receipt.failure_reason,
+        truncated=terminal is not None and terminal.finish_reason == "length",
+    )
+
+
+def receipt_of(
+    planned: PlannedRollout, state: RolloutCapture, attempt: int, outcome: Turn | None, error: str | None
+) -> Receipt:
+    """The rollout's final word. The declared terminal is the episode's last captured call."""
+    reward = outcome.reward if outcome is not None else None
+    info = dict(outcome.reward_info) if outcome is not None else {}
+    if error is not None:
+        info["error"] = error
+    common = {
+        "rollout_id": planned.rollout_id,
+        "group_id": planned.group_id,
+        "attempt": attempt,
+        "reward": reward,
+        "reward_info": canonical_json(info),
+        "num_calls": len(state.records),
+    }
+    unfinished = {"terminal_call_id": None, "terminal_selection": None, "terminal_attribution_reason": None}
+    if error is not None:
+        return Receipt(**common, **unfinished, status="failed", failure_reason=ENVIRONMENT_ERROR)
+    if state.poisoned_reason is not None:
+        return Receipt(**common, **unfinished, status="poisoned", failure_reason=state.poisoned_reason)
+    attribution = attribute_terminal(state.records, declared_call_id=state.last_captured_call_id)
+    if attribution.terminal_call_id is None or reward is None:
+        reason = attribution.reason if attribution.terminal_call_id is None else "no_reward"
+        return Receipt(**common, **unfinished, status="poisoned", failure_reason=reason)
+    return Receipt(
+        **common,
+        terminal_call_id=attribution.terminal_call_id,
+        terminal_selection=attribution.selection_method,
+        terminal_attribution_reason=attribution.reason,
+        status="ok",
+        failure_reason=None,
+    )

@@ -1,0 +1,165 @@
+"""The rollouts of one shard attempt, run concurrently on one engine and captured.
+
+At most ``max_in_flight`` rollouts are in flight at once (the engine's continuous batch). A
+rollout that ends, however it ends, gets a receipt (:mod:`tasks.generate.receipts`); receipts
+are made durable at least every :data:`LEDGER_FLUSH_SECONDS`. An environment error fails only
+its rollout, with the message bounded to :data:`MAX_ERROR_CHARS`. The engine dying or storage
+staying unavailable is not a rollout's failure: the rollouts in flight get no receipt (the retry
+re-runs them) and the attempt ends with that error (the engine's death wins over others).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tasks.capture.calls import CallCapture, RolloutCapture
+from tasks.capture.prefix_cache import ChainPrefixCache
+from tasks.config import BatchConfig
+from tasks.environments.base import Environment, Turn, check_messages
+from tasks.errors import EngineDeadError, StorageUnavailableError
+from tasks.generate.checks import CheckedBatch
+from tasks.generate.progress import Progress
+from tasks.generate.receipts import outcome_of, receipt_of
+from tasks.generate.shard_engine import ShardEngine
+from tasks.records.planned import PlannedRollout
+from tasks.storage.claims import AttemptClaim
+from tasks.storage.ledger_writer import LedgerWriter
+from tasks.storage.staged_reader import StagedReader
+from tasks.storage.staging import StagingWriter
+from tasks.training_signal import RolloutOutcome
+
+log = logging.getLogger(__name__)
+MAX_ERROR_CHARS = 2000  # of an environment error kept in a receipt (failure rows keep as much detail)
+# Receipts are made durable at least this often, so a crashed attempt loses little: its
+# successor adopts every rollout whose receipt reached storage.
+LEDGER_FLUSH_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What the shard keeps of a finished rollout (its tokens are released)."""
+
+    outcome: RolloutOutcome
+    generated_tokens: int
+    calls: int
+
+
+async def run_rollouts(
+    batch: CheckedBatch,
+    claim: AttemptClaim,
+    todo: Sequence[PlannedRollout],
+    engine: ShardEngine,
+    staging: StagingWriter,
+    ledger: LedgerWriter,
+) -> list[Finished]:
+    """Run ``todo`` on ``engine`` (started if it is not yet), at most ``max_in_flight`` at once, captured."""
+    config, shard, attempt = batch.config, claim.shard, claim.attempt
+    reader = StagedReader(batch.store)
+    cache = ChainPrefixCache()
+    capture = CallCapture(
+        engine=await engine.get(),
+        sampling=config.sampling,
+        staging=staging,
+        ledger=ledger,
+        prefix_cache=cache,
+        capture=batch.capture,
+    )
+    cache.set_source(
+        f"{config.batch_id}/shard-{shard}/attempt-{attempt}",
+        lambda keys: reader.fetch_token_ids(capture.coordinates_of(keys)),
+    )
+    progress = Progress(total=len(todo), enabled=batch.progress, label=f"shard {shard}")
+    limit = asyncio.Semaphore(config.max_in_flight)
+    finished: list[Finished] = []
+    last_flush = [time.monotonic()]
+
+    async def run_one(planned: PlannedRollout) -> None:
+        async with limit:
+            done = await run_rollout(
+                planned, config, attempt, batch.environment, capture, ledger if batch.capture else None, progress
+            )
+        finished.append(done)
+        progress.rollout_done()
+        if batch.capture and time.monotonic() - last_flush[0] >= LEDGER_FLUSH_SECONDS:
+            last_flush[0] = time.monotonic()
+            await asyncio.to_thread(ledger.flush)
+
+    heartbeat = asyncio.create_task(progress.heartbeat())
+    try:
+        async with asyncio.TaskGroup() as group:
+            for planned in todo:
+                group.create_task(run_one(planned))
+    except BaseExceptionGroup as failed:
+        raise first_error(failed) from None
+    finally:
+        heartbeat.cancel()
+        progress.close()
+    return finished
+
+
+def first_error(group: BaseExceptionGroup) -> BaseException:
+    """The exception to report from a task group: the engine dying wins, else the first one."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        error = pending.pop(0)
+        if isinstance(error, BaseExceptionGroup):
+            pending.extend(error.exceptions)
+        else:
+            leaves.append(error)
+    return next((e for e in leaves if isinstance(e, EngineDeadError)), leaves[0])
+
+
+async def run_rollout(
+    planned: PlannedRollout,
+    config: BatchConfig,
+    attempt: int,
+    environment: Environment,
+    capture: CallCapture,
+    ledger: LedgerWriter | None,
+    progress: Progress,
+) -> Finished:
+    """One episode: model calls and environment turns until done, the turn limit, or a dead end."""
+    state = RolloutCapture(batch_id=config.batch_id, rollout_id=planned.rollout_id, attempt=attempt, seed=planned.seed)
+    task = json.loads(planned.task_json)
+    outcome: Turn | None = None
+    error: str | None = None
+    try:
+        messages = check_messages(environment.initial_messages(task), where=f"{planned.rollout_id} initial messages")
+        for _ in range(config.max_turns):
+            call = await capture.call(state, messages)
+            progress.call_done(
+                0 if call.completion is None else len(call.completion.token_ids), call.failure is not None
+            )
+            if call.completion is None:
+                break  # no completion to continue from: the rollout is poisoned by the call's failure row
+            messages = [*messages, {"role": "assistant", "content": call.completion.text}]
+            turn = environment.step(task, messages)
+            if turn.done:
+                outcome = turn
+                break
+            nxt = list(turn.rewrite) if turn.rewrite is not None else [*messages, *turn.messages]
+            messages = check_messages(nxt, where=f"{planned.rollout_id} turn {state.next_ordinal}")
+        else:
+            outcome = environment.finish_unfinished(task, messages)
+    except (EngineDeadError, StorageUnavailableError):
+        raise  # the engine's or the storage's failure, not this rollout's: no receipt, the retry re-runs it
+    except Exception as exc:  # an environment bug fails this rollout, never the shard
+        error = f"{type(exc).__name__}: {exc}"
+        if len(error) > MAX_ERROR_CHARS:  # an environment's message may be huge: bounded in the receipt and the log
+            error = f"{error[:MAX_ERROR_CHARS]}... ({len(error)} characters)"
+        log.warning("rollout %s failed in its environment: %s", planned.rollout_id, error)
+    receipt = receipt_of(planned, state, attempt, outcome, error)
+    if ledger is not None:
+        await asyncio.to_thread(ledger.add_receipt, receipt)
+    capture.release(state)
+    return Finished(
+        outcome=outcome_of(receipt, state.records),
+        generated_tokens=state.generated_tokens,
+        calls=state.next_ordinal,
+    )

@@ -1,0 +1,52 @@
+"""What a generate run returns per shard: :class:`ShardSummary`.
+
+The counts of a committed shard come from its marker, whichever attempt wrote it; only what
+this run measured itself (tokens generated, seconds, orphans swept, the training signal of the
+rollouts it saw) is added to them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.storage.marker import ShardMarker
+from tasks.training_signal import TrainingSignal
+
+
+@dataclass(frozen=True)
+class ShardSummary:
+    """What a generate run committed (or found committed), and the training signal of what it ran."""
+
+    batch_id: str
+    shard: int
+    attempt: int
+    rollouts: int
+    ok: int
+    poisoned: int
+    failed: int
+    adopted: int
+    calls: int
+    failures: int
+    generated_tokens: int
+    seconds: float
+    already_committed: bool
+    swept: int
+    signal: TrainingSignal | None = None
+
+    @classmethod
+    def of_marker(cls, marker: ShardMarker, **extra: Any) -> ShardSummary:
+        counts = marker.counts
+        return cls(
+            batch_id=marker.batch_id,
+            shard=marker.shard,
+            attempt=marker.attempt,
+            rollouts=counts.rollouts,
+            ok=counts.ok,
+            poisoned=counts.poisoned,
+            failed=counts.failed,
+            adopted=counts.adopted_rollouts,
+            calls=counts.calls,
+            failures=counts.failures,
+            **({"generated_tokens": 0, "seconds": 0.0, "already_committed": True, "swept": 0} | extra),
+        )
