@@ -66,7 +66,7 @@ bench: setup
 # The main job: one full rollout_batch DAG run through Airflow (dag.test on a local SQLite metadata
 # DB in .demo/airflow) on the embedded defaults; batches under .demo/runs.
 demo: setup
-	$(PY) -m tasks.orchestration.demo --home .demo
+	$(PY) -m tasks.orchestration.airflow_demo --home .demo
 
 # The Airflow UI (airflow standalone) with this checkout's dags and plugins; prints the login.
 airflow: setup

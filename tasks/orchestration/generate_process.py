@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.errors import EXIT_CODES, EXIT_CONFLICT, EXIT_SIGNAL_BASE, EXIT_USAGE
-from tasks.orchestration.storage import StorageLocation
+from tasks.orchestration.storage_location import StorageLocation
 from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
 
 GENERATE_PYTHON_VARIABLE = "ROLLOUT_LEDGER_GENERATE_PYTHON"

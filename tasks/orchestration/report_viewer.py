@@ -43,8 +43,8 @@ import re
 from typing import Any
 from urllib.parse import quote
 
+from tasks.orchestration.batch_xcom import BATCH_XCOM_KEY, PLAN_TASK_ID
 from tasks.orchestration.report_grants import GrantError, check_grant, mint_grant
-from tasks.orchestration.steps import BATCH_XCOM_KEY, PLAN_TASK_ID
 
 URL_PREFIX = "/rollout-ledger"  # where the api-server mounts the app (plugins/report_viewer.py)
 DAG_ID = re.compile(r"[A-Za-z0-9_.-]{1,250}")
@@ -89,7 +89,7 @@ def check_run(dag_id: str, run_id: str) -> None:
         raise NotFoundError(f"{dag_id}/{run_id}")
 
 
-def batch_record(session: Any, dag_id: str, run_id: str) -> dict[str, Any]:
+def read_batch_record(session: Any, dag_id: str, run_id: str) -> dict[str, Any]:
     """What the run's plan task recorded about its batch, or :class:`NotFoundError`."""
     from airflow.models.xcom import XComModel
     from sqlalchemy import select
@@ -242,7 +242,7 @@ def create_app() -> Any:
         """From ``reports/{requested}`` to the same file below ``signed/<grant>/`` (``index.html`` for ``""``)."""
         check_run(dag_id, run_id)
         path = "/".join(report_path(requested or "index.html"))
-        batch_record(session, dag_id, run_id)  # a run without a batch is 404 before any grant is made
+        read_batch_record(session, dag_id, run_id)  # a run without a batch is 404 before any grant is made
         up = "../" * (requested.count("/") + 1)  # from the requested file's folder to the run's
         target = f"{up}signed/{mint_grant(secret(), dag_id, run_id)}/{path}"
         return RedirectResponse(target, status_code=307, headers={"Cache-Control": "no-store"})
@@ -264,7 +264,7 @@ def create_app() -> Any:
     def signed_file(dag_id: str, run_id: str, grant: str, path: str, session: SessionDep) -> Response:
         check_run(dag_id, run_id)
         check_grant(secret(), grant, dag_id, run_id)
-        data, kind = read_report(batch_record(session, dag_id, run_id), report_path(path))
+        data, kind = read_report(read_batch_record(session, dag_id, run_id), report_path(path))
         return Response(data, media_type=kind, headers={"Cache-Control": "private, no-cache"})
 
     @app.get("/batches", response_class=HTMLResponse)

@@ -16,6 +16,7 @@ from typing import Any
 from airflow.sdk import DAG, Asset, CronTriggerTimetable, Param, TriggerRule, dag, get_current_context, task
 
 from tasks.orchestration import steps
+from tasks.orchestration.batch_xcom import BATCH_XCOM_KEY, PLAN_TASK_ID
 from tasks.orchestration.form import form_fields
 from tasks.orchestration.profiles import Profile
 from tasks.orchestration.review_operator import BatchReviewOperator
@@ -77,10 +78,10 @@ def rollout_batch_dag(
         auto_register=False,  # each DAG file registers what it builds, by assigning it to a global
     )
     def rollout_batch() -> None:
-        @task(multiple_outputs=False)
+        @task(task_id=PLAN_TASK_ID, multiple_outputs=False)
         def plan(params: dict | None = None, dag_run: Any = None, ti: Any = None) -> list[int]:
             shards = steps.plan(params, dag_run)
-            ti.xcom_push(key=steps.BATCH_XCOM_KEY, value=steps.batch_record(params, dag_run))
+            ti.xcom_push(key=BATCH_XCOM_KEY, value=steps.batch_record(params, dag_run))
             return shards
 
         @task(

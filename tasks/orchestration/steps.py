@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 from tasks.ids import MAX_ID_LENGTH
 from tasks.orchestration.form import RUN_FIELDS, batch_config_from_form, form_fields
-from tasks.orchestration.storage import StorageLocation, check_storage_url, storage_location
+from tasks.orchestration.storage_location import StorageLocation, check_storage_url, storage_location
 
 if TYPE_CHECKING:
     from tasks.batch import Batch
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rollout_ledger.airflow")
 GRPO_DATASET_ASSET = "grpo_dataset"  # the asset publish updates; its events' extra is publish's return value
-PLAN_TASK_ID, BATCH_XCOM_KEY = "plan", "batch"  # where plan records its batch (read by the report viewer)
 _NOT_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 

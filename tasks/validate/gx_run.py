@@ -7,7 +7,7 @@ of offending rows (``result_format`` SUMMARY with ``unexpected_index_column_name
 :data:`PARTIAL_UNEXPECTED` of them, so a rate broken by many rows keeps results and Data Docs
 small). The validation results land in the context's in-memory store, from which Data Docs are
 built, in this process, into ``site_dir`` (a ``TupleFilesystemStoreBackend``); the caller copies
-that tree to the batch's storage. GX is imported by :func:`_load_gx` when :func:`run_suite` first
+that tree to the batch's storage. GX is imported by :func:`_load_gx` when :func:`run_gx_suite` first
 runs, never when :mod:`tasks.validate` is imported.
 """
 
@@ -48,7 +48,7 @@ class ExpectationResult:
         return self.unexpected_count / self.checked if self.checked else None
 
 
-def run_suite(
+def run_gx_suite(
     suite: SuiteSpec, tables: Mapping[str, pa.Table], *, site_dir: Path, run_name: str
 ) -> dict[str, ExpectationResult]:
     """Validate every expectation of ``suite`` over ``tables`` (name → profile table) and build Data Docs.

@@ -27,7 +27,7 @@ from tasks.errors import NothingToValidateError
 from tasks.records.suite_summary import SuiteSummary
 from tasks.storage.objects import sha256_hex
 from tasks.validate.dataset_profile import profile_dataset
-from tasks.validate.gx_run import run_suite
+from tasks.validate.gx_run import run_gx_suite
 from tasks.validate.lineage_profile import lineage_inputs, profile_lineage
 from tasks.validate.suite_runs import claim_run
 from tasks.validate.suites import SuiteSpec, dataset_suite, lineage_suite
@@ -110,7 +110,7 @@ def _run(
     run = claim_run(batch, suite.name, run_key=run_key)
     with tempfile.TemporaryDirectory(prefix=f"rollout-ledger-{suite.name}-docs-") as tmp:
         site = Path(tmp)
-        results = run_suite(suite, tables, site_dir=site, run_name=run)
+        results = run_gx_suite(suite, tables, site_dir=site, run_name=run)
         for path in sorted(p for p in site.rglob("*") if p.is_file()):
             store.write_once(
                 f"{layout.suite_run_dir(suite.name, run)}/{path.relative_to(site).as_posix()}", path.read_bytes()

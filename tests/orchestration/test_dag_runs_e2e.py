@@ -14,7 +14,7 @@ import pytest
 
 from tasks.batch import Batch
 from tasks.orchestration import local_airflow, steps
-from tasks.orchestration.storage import storage_location
+from tasks.orchestration.storage_location import storage_location
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SMALL = {"num_tasks": 2, "group_size": 2, "shards": 1, "max_turns": 3, "max_tokens": 16}

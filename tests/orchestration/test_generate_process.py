@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from tasks.orchestration.generate_process import GenerateCommand, GenerateProcessError, run_generate, stop
-from tasks.orchestration.storage import StorageLocation
+from tasks.orchestration.storage_location import StorageLocation
 
 
 def test_an_input_error_of_the_child_is_permanent_and_quoted(tmp_path):

@@ -34,7 +34,8 @@ import pytest
 
 from tasks import layout
 from tasks.batch import Batch
-from tasks.orchestration.steps import BATCH_XCOM_KEY, PLAN_TASK_ID, batch_record, run_batch_id
+from tasks.orchestration.batch_xcom import BATCH_XCOM_KEY, PLAN_TASK_ID
+from tasks.orchestration.steps import batch_record, run_batch_id
 from tasks.records.review import new_decision
 from tasks.records.suite_summary import SummaryCounts
 from tasks.report import write_report_index

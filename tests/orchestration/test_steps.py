@@ -12,7 +12,7 @@ from tasks.batch import Batch
 from tasks.errors import ConfigError
 from tasks.ids import MAX_ID_LENGTH, is_id
 from tasks.orchestration.steps import batch_id_for_run, run_batch_id
-from tasks.orchestration.storage import storage_location
+from tasks.orchestration.storage_location import storage_location
 from tasks.storage.objects import ObjectStore
 from tasks.storage.options import STORAGE_OPTIONS_VARIABLE, storage_options_from_env
 

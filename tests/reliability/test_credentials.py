@@ -1,7 +1,7 @@
 """Storage credentials never leave the process that uses them (issue 14, item 5).
 
 Every stage runs against the moto S3 server with distinctive FAKE credentials, supplied as an
-Airflow connection (``tasks.orchestration.storage.storage_location``), as storage options, and
+Airflow connection (``tasks.orchestration.storage_location.storage_location``), as storage options, and
 through ``$ROLLOUT_LEDGER_STORAGE_OPTIONS`` / the AWS variables for the CLI. Then everything a
 person or another task can see is scanned for them: every object written under the batch
 (``batch.json``, markers, ledger and dataset Parquet, reports with ``index.html``, Data Docs and
@@ -26,7 +26,7 @@ from tasks.cli import main as cli_main
 from tasks.errors import ConfigError
 from tasks.orchestration import steps
 from tasks.orchestration.generate_process import GenerateCommand
-from tasks.orchestration.storage import storage_location
+from tasks.orchestration.storage_location import storage_location
 from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
 
 from .conftest import generate_all, reliability_config

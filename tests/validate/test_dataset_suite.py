@@ -20,7 +20,7 @@ from tasks.records.dataset_row import DatasetRow
 from tasks.storage.dataset_manifest import read_staged_marker
 from tasks.validate import SuiteOutcome, dataset_profile, validate_dataset
 from tasks.validate.dataset_profile import part_batches, profile_dataset, row_profile
-from tasks.validate.gx_run import run_suite
+from tasks.validate.gx_run import run_gx_suite
 from tasks.validate.suites import dataset_suite
 from tests.local_batch import LocalBatch, copy_batch
 
@@ -99,7 +99,7 @@ def test_drop_mode_refuses_a_group_with_more_rows_than_planned(finalized_batch, 
     groups = tables["groups"].to_pylist()
     groups[1]["rows"] = config.group_size + 1
     tables["groups"] = pa.Table.from_pylist(groups, schema=tables["groups"].schema)
-    results = run_suite(
+    results = run_gx_suite(
         dataset_suite(ValidationSpec(), on_invalid="drop"), tables, site_dir=tmp_path / "docs", run_name="run-000"
     )
     assert {name for name, r in results.items() if not r.success} == {"group_rows_within_group_size"}

@@ -22,7 +22,7 @@ from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.objects import ObjectStore
 from tasks.validate import SuiteOutcome, validate_dataset, validate_lineage
-from tasks.validate.gx_run import run_suite
+from tasks.validate.gx_run import run_gx_suite
 from tasks.validate.lineage_profile import lineage_inputs, profile_lineage
 from tasks.validate.suites import lineage_suite
 from tests.finalize.tamper import BatchFiles
@@ -197,7 +197,7 @@ def test_rules_the_ledger_reader_enforces_fail_on_a_corrupted_profile(generated_
         row.update(change)
     tables["calls"] = pa.Table.from_pylist(rows, schema=tables["calls"].schema)
     suite = lineage_suite(ValidationSpec(), weight_version=WEIGHT_VERSION)
-    results = run_suite(suite, tables, site_dir=tmp_path / "docs", run_name="run-000")
+    results = run_gx_suite(suite, tables, site_dir=tmp_path / "docs", run_name="run-000")
     assert {name for name, r in results.items() if not r.success} == set(edits) | set(digest_edits)
     for name, (row, _) in (edits | digest_edits).items():
         assert results[name].examples == (row["call_id"],), name

@@ -5,7 +5,7 @@ bundled SmolLM2-135M-Instruct on vLLM. ``dag.test()`` runs every task in this pr
 in its child process), with the form's defaults unless ``--conf`` overrides some. Prints the DAG
 run id, each task's state, where the dataset and reports are, and the batch's summary table.
 
-    python -m tasks.orchestration.demo [--home .demo] [--conf '{"num_tasks": 4}']
+    python -m tasks.orchestration.airflow_demo [--home .demo] [--conf '{"num_tasks": 4}']
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ def task_states(dag_run: Any) -> list[tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tasks.orchestration.demo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tasks.orchestration.airflow_demo", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--home", type=Path, default=Path(".demo"), help="folder for the local Airflow and the batches")
     parser.add_argument("--conf", default="{}", help="run conf: batch form fields as a JSON object")
     args = parser.parse_args(argv)
