@@ -385,9 +385,10 @@ def plan_flag(name: str) -> PlanFlag:
 
 def field_default(name: str, environ: Mapping[str, str] = os.environ) -> Any:
     """The default of field ``name`` (``storage_url``'s follows ``environ``)."""
-    if name == "storage_url":
+    info = BatchFields.model_fields[name]
+    if info.default_factory is default_storage_url:
         return default_storage_url(environ)
-    return BatchFields.model_fields[name].get_default(call_default_factory=True)
+    return info.get_default(call_default_factory=True)
 
 
 def field_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
@@ -439,7 +440,7 @@ def check_recorded(record: object, *, prefix: str = "") -> None:
         if prefix and not path.startswith(f"{prefix}."):
             continue
         value = record
-        for part in path.removeprefix(f"{prefix}.").split(".") if prefix else path.split("."):
+        for part in path.removeprefix(f"{prefix}.").split("."):
             value = getattr(value, part)
         try:
             _adapter(name).validate_python(value)
@@ -450,7 +451,7 @@ def check_recorded(record: object, *, prefix: str = "") -> None:
 @functools.cache
 def _adapter(name: str) -> TypeAdapter[Any]:
     info = BatchFields.model_fields[name]
-    return TypeAdapter(Annotated[info.annotation, info], config=ConfigDict(strict=True))  # type: ignore[name-defined]
+    return TypeAdapter(Annotated[info.annotation, info], config=ConfigDict(strict=True))
 
 
 def rule(name: str) -> str:
@@ -492,7 +493,7 @@ def _bounds(schema: Mapping[str, Any]) -> str:
 
 def _number(bound: float) -> str:
     """A bound as written by people: ``2**63 - 1`` for the edge of the int64 range."""
-    return f"2**{(bound + 1).bit_length() - 1} - 1" if isinstance(bound, int) and bound == MAX_SEED else str(bound)
+    return "2**63 - 1" if bound == MAX_SEED else str(bound)
 
 
 def _refusal(label: str, name: str, value: Any) -> str:
