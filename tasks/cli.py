@@ -22,7 +22,16 @@ from dataclasses import asdict
 from typing import Any
 
 from tasks.batch import Batch
-from tasks.config import ADVANTAGES, ON_INVALID, BatchConfig, SamplingSettings
+from tasks.batch_fields import (
+    ADVANTAGES,
+    ON_INVALID,
+    OPTIONS_OF,
+    BatchFields,
+    check_values,
+    config_paths,
+    field_default,
+    plan_flag,
+)
 from tasks.errors import (
     EXIT_FAILED,
     EXIT_OK,
@@ -74,49 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = command("plan", "expand a batch into rollouts and shards; write plan/batch.json")
     _root_and_batch(plan)
-    plan.add_argument(
-        "--environment", required=True, help="built-in name, pkg.module:Class, or a prompt file (.parquet/.jsonl/.json)"
-    )
-    plan.add_argument(
-        "--env-option",
-        action="append",
-        default=[],
-        metavar="KEY=JSON",
-        help="environment option (value parsed as JSON, else taken as a string); repeatable",
-    )
-    plan.add_argument("--num-tasks", type=int, required=True, help="tasks (groups) in the batch")
-    plan.add_argument("--group-size", type=int, required=True, help="rollouts per task (the GRPO group)")
-    plan.add_argument("--shards", type=int, required=True, help="shards (one generate task each; <= num-tasks)")
-    plan.add_argument(
-        "--model", default=None, help="local Hugging Face model folder every worker can read (default: bundled SmolLM2)"
-    )
-    plan.add_argument("--max-turns", type=int, default=BatchConfig.max_turns, help="model calls per rollout at most")
-    plan.add_argument(
-        "--max-tokens", type=int, default=SamplingSettings.max_tokens, help="tokens per model call at most"
-    )
-    plan.add_argument("--temperature", type=float, default=SamplingSettings.temperature, help="sampling temperature")
-    plan.add_argument("--top-p", type=float, default=SamplingSettings.top_p, help="nucleus sampling threshold")
-    plan.add_argument("--top-k", type=int, default=SamplingSettings.top_k, help="top-k sampling (-1: off)")
-    plan.add_argument("--seed", type=int, default=BatchConfig.seed, help="batch seed (tasks and per-call seeds)")
-    plan.add_argument(
-        "--max-in-flight", type=int, default=BatchConfig.max_in_flight, help="rollouts run at once per shard"
-    )
-    plan.add_argument(
-        "--weight-version",
-        type=int,
-        default=BatchConfig.weight_version,
-        help="weight version the engine starts at (a trainer passes its policy step)",
-    )
-    plan.add_argument("--engine", default="vllm", help="inference backend")
-    plan.add_argument(
-        "--engine-option",
-        action="append",
-        default=[],
-        metavar="KEY=JSON",
-        help="engine option, e.g. max_model_len=2048; repeatable",
-    )
-    plan.add_argument("--on-invalid", choices=ON_INVALID, default=BatchConfig.on_invalid, help="invalid rollouts")
-    plan.add_argument("--advantage", choices=ADVANTAGES, default=BatchConfig.advantage, help="advantage estimator")
+    _batch_field_flags(plan)
 
     generate = command("generate", "run shards' rollouts on one engine and commit each shard")
     _root_and_batch(generate)
@@ -197,6 +164,56 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _batch_field_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag for every batch field that reaches the config, typed, bounded and described as declared.
+
+    An options field (``--env-option``, ``--engine-option``) takes ``KEY=JSON`` pairs; given none,
+    the environment's (engine's) declared default options apply to the default environment (engine)
+    only. The values are checked against the declaration when the batch is planned.
+    """
+    choice_of = {options: choice for choice, options in OPTIONS_OF.items()}
+    for name in config_paths():
+        info = BatchFields.model_fields[name]
+        flag = plan_flag(name)
+        kwargs: dict[str, Any] = {"dest": name, "help": info.description}
+        if name in choice_of:
+            choice = choice_of[name]
+            default = json.dumps(field_default(name), sort_keys=True)
+            kwargs |= {
+                "action": "append",
+                "metavar": "KEY=JSON",
+                "help": f"{info.description}; one KEY=JSON pair (JSON, else a string), repeatable; "
+                f"none given: {default} for {choice} {field_default(choice)}, none for another",
+            }
+        else:
+            kind = _flag_type(info.annotation)
+            kwargs |= {"choices": kind} if isinstance(kind, tuple) else {"type": kind}
+            kwargs |= {"required": True} if flag.required else {"default": field_default(name)}
+        parser.add_argument(flag.name, **kwargs)
+
+
+def _flag_type(annotation: Any) -> type | tuple[str, ...]:
+    """What argparse converts a flag's text to: ``int``, ``float``, ``str``, or the choices of a ``Literal``."""
+    import typing
+
+    if typing.get_origin(annotation) is typing.Literal:
+        return typing.get_args(annotation)
+    kinds = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return kinds[0] if kinds[0] in (int, float) else str
+
+
+def _plan_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The batch fields the plan flags give (options as JSON objects); fields not given take their defaults."""
+    values = {}
+    for name in config_paths():
+        value = getattr(args, name)
+        if name in OPTIONS_OF.values():
+            value = None if value is None else _options(value, plan_flag(name).name or name)
+        if value is not None:
+            values[name] = value
+    return values
+
+
 def _threshold_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threshold",
@@ -231,40 +248,11 @@ def _batch(args: argparse.Namespace) -> Batch:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from tasks.models.provenance import model_provenance
-    from tasks.models.reference import model_reference, resolve_model_reference
-    from tasks.plan import plan_batch
-    from tasks.version import code_version
+    from tasks.plan import plan_from_values
 
-    reference = model_reference(args.model)
-    provenance = model_provenance(resolve_model_reference(reference))
-    config = BatchConfig.from_dict(
-        {
-            "batch_id": args.batch_id,
-            "environment": args.environment,
-            "environment_options": _options(args.env_option, "--env-option"),
-            "num_tasks": args.num_tasks,
-            "group_size": args.group_size,
-            "shards": args.shards,
-            "seed": args.seed,
-            "model": {"reference": reference, **provenance},
-            "engine": {"name": args.engine, "options": _options(args.engine_option, "--engine-option")},
-            "sampling": {
-                "temperature": args.temperature,
-                "top_p": args.top_p,
-                "top_k": args.top_k,
-                "max_tokens": args.max_tokens,
-            },
-            "max_turns": args.max_turns,
-            "max_in_flight": args.max_in_flight,
-            "weight_version": args.weight_version,
-            "on_invalid": args.on_invalid,
-            "advantage": args.advantage,
-            "code_version": code_version(),
-        },
-        source="plan flags",
-    )
-    summary = plan_batch(_batch(args), config)
+    values = {"batch_id": args.batch_id, **_plan_values(args)}
+    check_values(values, source="plan flags")  # a bad flag is named before storage is touched
+    summary = plan_from_values(_batch(args), values, source="plan flags")
     verb = "planned" if summary.created else "already planned (same config)"
     planned = summary.config
     print(

@@ -1,9 +1,13 @@
-"""The batch config (ARCHITECTURE section 12): everything that defines a batch, in one place.
+"""The batch config: everything that defines a batch, in one place.
 
-Fixed at plan time, written once as ``plan/batch.json``, read by every later stage. Defaults
-and validation live here and nowhere else. Later stages may override only what is safe
-(``on_invalid``, ``advantage``, validation thresholds) through :meth:`BatchConfig.with_overrides`.
-Storage credentials never go in it.
+Fixed at plan time, written once as ``plan/batch.json``, read by every later stage. The fields a
+user sets (their defaults, bounds and choices) are declared in :mod:`tasks.batch_fields` and
+checked from there (:func:`~tasks.batch_fields.check_recorded`); the rules across fields
+(``shards <= num_tasks``, ``reward_min <= reward_max``) and the record's own fields (ids,
+hashes, versions) are checked here. :func:`config_from_values` builds a config from the form's
+or the plan flags' values. Later stages may override only what is safe (``on_invalid``,
+``advantage``, validation thresholds) through :meth:`BatchConfig.with_overrides`. Storage
+credentials never go in it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from tasks.batch_fields import check_recorded, check_values, config_paths, field_default
 from tasks.checks import check_choice, check_finite, check_hex_digest, check_int, check_text
 from tasks.engines.base import SamplingSettings
 from tasks.errors import ConfigError
@@ -22,8 +27,6 @@ from tasks.strict_json import load_dataclass, parse_json
 
 CONFIG_VERSION = 2  # 2: portable model reference, validated engine, weight_version honoured
 DIVERGENCE_POLICIES = ("poison",)
-ON_INVALID = ("mask", "drop")
-ADVANTAGES = ("grpo", "dr_grpo", "rloo")
 SAFE_OVERRIDES = ("on_invalid", "advantage", "validation")
 PROVENANCE_FIELDS = ("weights_sha256", "tokenizer_sha256", "chat_template_sha256")
 
@@ -91,38 +94,30 @@ class ValidationSpec:
     suite's decision (documented there); these numbers are the lines they draw.
     """
 
-    max_invalid_row_rate: float = 0.05  # dataset: masked or dropped rollouts / planned rollouts
-    max_capture_poisoned_rate: float = 0.05  # lineage: capture-poisoned rollouts / planned rollouts
-    max_poisoned_rate: float = 0.2  # lineage: poisoned or failed receipts / receipts
-    max_failure_row_rate: float = 0.05  # lineage: failure rows / model calls
-    min_declared_terminal_rate: float = 0.9  # lineage: receipts whose terminal was declared / ok receipts
-    max_group_advantage_mean: float = 1e-3  # dataset (grpo, dr_grpo, rloo): |mean advantage| of a group
-    reward_min: float | None = None  # dataset: rewards below are flagged (None: no bound)
-    reward_max: float | None = None  # dataset: rewards above are flagged (None: no bound)
+    max_invalid_row_rate: float = field_default("max_invalid_row_rate")
+    max_capture_poisoned_rate: float = field_default("max_capture_poisoned_rate")
+    max_poisoned_rate: float = field_default("max_poisoned_rate")
+    max_failure_row_rate: float = field_default("max_failure_row_rate")
+    min_declared_terminal_rate: float = field_default("min_declared_terminal_rate")
+    max_group_advantage_mean: float = field_default("max_group_advantage_mean")
+    reward_min: float | None = field_default("reward_min")  # None: no bound
+    reward_max: float | None = field_default("reward_max")
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_invalid_row_rate",
-            "max_capture_poisoned_rate",
-            "max_poisoned_rate",
-            "max_failure_row_rate",
-            "min_declared_terminal_rate",
-        ):
-            value = check_finite(getattr(self, name), field=f"validation.{name}", error=ConfigError)
-            if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"validation.{name} must be a rate in [0, 1], got {value!r}")
-        if (
-            check_finite(self.max_group_advantage_mean, field="validation.max_group_advantage_mean", error=ConfigError)
-            < 0
-        ):
-            raise ConfigError(
-                f"validation.max_group_advantage_mean must be >= 0, got {self.max_group_advantage_mean!r}"
-            )
-        for name in ("reward_min", "reward_max"):
-            if getattr(self, name) is not None:
-                check_finite(getattr(self, name), field=f"validation.{name}", error=ConfigError)
+        check_recorded(self, prefix="validation")
         if self.reward_min is not None and self.reward_max is not None and self.reward_min > self.reward_max:
             raise ConfigError(f"validation.reward_min {self.reward_min} exceeds reward_max {self.reward_max}")
+
+
+def _default_sampling() -> SamplingSettings:
+    """The declared sampling defaults (the engine's own defaults are for callers without a batch)."""
+    return SamplingSettings(
+        **{
+            path.removeprefix("sampling."): field_default(name)
+            for name, path in config_paths().items()
+            if path.startswith("sampling.")
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -134,15 +129,15 @@ class BatchConfig:
     shards: int
     model: ModelSpec
     environment_options: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
+    seed: int = field_default("seed")
     engine: EngineSpec = field(default_factory=EngineSpec)
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)
-    max_turns: int = 8
-    max_in_flight: int = 64
+    sampling: SamplingSettings = field(default_factory=_default_sampling)
+    max_turns: int = field_default("max_turns")
+    max_in_flight: int = field_default("max_in_flight")
     divergence_policy: str = "poison"
-    on_invalid: str = "mask"
-    advantage: str = "grpo"
-    weight_version: int = 0
+    on_invalid: str = field_default("on_invalid")
+    advantage: str = field_default("advantage")
+    weight_version: int = field_default("weight_version")
     staging: StagingSpec = field(default_factory=StagingSpec)
     validation: ValidationSpec = field(default_factory=ValidationSpec)
     code_version: str = ""
@@ -153,21 +148,12 @@ class BatchConfig:
             check_id(self.batch_id, field="batch_id")
         except (TypeError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
-        check_text(self.environment, field="environment", error=ConfigError)
-        options = self.environment_options
-        if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
-            raise ConfigError(f"environment_options must be a JSON object, got {self.environment_options!r}")
-        for name in ("num_tasks", "group_size", "shards", "max_turns", "max_in_flight"):
-            check_int(getattr(self, name), field=name, minimum=1, error=ConfigError)
+        check_recorded(self)
         if self.shards > self.num_tasks:
             raise ConfigError(
                 f"shards ({self.shards}) cannot exceed num_tasks ({self.num_tasks}): a group never spans shards"
             )
-        check_int(self.seed, field="seed", maximum=2**63 - 1, error=ConfigError)
-        check_int(self.weight_version, field="weight_version", error=ConfigError)
         check_choice(self.divergence_policy, DIVERGENCE_POLICIES, field="divergence_policy", error=ConfigError)
-        check_choice(self.on_invalid, ON_INVALID, field="on_invalid", error=ConfigError)
-        check_choice(self.advantage, ADVANTAGES, field="advantage", error=ConfigError)
         if not isinstance(self.code_version, str):
             raise ConfigError(f"code_version must be a str, got {self.code_version!r}")
         if self.config_version != CONFIG_VERSION:
@@ -200,6 +186,22 @@ class BatchConfig:
         if unsafe:
             raise ConfigError(f"{unsafe} cannot be changed after planning; only {list(SAFE_OVERRIDES)} can")
         return dataclasses.replace(self, **overrides)
+
+
+def config_from_values(
+    values: Mapping[str, Any], *, batch_id: str, provenance: Mapping[str, str], source: str = "batch values"
+) -> BatchConfig:
+    """The config the batch fields' ``values`` describe (the rest take their defaults); a ConfigError names a bad field.
+
+    ``values["model"]`` is a portable model reference (:func:`tasks.models.reference.model_reference`)
+    and ``provenance`` its three hashes; fields that never reach the config (run and storage fields)
+    are checked and left out. :func:`tasks.plan.plan_from_values` resolves and hashes the model first.
+    """
+    from tasks.version import code_version
+
+    tree = check_values(values, source=source).config_tree()
+    tree["model"] = {**tree["model"], **provenance}
+    return BatchConfig.from_dict({**tree, "batch_id": batch_id, "code_version": code_version()}, source=source)
 
 
 def check_config_version(raw: object, *, source: str) -> None:

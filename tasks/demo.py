@@ -1,7 +1,8 @@
 """``rollout-ledger demo``: the demo batch without Airflow — plan, generate every shard, finalize.
 
-The batch form's defaults (the same batch ``make demo`` runs through the Airflow DAG): local
-storage, the bundled SmolLM2-135M-Instruct, vLLM on this machine, a few minutes on 2 CPU cores.
+The batch fields' defaults (:mod:`tasks.batch_fields`; the same batch ``make demo`` runs through the
+Airflow DAG): local storage, the bundled SmolLM2-135M-Instruct, vLLM on this machine, a few minutes
+on 2 CPU cores.
 One engine serves every shard (``generate_shards``). Prints where the dataset is and a summary.
 """
 
@@ -12,26 +13,17 @@ import time
 from tasks import layout
 from tasks.batch import Batch
 from tasks.generate import generate_shards
-from tasks.models.provenance import model_provenance
-from tasks.models.reference import model_reference, resolve_model_reference
-from tasks.orchestration.form import batch_config_from_form, form_defaults
 from tasks.pipeline import finalize_and_publish
-from tasks.plan import plan_batch
-
-STORAGE_FIELDS = ("batch_id", "storage_url", "storage_conn_id")
+from tasks.plan import plan_from_values
 
 
 def run_demo(root: str, *, batch_id: str | None = None) -> dict:
-    """Run the batch the form's defaults describe (what ``make demo`` runs through Airflow) and return its summary."""
+    """Run the batch the fields' defaults describe (what ``make demo`` runs through Airflow) and return its summary."""
     batch_id = batch_id or time.strftime("demo-%Y%m%d-%H%M%S")
     started = time.monotonic()
-    values = {k: v for k, v in form_defaults().items() if k not in STORAGE_FIELDS}
-    reference = model_reference(values["model"])
-    provenance = model_provenance(resolve_model_reference(reference))
-    config = batch_config_from_form({**values, "model": reference}, batch_id=batch_id, provenance=provenance)
     batch = Batch.open(root, batch_id)
+    config = plan_from_values(batch, {}, source="demo batch").config
     print(f"[1/3] plan: batch {batch_id}, {config.num_rollouts} rollouts in {config.shards} shards", flush=True)
-    plan_batch(batch, config)
     print("[2/3] generate: every shard on one vLLM engine serving the bundled SmolLM2-135M-Instruct", flush=True)
     for summary in generate_shards(batch, range(config.shards)):
         print(

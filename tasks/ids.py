@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import re
 
-from tasks.checks import check_int
-
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MAX_ID_LENGTH = 128
 # Ids already checked (batch and rollout ids recur on every call): validity is a pure function of the value.
@@ -86,6 +84,8 @@ def attempt_name(attempt: int) -> str:
 
 
 def _check_index(value: object, field: str) -> None:
+    from tasks.checks import check_int  # here, not at the top: the DAG parse imports this module without numpy
+
     check_int(value, field=field, error=ValueError)
 
 

@@ -9,6 +9,7 @@ batch again with the same config is a no-op, with a different one an error.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,8 @@ import pyarrow.parquet as pq
 
 from tasks import ids, layout
 from tasks.batch import Batch
-from tasks.config import BatchConfig
+from tasks.batch_fields import check_values
+from tasks.config import BatchConfig, config_from_values
 from tasks.environments.base import Environment
 from tasks.environments.prompts_file import PromptsFile
 from tasks.environments.registry import load_environment
@@ -97,6 +99,25 @@ def plan_batch(batch: Batch, config: BatchConfig) -> PlanSummary:
         created=written.created,
         config=config,
     )
+
+
+def plan_from_values(batch: Batch, values: Mapping[str, Any], *, source: str = "batch values") -> PlanSummary:
+    """Plan the batch the batch fields' ``values`` describe (the rest take their defaults) in ``batch``.
+
+    The one way from values to a planned batch, for the plan command, the DAG's plan task and the
+    demo: check the values (a ConfigError names a bad field before the model is touched), resolve
+    the model reference, hash the model, build the config (:func:`tasks.config.config_from_values`)
+    and plan it (:func:`plan_batch`). Run and storage fields among ``values`` are left out.
+    """
+    from tasks.models.provenance import model_provenance
+    from tasks.models.reference import model_reference, resolve_model_reference
+
+    reference = model_reference(check_values(values, source=source).model)
+    provenance = model_provenance(resolve_model_reference(reference))
+    config = config_from_values(
+        {**values, "model": reference}, batch_id=batch.batch_id, provenance=provenance, source=source
+    )
+    return plan_batch(batch, config)
 
 
 def pin_environment(config: BatchConfig, environment: Environment) -> BatchConfig:

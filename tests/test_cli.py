@@ -63,19 +63,23 @@ def test_argument_errors_exit_2(tmp_path, capsys):
         main(["generate", "--root", root, "--batch-id", "b", "--shard", "-1"])
     assert caught.value.code == EXIT_USAGE
     assert "a shard is a number >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as caught:
+        main(plan_args(root, "b", "--engine", "megatronn"))
+    assert caught.value.code == EXIT_USAGE
+    assert "invalid choice: 'megatronn'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
     ("extra", "needles"),
     [
-        (["--batch-id", "../escape"], ["batch_id", "not a valid id"]),
+        (["--batch-id", "../escape"], ["batch_id must be a str matching", "'../escape'"]),
         (["--environment", "no_such_env"], ["no_such_env", ".parquet, .jsonl, .json"]),
         (["--environment", "prompts.csv"], ["prompts.csv", "supported suffixes: .parquet, .jsonl, .json"]),
-        (["--temperature", "-1"], ["sampling", "temperature must be in [0, 100]"]),
+        (["--temperature", "-1"], ["plan flags", "temperature must be a finite number in [0, 100], got -1.0"]),
         (["--top-k", "0"], ["top_k"]),
-        (["--engine", "megatronn"], ["unknown engine 'megatronn'"]),
         (["--engine-option", "max_modle_len=2048"], ["unknown vllm engine option(s) ['max_modle_len']"]),
         (["--weight-version", "-3"], ["weight_version must be an int >= 0"]),
+        (["--max-poisoned-rate", "nan"], ["max_poisoned_rate must be a finite number in [0, 1], got nan"]),
         (["--shards", "9"], ["shards (9) cannot exceed num_tasks (2)"]),
         (["--model", "/no/such/folder"], ["/no/such/folder", "not_a_directory"]),
     ],
@@ -154,7 +158,7 @@ def test_s3_errors_name_the_bucket_and_the_aws_variables_read(s3_endpoint, capsy
 
 
 def test_every_flag_of_every_command_is_documented_with_the_command():
-    text = (DOCS / "operations.md").read_text()
+    text = (DOCS / "operations.md").read_text() + (DOCS / "configuration.md").read_text()  # plan's batch fields
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     missing = []

@@ -36,10 +36,10 @@ def test_the_json_round_trip_is_exact_and_canonical():
     ("change", "message"),
     [
         ({"batch_id": "a/b"}, "batch_id 'a/b' is not a valid id"),
-        ({"num_tasks": 0}, "num_tasks must be an int >= 1"),
-        ({"group_size": True}, "group_size must be an int >= 1"),
+        ({"num_tasks": 0}, "num_tasks must be an int in [1, 1000000], got 0"),
+        ({"group_size": True}, "group_size must be an int in [1, 4096], got True"),
         ({"shards": 5}, "shards (5) cannot exceed num_tasks (4)"),
-        ({"seed": 2**63}, "seed must be an int in [0, 2**63)"),
+        ({"seed": 2**63}, "seed must be an int in [0, 2**63 - 1]"),
         ({"weight_version": -1}, "weight_version must be an int >= 0"),
         ({"advantage": "ppo"}, "advantage must be one of ['grpo', 'dr_grpo', 'rloo']"),
         ({"environment": ""}, "environment must be a non-empty str"),

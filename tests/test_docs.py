@@ -24,13 +24,6 @@ def test_generation_doc_lists_every_capture_failure_reason():
     assert not [r for r in FAILURE_REASONS if f"`{r}`" not in text]
 
 
-def test_airflow_doc_lists_every_trigger_form_field():
-    from tasks.orchestration.form import form_fields
-
-    text = (DOCS / "airflow.md").read_text()
-    assert not [name for name in form_fields() if f"`{name}`" not in text]
-
-
 def test_engine_docs_list_every_option_of_every_registered_engine():
     from tasks.engines.registry import engine_names, options_model
 

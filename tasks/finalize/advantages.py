@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.config import ADVANTAGES
+from tasks.batch_fields import ADVANTAGES
 
 GRPO_EPSILON = 1e-6
 OUTCOMES = ("computed", "no_valid", "single_valid", "zero_variance")

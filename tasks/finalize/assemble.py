@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from tasks.config import ADVANTAGES, ON_INVALID
+from tasks.batch_fields import ADVANTAGES, ON_INVALID
 from tasks.finalize import reasons
 from tasks.finalize.advantages import group_advantages
 from tasks.finalize.ragged import offsets

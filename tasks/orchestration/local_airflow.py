@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tasks.orchestration.form import STORAGE_URL_VARIABLE
+from tasks.batch_fields import STORAGE_URL_VARIABLE
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 DAGS_FOLDER = CHECKOUT / "dags"

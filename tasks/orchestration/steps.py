@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from urllib.parse import urlparse
 
+from tasks.batch_fields import BatchFields
 from tasks.ids import MAX_ID_LENGTH
-from tasks.orchestration.form import RUN_FIELDS, batch_config_from_form, form_fields
 from tasks.orchestration.storage_location import StorageLocation, check_storage_url, storage_location
 
 if TYPE_CHECKING:
@@ -89,17 +89,12 @@ def batch_record(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
 
 def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:
     """Plan the batch the params describe and return its shard numbers (the same config again is a no-op)."""
-    from tasks.models.provenance import model_provenance
-    from tasks.models.reference import model_reference, resolve_model_reference
-    from tasks.plan import plan_batch
+    from tasks.plan import plan_from_values
 
     batch = run_batch(params, run)
-    values = {name: params[name] for name in form_fields() if name in params and name not in RUN_FIELDS}
+    values = {name: params[name] for name in BatchFields.model_fields if name in params}
     with _permanent("plan", batch.root_url):
-        reference = model_reference(values["model"])
-        provenance = model_provenance(resolve_model_reference(reference))
-        config = batch_config_from_form({**values, "model": reference}, batch_id=batch.batch_id, provenance=provenance)
-        summary = plan_batch(batch, config)
+        summary = plan_from_values(batch, values, source="batch form")
     log.info(
         "%s batch %s: %d rollouts in %d shards at %s",
         "planned" if summary.created else "already planned (same config)",

@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasks.batch_fields import ON_INVALID
 from tasks.checks import check_choice
-from tasks.config import ON_INVALID, ValidationSpec
+from tasks.config import ValidationSpec
 from tasks.records.suite_summary import DATASET, LINEAGE, SEVERITIES
 
 # What ``observed`` reports: the share of checked rows that broke the rule, or that kept it.

@@ -6,7 +6,8 @@ import datetime as dt
 
 import pytest
 
-from tasks.orchestration.form import SECTIONS, form_fields
+from tasks.batch_fields import SECTIONS
+from tasks.orchestration.form import form_fields
 
 BATCH_GRAPH = {
     "plan": set(),

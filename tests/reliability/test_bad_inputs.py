@@ -177,18 +177,18 @@ def test_a_stored_config_with_a_wrong_type_is_refused_naming_the_field(patch, na
     [
         ({"environment_options": "lo=1"}, "environment_options must be a JSON object"),
         ({"temperature": "hot"}, "temperature must be a finite number"),
-        ({"top_k": True}, "top_k must be -1 (off) or a positive int"),
+        ({"top_k": True}, "top_k must be an int >= -1, got True"),
         ({"max_tokens": "32"}, "max_tokens must be an int"),
         ({"seed": 1.5}, "seed must be an int"),
     ],
 )
 def test_the_airflow_form_names_a_wrong_type(values, named):
-    from tasks.orchestration.form import batch_config_from_form, form_defaults
+    from tasks.config import config_from_values
+    from tasks.orchestration.form import form_defaults
 
-    form = {k: v for k, v in form_defaults().items() if k not in ("batch_id", "storage_url", "storage_conn_id")}
     provenance = {"weights_sha256": "a" * 64, "tokenizer_sha256": "b" * 64, "chat_template_sha256": "c" * 64}
     with pytest.raises(ConfigError) as error:
-        batch_config_from_form({**form, **values}, batch_id="b1", provenance=provenance)
+        config_from_values({**form_defaults(), **values}, batch_id="b1", provenance=provenance)
     assert named in str(error.value)
 
 
