@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml requirements/cpu-constraints.txt
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: setup
 	$(PY) -m ruff check --fix .
