@@ -4,7 +4,7 @@ Rollouts of a guess-the-number style conversation are staged turn by turn throug
 ``StagingWriter`` on local disk; each call's admission resolves the parent's exact tokens through
 ``ChainPrefixCache`` (only the newest delta is read from staging), renders the chat and splices
 with ``ChatPromptBuilder``. Every measured prompt is checked against the full-render definition
-of ARCHITECTURE section 6 (``splice_chat_prompt``), outside the timed region.
+of docs/architecture.md §6 (``splice_chat_prompt``), outside the timed region.
 
     python bench/admission.py [--rollouts 40] [--turns 64]
 """

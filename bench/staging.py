@@ -1,6 +1,6 @@
 """Staging benchmark: bytes per staged token, delta vs full-sequence storage, and write throughput.
 
-Synthetic multi-turn rollouts (ARCHITECTURE 4.1): every turn carries ~30 user/tool tokens and
+Synthetic multi-turn rollouts (docs/architecture.md §4.1): every turn carries ~30 user/tool tokens and
 samples ~170, token ids from a 49152-token vocabulary with a Zipf-like skew, processed logprobs
 mostly near 0 with a negative tail (float32). Each delta is built with ``StagedDelta.build``
 (all hashes) and staged through ``StagingWriter`` on local disk, turn by turn across all

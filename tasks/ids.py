@@ -1,4 +1,4 @@
-"""Identifier rules and deterministic ids (ARCHITECTURE section 3).
+"""Identifier rules and deterministic ids (docs/architecture.md §3).
 
 Every id that reaches a storage path passes through :func:`check_id`, so no id can
 traverse out of its directory or collide with a separator.

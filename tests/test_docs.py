@@ -33,3 +33,34 @@ def test_engine_docs_list_every_option_of_every_registered_engine():
         text = (DOCS / page).read_text()
         missing = [option for option in options_model(name).model_fields if f"`{option}`" not in text]
         assert not missing, f"docs/{page} does not list the {name} engine option(s) {missing}"
+
+
+def test_architecture_doc_maps_every_layer_and_every_cited_section_exists():
+    import re
+    import tomllib
+
+    root = DOCS.parent
+    text = (DOCS / "architecture.md").read_text()
+    sections = set(re.findall(r"^#{2,3} (\d+)\.", text, re.M)) | set(re.findall(r"\*\*(\d+\.\d+) ", text))
+    cited: set[str] = set()
+    for path in [
+        *root.glob("tasks/**/*.py"),
+        *root.glob("tests/**/*.py"),
+        *root.glob("bench/*.py"),
+        *root.glob("**/*.md"),
+    ]:
+        if ".venv" in path.parts:
+            continue
+        for reference in re.findall(r"architecture\.md §([\d.\-]+(?:, §[\d.\-]+)*)", path.read_text()):
+            cited |= {part.split("-")[0] for part in re.findall(r"[\d.]+\d|\d", reference)}
+    assert cited and not cited - sections, f"cited sections {sorted(cited - sections)} are not in docs/architecture.md"
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in config if c["type"] == "layers" and "containers" not in c]
+    modules = {name.strip() for layer in layers for name in re.split(r"[|:]", layer)}
+    for module in modules:
+        short = module.removeprefix("tasks.")
+        assert f"`{short}`" in text or f"tasks/{short}" in text, f"docs/architecture.md §11 does not map {module}"
+    packages = {p.parent.name for p in (root / "tasks").glob("*/__init__.py")} | {
+        p.stem for p in (root / "tasks").glob("*.py") if p.stem != "__init__"
+    }
+    assert not packages - {m.removeprefix("tasks.") for m in modules}, "a tasks module is in no import layer"

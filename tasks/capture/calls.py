@@ -1,4 +1,4 @@
-"""Engine-agnostic call capture: one model call, captured (ARCHITECTURE section 5).
+"""Engine-agnostic call capture: one model call, captured (docs/architecture.md §5).
 
 :class:`CallCapture.call` runs the steps of one call in order: admission (parent chain,
 weight version, ``admitted_at``), prompt preparation (parent tokens through the

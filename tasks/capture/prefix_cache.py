@@ -1,4 +1,4 @@
-"""Parent tokens of a child call, resolved from its staging chain (ARCHITECTURE section 5, step 2).
+"""Parent tokens of a child call, resolved from its staging chain (docs/architecture.md §5, step 2).
 
 A child call continues from its parent's exact tokens: the concatenated deltas of the chain
 root→parent. :class:`ChainPrefixCache` keeps the whole prefix of recently resolved chains, keyed

@@ -1,4 +1,4 @@
-"""Prefix splicing (ARCHITECTURE section 6): continue a turn from the parent's exact tokens.
+"""Prefix splicing (docs/architecture.md §6): continue a turn from the parent's exact tokens.
 
 Re-encoding a rendered chat does not give back the ids the model sampled, so the prompt of a
 child call is the parent's exact tokens ``P`` followed by the part of the fresh render ``T``

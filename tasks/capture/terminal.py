@@ -1,4 +1,4 @@
-"""Which call of a rollout was scored: terminal attribution for the receipt (ARCHITECTURE section 7).
+"""Which call of a rollout was scored: terminal attribution for the receipt (docs/architecture.md §7).
 
 Fail-closed rule: a rollout is trained on the chain root→terminal, so the terminal is named
 only when the evidence names exactly one call. Every witness abstains rather than guesses; a

@@ -1,4 +1,4 @@
-"""Group advantages (ARCHITECTURE section 8): one value per valid rollout of a group.
+"""Group advantages (docs/architecture.md §8): one value per valid rollout of a group.
 
 Rewards are taken as float64. With ``n`` valid rewards ``r``:
 

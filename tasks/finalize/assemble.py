@@ -1,4 +1,4 @@
-"""Dataset rows of planned groups from their verified rollouts, group by group (ARCHITECTURE section 8).
+"""Dataset rows of planned groups from their verified rollouts, group by group (docs/architecture.md §8).
 
 :func:`assemble_rows` turns the verified rollouts of planned groups (a shard's, as columns) into
 one table of :class:`~tasks.records.dataset_row.DatasetRow` rows, built column by column so

@@ -1,4 +1,4 @@
-"""Batch metrics of a finalized dataset (ARCHITECTURE section 8), accumulated group by group.
+"""Batch metrics of a finalized dataset (docs/architecture.md §8), accumulated group by group.
 
 :class:`DatasetMetrics` is fed assembled groups (:class:`~tasks.finalize.assemble.AssembledRows`: their
 rows, stats and counts of the verified rollouts behind them) plus, per shard, the ledger-level counts

@@ -1,4 +1,4 @@
-"""Stable reason strings of finalization (ARCHITECTURE section 8): why a rollout is not trainable.
+"""Stable reason strings of finalization (docs/architecture.md §8): why a rollout is not trainable.
 
 Every reason a verdict (:class:`~tasks.finalize.verify.verdicts.VerifiedRollouts`) can carry is a constant here,
 listed in :data:`ALL_REASONS` and described in :data:`DESCRIPTIONS` (one line each, for the docs

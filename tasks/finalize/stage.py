@@ -1,4 +1,4 @@
-"""The finalize stage: committed shards in, a staged GRPO dataset out (ARCHITECTURE section 8).
+"""The finalize stage: committed shards in, a staged GRPO dataset out (docs/architecture.md §8).
 
 Shard by shard (bounded memory): verify and linearize every receipt (:mod:`tasks.finalize.verify`),
 assemble the planned groups with their advantages (:mod:`tasks.finalize.assemble`), and stream

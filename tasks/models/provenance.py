@@ -1,6 +1,6 @@
 """A model's provenance: what a batch records so its rollouts can be tied to exact weights.
 
-ARCHITECTURE section 12: the batch config carries the model path and the sha256 of its
+docs/architecture.md §12: the batch config carries the model path and the sha256 of its
 weights, tokenizer and chat template. Each group of files hashes to one digest that depends
 on every file's name and bytes (not on timestamps or the folder's location), so copying a
 model folder keeps its provenance and changing any byte of it changes one of the digests.

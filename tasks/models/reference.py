@@ -1,4 +1,4 @@
-"""Portable model references (ARCHITECTURE section 12): what a batch config records, and how a worker resolves it.
+"""Portable model references (docs/architecture.md §12): what a batch config records, and how a worker resolves it.
 
 A reference is ``bundled:<name>`` (the model shipped with the project, converted once into
 each worker's cache) or the absolute path / ``file://`` URI of a Hugging Face model folder that

@@ -1,7 +1,7 @@
 """Generate one shard in a child process: how a long-lived Airflow worker runs an engine cleanly.
 
 The task process starts the ``rollout-ledger generate`` command for its shard (the CLI's exit
-codes, messages and signal handling: ARCHITECTURE section 10) through this module's ``__main__``,
+codes, messages and signal handling: docs/architecture.md §10) through this module's ``__main__``,
 and streams the child's log lines into the task log. The engine lives and dies with the child,
 so nothing of it outlives the task: on any exit of the task (success, exception, Airflow's
 timeout or kill) the child is stopped with SIGTERM (it flushes the receipts of completed

@@ -1,6 +1,6 @@
 """Where a DAG run's batches live: an Airflow ``ObjectStoragePath`` turned into a root URL + storage options.
 
-Stage functions take a plain fsspec root URL and storage options (ARCHITECTURE section 12). In
+Stage functions take a plain fsspec root URL and storage options (docs/architecture.md §12). In
 Airflow the storage is named like any Object Storage path — ``file:///data/batches``,
 ``s3://bucket/prefix``, or ``s3://conn_id@bucket/prefix`` / a separate connection id — and the
 connection's credentials become the options. They are resolved in each task from the run's

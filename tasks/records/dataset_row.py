@@ -1,4 +1,4 @@
-"""The GRPO dataset row (ARCHITECTURE 4.6): the contract between finalization and the trainer, written once.
+"""The GRPO dataset row (docs/architecture.md §4.6): the contract between finalization and the trainer, written once.
 
 :class:`DatasetRow` declares every column with its Arrow type (:meth:`DatasetRow.arrow_schema` is
 the schema of every dataset part) and checks its invariants on construction, so a row read back
@@ -75,7 +75,7 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
 
 
 class InvalidDatasetRowError(ValueError):
-    """A dataset row breaks an invariant of ARCHITECTURE 4.6; the message names the rollout and field."""
+    """A dataset row breaks an invariant of docs/architecture.md §4.6; the message names the rollout and field."""
 
 
 @dataclass(frozen=True, eq=False)

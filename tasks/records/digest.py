@@ -1,4 +1,4 @@
-"""Staging digests, wire-compatible with NeMo Gym staging digest v2 (ARCHITECTURE 4.2).
+"""Staging digests, wire-compatible with NeMo Gym staging digest v2 (docs/architecture.md §4.2).
 
 Pure functions over a fixed byte encoding: integers are unsigned 64-bit big-endian, text is
 length-prefixed UTF-8, token lists are ``>Q`` count + ``>Q`` ids, float lists are ``>Q`` count
@@ -215,7 +215,7 @@ def compute_staging_digest(
     digest_version: int = DIGEST_VERSION,
     extras_digest_version: int = EXTRAS_DIGEST_VERSION,
 ) -> str:
-    """The call digest over exactly the fields of ARCHITECTURE 4.2, after checking that each one encodes.
+    """The call digest over exactly the fields of docs/architecture.md §4.2, after checking that each one encodes.
 
     Only what the encoding needs is checked (types, uint64 ranges, float32 values, hex digests,
     one length for the three lists); the rules a staged delta's fields obey together (root or

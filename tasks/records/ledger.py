@@ -1,4 +1,4 @@
-"""Capture records (ARCHITECTURE 4.1, 4.3-4.5), each defined once with its Arrow schema and rules.
+"""Capture records (docs/architecture.md §4.1, §4.3-4.5), each defined once with its Arrow schema and rules.
 
 Each record declares the invariants of its section once, as rules (:mod:`tasks.records.rules`):
 constructing a record checks them on its values, and the ledger reader proves them on whole
@@ -118,7 +118,7 @@ def _when_ok(name: str, field: str, holds: Callable[[Ops, Any], Any], breach: st
     )
 
 
-# --- rules shared by the staged delta and the call record (ARCHITECTURE 4.1, 4.3) -----------------
+# --- rules shared by the staged delta and the call record (docs/architecture.md §4.1, §4.3) -----------------
 
 CALL_IDENTITY = (*ids("batch_id", "rollout_id", "call_id"), *ids("parent_call_id", optional=True))
 # root <=> parent null <=> prev_len 0 <=> mode text; delta_len >= 1; cum_len = prev_len + delta_len.
@@ -202,7 +202,7 @@ class StagedDelta(ArrowRecord):
     )
 
     def __post_init__(self) -> None:
-        """Check the rules, then the token lists (ARCHITECTURE 4.1), and freeze them as numpy arrays."""
+        """Check the rules, then the token lists (docs/architecture.md §4.1), and freeze them as numpy arrays."""
         self.rules.check(self)
         ids = dg.token_array(self.token_ids_delta, field="token_ids_delta")
         _check_id_range(ids, field="token_ids_delta")

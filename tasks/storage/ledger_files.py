@@ -1,4 +1,4 @@
-"""The ledger's files (ARCHITECTURE 4.3-4.5): what each kind holds, how it is encoded, how it is proved.
+"""The ledger's files (docs/architecture.md §4.3-4.5): what each kind holds, how it is encoded, how it is proved.
 
 A ledger file ``{kind}-NNNNNN.parquet`` holds records of one kind (``calls``, ``failures``,
 ``receipts``) with that record's schema. Decoding a file proves every row satisfies its

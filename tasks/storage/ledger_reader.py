@@ -1,4 +1,4 @@
-"""The trusted reader of a committed shard's ledger (ARCHITECTURE 4.3-4.5, 2).
+"""The trusted reader of a committed shard's ledger (docs/architecture.md §4.3-4.5, §2).
 
 Readers trust only what a shard's ``_COMMITTED.json`` names: each named ledger file must have
 the size and sha256 the marker recorded (``segment_checksum_mismatch`` otherwise) and the

@@ -1,4 +1,4 @@
-"""The writer of one shard attempt's token-free ledger and its commit marker (ARCHITECTURE 4.3-4.5, 10).
+"""The writer of one shard attempt's token-free ledger and its commit marker (docs/architecture.md §4.3-4.5, §10).
 
 Invariants it keeps, in the order a crash could break them:
 

@@ -1,4 +1,4 @@
-"""A shard's commit marker, ``ledger/shard-K/_COMMITTED.json`` (ARCHITECTURE sections 2 and 10).
+"""A shard's commit marker, ``ledger/shard-K/_COMMITTED.json`` (docs/architecture.md §2 and §10).
 
 The marker is written last, once, and is the only thing readers trust: it names every object
 of the shard's committed data (staging segments, ledger files of the committing attempt and

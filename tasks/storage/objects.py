@@ -1,4 +1,4 @@
-"""Create-once objects on any fsspec URL (ARCHITECTURE section 2).
+"""Create-once objects on any fsspec URL (docs/architecture.md §2).
 
 Every object is written exactly once. A second write of the same name with the same bytes
 is a no-op; with different bytes it raises :class:`ObjectConflictError` (a

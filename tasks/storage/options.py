@@ -1,4 +1,4 @@
-"""fsspec storage options for a root URL: how credentials reach every stage (ARCHITECTURE section 12).
+"""fsspec storage options for a root URL: how credentials reach every stage (docs/architecture.md §12).
 
 Stage functions take a root URL plus ``storage_options`` (a plain mapping handed to fsspec);
 nothing about credentials is ever written into a batch. The CLI fills the options from the

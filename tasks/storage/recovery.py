@@ -1,4 +1,4 @@
-"""Recovery of a shard's uncommitted attempts (ARCHITECTURE section 10).
+"""Recovery of a shard's uncommitted attempts (docs/architecture.md §10).
 
 A retried generate task starts attempt k+1 of its shard. Each object an earlier attempt
 wrote is complete or absent, and a receipt is written only after all of its rollout's call

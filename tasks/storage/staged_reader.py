@@ -1,4 +1,4 @@
-"""The staged reader: fetches staged rows back by staging key, one read per segment (ARCHITECTURE 5, 8).
+"""The staged reader: fetches staged rows back by staging key, one read per segment (docs/architecture.md §5, §8).
 
 Invariant: rows come back only from segments whose bytes match the committed sha256 (when
 given) and whose schema is the :class:`StagedDelta` schema, and only when the row at the

@@ -1,4 +1,4 @@
-"""Group-commit staging of token deltas (ARCHITECTURE 4.1, 5); :mod:`.staged_reader` reads them back.
+"""Group-commit staging of token deltas (docs/architecture.md §4.1, §5); :mod:`.staged_reader` reads them back.
 
 Writer invariant: a submitted delta's :class:`CommitCoordinates` resolve only after the
 segment object holding it has been written (``write_once`` returned), so a ledger record

@@ -1,4 +1,4 @@
-"""Delete the objects of a committed shard that its marker does not name (ARCHITECTURE section 10).
+"""Delete the objects of a committed shard that its marker does not name (docs/architecture.md §10).
 
 Orphans are staged segments of calls that crashed before their ledger record, ledger files
 of dead or losing attempts that were not adopted, and temp files of crashed local writes (only

@@ -1,4 +1,4 @@
-"""The two validation suites as data (ARCHITECTURE sections 1 and 8): which expectation checks which profile table.
+"""The two validation suites as data (docs/architecture.md §1 and §8): which expectation checks which profile table.
 
 A suite is a list of :class:`ExpectationSpec`: a stable name, the profile table it reads, a Great
 Expectations expectation type with its arguments, a severity and the rule in one sentence. A

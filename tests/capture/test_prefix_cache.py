@@ -1,4 +1,4 @@
-"""ChainPrefixCache and admission resolution (ARCHITECTURE 5, steps 1-2)."""
+"""ChainPrefixCache and admission resolution (docs/architecture.md §5, steps 1-2)."""
 
 from __future__ import annotations
 

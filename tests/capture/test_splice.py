@@ -1,4 +1,4 @@
-"""Prefix splicing (ARCHITECTURE 6): the pure rule, its properties, and the real SmolLM2 template."""
+"""Prefix splicing (docs/architecture.md §6): the pure rule, its properties, and the real SmolLM2 template."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Terminal attribution (ARCHITECTURE 7): every reason, every witness, and the survivors rule."""
+"""Terminal attribution (docs/architecture.md §7): every reason, every witness, and the survivors rule."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bundled model's conversion takes its special tokens from the GGUF (issue 13: transformers 5.17's
+"""The bundled model's conversion takes its special tokens from the GGUF (transformers 5.17's
 GGUF converter gave SmolLM2 eos <|im_start|>, so an engine on the GPU machine stopped on the wrong token)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Group assembly (ARCHITECTURE section 8): masking, dropping, advantages, group stats, row order."""
+"""Group assembly (docs/architecture.md §8): masking, dropping, advantages, group stats, row order."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Each receipt's chain in its manifest, found column-wise for a whole shard: the chain or the reason it is refused.
 
-The expected chain of every manifest shape is written out by hand from ARCHITECTURE sections 7
+The expected chain of every manifest shape is written out by hand from docs/architecture.md §7
 and 8 (follow parents up from the receipt's terminal; duplicates, re-attribution, cycles and
 missing parents are refused with their reason), and the manifests reach :func:`shard_chains`
 interleaved as concurrent rollouts write them, next to rows no receipt commits.

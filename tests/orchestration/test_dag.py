@@ -1,4 +1,4 @@
-"""The DAG files as the DAG processor sees them: they import fast and wire the batch as ARCHITECTURE 1 draws it."""
+"""The DAG files as the DAG processor sees them: they import fast and wire the batch (architecture.md §1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The dataset row (ARCHITECTURE 4.6): its schema, its invariants, and tables built column-wise that honour both."""
+"""The dataset row (docs/architecture.md §4.6): its schema, its invariants, and column-wise tables that honour both."""
 
 from __future__ import annotations
 

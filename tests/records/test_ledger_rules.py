@@ -1,4 +1,4 @@
-"""The ledger records' rules against an independent statement of ARCHITECTURE 4.3-4.5.
+"""The ledger records' rules against an independent statement of docs/architecture.md §4.3-4.5.
 
 Each oracle below restates a record's section in plain Python, from the contract and not
 from the code. Both forms of the rules must agree with it on every row: constructing the

@@ -1,4 +1,4 @@
-"""The bad-input corpus (issue 14, item 3): every bad input gets a clear error naming what is wrong,
+"""The bad-input corpus (docs/reliability.md): every bad input gets a clear error naming what is wrong,
 or a named failure row / receipt, and nothing already committed is lost.
 
 Generation runs on the FAKE scripted engine (:mod:`tests.generation.fakes`, real tokenizer, real

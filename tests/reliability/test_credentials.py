@@ -1,4 +1,4 @@
-"""Storage credentials never leave the process that uses them (issue 14, item 5).
+"""Storage credentials never leave the process that uses them (docs/reliability.md).
 
 Every stage runs against the moto S3 server with distinctive FAKE credentials, supplied as an
 Airflow connection (``tasks.orchestration.storage_location.storage_location``), as storage options, and

@@ -1,4 +1,4 @@
-"""Storage faults (issue 14, item 2): transient faults lose nothing, persistent ones fail closed.
+"""Storage faults (docs/reliability.md): transient faults lose nothing, persistent ones fail closed.
 
 Storage runs behind the FAULT INJECTOR of :mod:`.faulty_fs` (a wrapper around the real local
 filesystem, or around s3fs on the moto server), which fails a seeded fraction of reads, writes,

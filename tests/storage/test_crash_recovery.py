@@ -1,4 +1,4 @@
-"""A writer process killed with SIGKILL at chosen and at random points (ARCHITECTURE section 10).
+"""A writer process killed with SIGKILL at chosen and at random points (docs/architecture.md §10).
 
 Crash anywhere: no ledger row points at missing data, no committed or receipted rollout is
 lost or duplicated, no partial object is trusted, and the sweep removes what no marker names.

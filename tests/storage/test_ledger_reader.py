@@ -1,4 +1,4 @@
-"""The trusted reader: only what the marker names, each file's bytes and rows checked (ARCHITECTURE 2, 4.3-4.5)."""
+"""The trusted reader: only what the marker names, each file's bytes and rows checked (architecture.md §2, §4.3-4.5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ledger writer: receipts after their manifests, the marker last, conflicts refused (ARCHITECTURE 4.3-4.5)."""
+"""The ledger writer: receipts after their manifests, the marker last, conflicts refused (architecture.md §4.3-4.5)."""
 
 from __future__ import annotations
 

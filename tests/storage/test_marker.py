@@ -1,4 +1,4 @@
-"""A shard's commit marker: canonical JSON, every rule refused by name, written once (ARCHITECTURE 2, 10)."""
+"""A shard's commit marker: canonical JSON, every rule refused by name, written once (docs/architecture.md §2, §10)."""
 
 from __future__ import annotations
 

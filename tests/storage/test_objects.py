@@ -1,4 +1,4 @@
-"""Create-once objects on local disk, memory:// and S3 (ARCHITECTURE section 2)."""
+"""Create-once objects on local disk, memory:// and S3 (docs/architecture.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Recovery of uncommitted attempts: receipted rollouts adopted with their objects (ARCHITECTURE 10)."""
+"""Recovery of uncommitted attempts: receipted rollouts adopted with their objects (docs/architecture.md §10)."""
 
 from __future__ import annotations
 

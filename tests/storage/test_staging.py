@@ -1,4 +1,4 @@
-"""Group-commit staging writer and staged reader (ARCHITECTURE 4.1, 5)."""
+"""Group-commit staging writer and staged reader (docs/architecture.md §4.1, §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Orphan sweep of a committed shard (ARCHITECTURE section 10)."""
+"""Orphan sweep of a committed shard (docs/architecture.md §10)."""
 
 from __future__ import annotations
 

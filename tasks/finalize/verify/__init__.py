@@ -1,4 +1,4 @@
-"""Verification of committed shards, step by step (ARCHITECTURE section 8).
+"""Verification of committed shards, step by step (docs/architecture.md §8).
 
 ``shard`` reads a shard and combines the verdicts; ``chains`` finds each receipt's chain in its
 manifest; ``fetch`` reads the chains' staged rows, each segment once; ``staged_rows`` checks

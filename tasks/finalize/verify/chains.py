@@ -1,4 +1,4 @@
-"""The chain of every receipted rollout of a shard, found before any token is read (ARCHITECTURE section 8).
+"""The chain of every receipted rollout of a shard, found before any token is read (docs/architecture.md §8).
 
 A rollout's manifest is its call records in its receipt's attempt, in ledger order; its chain is
 the calls root→terminal, found by following parents up from the receipt's terminal call. A

@@ -1,4 +1,4 @@
-"""Fetch the staged rows of a shard's chains, each committed segment read once (ARCHITECTURE sections 5, 8).
+"""Fetch the staged rows of a shard's chains, each committed segment read once (docs/architecture.md §5, §8).
 
 A segment that cannot be trusted as a whole (checksum, schema, not Parquet, absent) rejects every
 chain that reads it; a row-level failure (coordinates past the segment's rows, a row holding

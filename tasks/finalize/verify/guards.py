@@ -1,4 +1,4 @@
-"""The guards of a receipted rollout, and how they combine with its chain's verdict (ARCHITECTURE section 8).
+"""The guards of a receipted rollout, and how they combine with its chain's verdict (docs/architecture.md §8).
 
 Guards are what the receipt and the failure rows say on their own: a receipt that contradicts
 its manifest, a failed or poisoned rollout, a failure row on its chain. A guard's reason wins

@@ -1,4 +1,4 @@
-"""Verify and linearize every planned rollout of a committed shard (ARCHITECTURE section 8).
+"""Verify and linearize every planned rollout of a committed shard (docs/architecture.md §8).
 
 Fail-closed rule: a rollout is trainable only when every link of its chain root→terminal is
 proven against the committed bytes; anything else gets a stable reason from
