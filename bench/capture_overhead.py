@@ -77,26 +77,16 @@ def batch_config(batch_id: str, model: ModelSpec, args: argparse.Namespace) -> B
     )
 
 
-def timed_shard(
-    root: str,
-    batch_id: str,
-    model: ModelSpec,
-    args: argparse.Namespace,
-    engine: Engine,
-    loop: BackgroundLoop,
-    *,
-    capture: bool,
-) -> Run:
+def timed_shard(root: str, config: BatchConfig, engine: Engine, loop: BackgroundLoop, *, capture: bool) -> Run:
     """Plan a fresh copy of the batch (untimed), then time its one shard end to end."""
-    config = batch_config(batch_id, model, args)
     plan_batch(Batch.open(root, config.batch_id), config)
     started = time.perf_counter()
     summary = generate_shard(
-        Batch.open(root, batch_id), 0, engine=engine, run=loop.run, capture=capture, progress=False
+        Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, capture=capture, progress=False
     )
     seconds = time.perf_counter() - started
     if capture and summary.already_committed:
-        raise RuntimeError(f"{batch_id} was already committed: the run did no work")
+        raise RuntimeError(f"{config.batch_id} was already committed: the run did no work")
     return Run(capture, seconds, summary.generated_tokens, summary.rollouts, summary.calls)
 
 
@@ -138,13 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vLLM engine on {reference} started in {time.perf_counter() - started:.0f}s", flush=True)
         try:
             for capture in (False, True):
-                warm = timed_shard(
-                    root, f"bench-warmup-{mode(capture).strip()}", model, args, engine, loop, capture=capture
-                )
+                config = batch_config(f"bench-warmup-{mode(capture).strip()}", model, args)
+                warm = timed_shard(root, config, engine, loop, capture=capture)
                 print(f"warm-up capture {mode(capture)}: {warm.seconds:6.2f}s (not counted)", flush=True)
             for index in range(args.runs):
                 capture = index % 2 == 0
-                run = timed_shard(root, f"bench-{index:02d}", model, args, engine, loop, capture=capture)
+                run = timed_shard(root, batch_config(f"bench-{index:02d}", model, args), engine, loop, capture=capture)
                 runs.append(run)
                 print(
                     f"run {index:2d} capture {mode(capture)}: {run.rollouts} rollouts, {run.calls} calls, "

@@ -31,16 +31,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.capture_overhead import TARGET_RATIO, Run, median, mode, spread
-from tasks.batch import Batch
+from bench.capture_overhead import TARGET_RATIO, Run, median, mode, spread, timed_shard
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
-from tasks.engines.base import Engine, SamplingSettings
-from tasks.generate import generate_shard
+from tasks.engines.base import SamplingSettings
 from tasks.models.provenance import model_provenance
 from tasks.models.reference import model_reference, resolve_model_reference
-from tasks.plan import plan_batch
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -63,27 +60,6 @@ def batch_config(batch_id: str, model: ModelSpec, args: argparse.Namespace) -> B
         max_in_flight=args.tasks * args.group_size,
         seed=1234,
     )
-
-
-def timed_shard(
-    root: str,
-    batch_id: str,
-    model: ModelSpec,
-    args: argparse.Namespace,
-    engine: Engine,
-    loop: BackgroundLoop,
-    *,
-    capture: bool,
-) -> Run:
-    """Plan a fresh copy of the batch (untimed), then time its one shard end to end."""
-    config = batch_config(batch_id, model, args)
-    plan_batch(Batch.open(root, config.batch_id), config)
-    started = time.perf_counter()
-    summary = generate_shard(
-        Batch.open(root, batch_id), 0, engine=engine, run=loop.run, capture=capture, progress=False
-    )
-    seconds = time.perf_counter() - started
-    return Run(capture, seconds, summary.generated_tokens, summary.rollouts, summary.calls)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,12 +92,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.engine} engine {engine_options(args)} started in {time.perf_counter() - started:.0f}s")
         try:
             for capture in (False, True):
-                warm = timed_shard(root, f"warm-{mode(capture).strip()}", model, args, engine, loop, capture=capture)
+                warm = timed_shard(
+                    root, batch_config(f"warm-{mode(capture).strip()}", model, args), engine, loop, capture=capture
+                )
                 print(f"warm-up capture {mode(capture)}: {warm.seconds:6.2f}s (not counted)", flush=True)
             for index in range(args.runs):
                 pair, second = divmod(index, 2)
                 capture = (pair % 2 == 0) != bool(second)  # on-off, off-on, on-off, ...
-                run = timed_shard(root, f"bench-{index:02d}", model, args, engine, loop, capture=capture)
+                run = timed_shard(root, batch_config(f"bench-{index:02d}", model, args), engine, loop, capture=capture)
                 runs.append(run)
                 print(
                     f"run {index:2d} capture {mode(capture)}: {run.rollouts} rollouts, {run.calls} calls, "

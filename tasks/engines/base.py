@@ -122,6 +122,18 @@ class Engine(abc.ABC):
         """Longest prompt + generation the engine accepts, in tokens."""
         return self._max_model_len
 
+    def prompt_of(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt ids; an :class:`EngineError` when it is empty or leaves no room to generate."""
+        prompt = list(request.prompt_token_ids)
+        if not prompt:
+            raise EngineError(f"request {request.request_id}: empty prompt")
+        if len(prompt) >= self._max_model_len:
+            raise EngineError(
+                f"request {request.request_id}: prompt of {len(prompt)} tokens leaves no room to generate "
+                f"(max_model_len {self._max_model_len})"
+            )
+        return prompt
+
     @abc.abstractmethod
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Sample a completion for ``request``; raise :class:`EngineError` on failure."""

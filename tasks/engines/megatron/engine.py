@@ -207,14 +207,7 @@ class MegatronEngine(Engine):
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         self._check_usable(request.request_id)
-        prompt = list(request.prompt_token_ids)
-        if not prompt:
-            raise EngineError(f"request {request.request_id}: empty prompt")
-        if len(prompt) >= self._max_model_len:
-            raise EngineError(
-                f"request {request.request_id}: prompt of {len(prompt)} tokens leaves no room to generate "
-                f"(max_model_len {self._max_model_len})"
-            )
+        prompt = self.prompt_of(request)
         if max(prompt) >= self._shape.vocab_size or min(prompt) < 0:
             raise EngineError(f"request {request.request_id}: a prompt token is outside the vocabulary")
         from megatron.core.inference.sampling_params import SamplingParams

@@ -125,14 +125,7 @@ class VllmEngine(Engine):
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         self._check_usable(request.request_id)
-        prompt = list(request.prompt_token_ids)
-        if not prompt:
-            raise EngineError(f"request {request.request_id}: empty prompt")
-        if len(prompt) >= self.max_model_len:
-            raise EngineError(
-                f"request {request.request_id}: prompt of {len(prompt)} tokens leaves no room to generate "
-                f"(max_model_len {self.max_model_len})"
-            )
+        prompt = self.prompt_of(request)
         from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
