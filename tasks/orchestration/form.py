@@ -1,8 +1,8 @@
 """The batch form: the Airflow trigger form's fields, derived from the batch fields' declaration.
 
-``dags/rollout_batch.py`` wraps each field of :func:`form_fields` in a ``Param``, the periodic
-profiles (``dags/profiles.yaml``) check their values against it and ``make demo`` runs its
-defaults. Every field, its default, bounds, title, description and section is declared once in
+The DAG factory (:mod:`tasks.orchestration.rollout_dag`) wraps each field of :func:`form_fields` in
+a ``Param``, the periodic profiles (``dags/profiles.yaml``) check their values against it and
+``make demo`` runs its defaults. Every field, its default, bounds, title, description and section is declared once in
 :class:`tasks.batch_fields.BatchFields`; this module only shapes it for Airflow. No Airflow
 import here.
 """
