@@ -107,7 +107,7 @@ def build(root: str, tasks: int, group_size: int, shards: int) -> str:
         weight_version=3,
     )
     batch = Batch.open(root, BATCH_ID)
-    plan_batch(Batch.open(batch, config.batch_id), config)
+    plan_batch(batch, config)
     tokenizer = load_bundled_tokenizer()
     for shard in range(shards):
         engine = FakeScriptedEngine(
@@ -117,8 +117,8 @@ def build(root: str, tasks: int, group_size: int, shards: int) -> str:
             weight_version=3 + shard,
             record=False,
         )
-        generate_shards(Batch.open(batch, [shard]), engine=engine, run=asyncio.run, progress=False)
-    finalize_batch(Batch.open(batch, FinalizeOptions(audit=False)))
+        generate_shards(batch, [shard], engine=engine, run=asyncio.run, progress=False)
+    finalize_batch(batch, FinalizeOptions(audit=False))
 
     store = batch.store
     thresholds = ValidationSpec()
