@@ -148,6 +148,7 @@ def hostile_run(published_run, listener, tmp_path_factory):
         code_version=payloads["code_version"],
     )
     store.replace(layout.plan_config(), hostile.to_json().encode())
+    batch = Batch.open(str(root), batch_id)  # a handle caches the config it read: open the planted one
     decision = new_decision(batch_id, "publish", payloads["reason"], decided_by=payloads["decided_by"], via="airflow")
     store.replace(layout.REVIEW_RECORD, decision.to_json().encode())  # the run's own record: publish's, unreviewed
     plant_summary(batch, payloads)
