@@ -84,6 +84,7 @@ def _builtin_environments(schema: dict[str, Any]) -> None:
 
 
 _THRESHOLDS = {"section": "Validation thresholds"}
+Rate = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]  # a share of rows: finite, in [0, 1]
 EngineName = Literal[engine_names()]  # type: ignore[valid-type]
 
 
@@ -251,47 +252,32 @@ class BatchFields(BaseModel):
         description="Airflow connection with the storage's credentials (e.g. an AWS connection); empty: none",
         json_schema_extra={"section": "Storage"},
     )
-    max_invalid_row_rate: Annotated[float, InConfig("validation.max_invalid_row_rate")] = Field(
+    max_invalid_row_rate: Annotated[Rate, InConfig("validation.max_invalid_row_rate")] = Field(
         0.05,
-        ge=0,
-        le=1,
-        allow_inf_nan=False,
         title="Max invalid row rate",
         description="dataset suite: masked or dropped rollouts / planned rollouts, at most",
         json_schema_extra=_THRESHOLDS,
     )
-    max_capture_poisoned_rate: Annotated[float, InConfig("validation.max_capture_poisoned_rate")] = Field(
+    max_capture_poisoned_rate: Annotated[Rate, InConfig("validation.max_capture_poisoned_rate")] = Field(
         0.05,
-        ge=0,
-        le=1,
-        allow_inf_nan=False,
         title="Max capture poisoned rate",
         description="lineage suite: capture-poisoned rollouts / planned rollouts, at most",
         json_schema_extra=_THRESHOLDS,
     )
-    max_poisoned_rate: Annotated[float, InConfig("validation.max_poisoned_rate")] = Field(
+    max_poisoned_rate: Annotated[Rate, InConfig("validation.max_poisoned_rate")] = Field(
         0.2,
-        ge=0,
-        le=1,
-        allow_inf_nan=False,
         title="Max poisoned rate",
         description="lineage suite: poisoned or failed receipts / receipts, at most",
         json_schema_extra=_THRESHOLDS,
     )
-    max_failure_row_rate: Annotated[float, InConfig("validation.max_failure_row_rate")] = Field(
+    max_failure_row_rate: Annotated[Rate, InConfig("validation.max_failure_row_rate")] = Field(
         0.05,
-        ge=0,
-        le=1,
-        allow_inf_nan=False,
         title="Max failure row rate",
         description="lineage suite: failure rows / model calls, at most",
         json_schema_extra=_THRESHOLDS,
     )
-    min_declared_terminal_rate: Annotated[float, InConfig("validation.min_declared_terminal_rate")] = Field(
+    min_declared_terminal_rate: Annotated[Rate, InConfig("validation.min_declared_terminal_rate")] = Field(
         0.9,
-        ge=0,
-        le=1,
-        allow_inf_nan=False,
         title="Min declared terminal rate",
         description="lineage suite: receipts with a declared terminal call / ok receipts, at least",
         json_schema_extra=_THRESHOLDS,
