@@ -6,29 +6,29 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from tasks.config import BatchConfig, ModelSpec, ValidationSpec
+from tasks.config import BatchConfig, ValidationSpec
 from tasks.engines.base import SamplingSettings
 from tasks.records.suite_summary import ExpectationOutcome, SuiteSummary, SummaryCounts, status_of
+from tests.generation.configs import fake_model_config
 
 BATCH = "b-report"
 HOSTILE = "<img src=x onerror=alert(1)>"
 
 
 def report_config(**overrides: Any) -> BatchConfig:
-    fields = {
-        "batch_id": BATCH,
-        "environment": "guess_number",
-        "environment_options": {"lo": 1, "hi": 8},
-        "num_tasks": 8,
-        "group_size": 4,
-        "shards": 2,
-        "model": ModelSpec(reference="fake-model"),
-        "sampling": SamplingSettings(temperature=0.8, max_tokens=24),
-        "max_turns": 4,
-        "max_in_flight": 8,
-        "weight_version": 3,
-    } | overrides
-    return BatchConfig(**fields)
+    """The generate tests' fake-model batch, sized and versioned for the report's figures."""
+    return fake_model_config(
+        **{
+            "batch_id": BATCH,
+            "environment_options": {"lo": 1, "hi": 8},
+            "num_tasks": 8,
+            "group_size": 4,
+            "sampling": SamplingSettings(temperature=0.8, max_tokens=24),
+            "max_in_flight": 8,
+            "weight_version": 3,
+        }
+        | overrides
+    )
 
 
 def summary_of(suite: str, expectations: list[ExpectationOutcome], *, run: int = 0) -> SuiteSummary:
