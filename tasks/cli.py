@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from tasks.batch import Batch
@@ -49,7 +50,7 @@ from tasks.errors import (
 from tasks.records.suite_summary import SUITES
 from tasks.storage.options import aws_variables_read, is_s3_url, storage_options_from_env
 
-QUIET_LIBRARIES = ("great_expectations",)
+QUIET_LIBRARIES = ("great_expectations", "httpx")
 log = logging.getLogger("rollout_ledger")
 
 
@@ -148,6 +149,29 @@ def build_parser() -> argparse.ArgumentParser:
     _root_and_batch(sweep)
     sweep.add_argument("--shard", type=_shard_number, required=True, help="the committed shard to sweep")
     sweep.add_argument("--dry-run", action="store_true", help="list the orphans, delete nothing")
+
+    serve = command(
+        "serve",
+        "start a vLLM server (engine vllm_server's counterpart) for a model; print its URL; stop it with "
+        "Ctrl-C or SIGTERM",
+    )
+    serve.add_argument("--model", default=field_default("model"), help="model reference or local folder to serve")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on")
+    serve.add_argument("--api-key-file", default=None, help="file holding the API key clients must send")
+    serve.add_argument(
+        "--engine-option",
+        action="append",
+        metavar="KEY=JSON",
+        help=f"a vllm engine option, repeatable; none given: {json.dumps(field_default('engine_options'))}",
+    )
+    serve.add_argument("--log", default=None, help="the server's log file (default: in the user cache)")
+
+    refit = command("refit", "load a model folder into running vLLM servers as a new weight version")
+    refit.add_argument("--urls", nargs="+", required=True, help="base URLs of the servers (replicas of one model)")
+    refit.add_argument("--folder", required=True, help="the model folder, as the servers' machine sees it")
+    refit.add_argument("--version", type=int, default=None, help="the new weight version (default: current + 1)")
+    refit.add_argument("--api-key-file", default=None, help="file holding the servers' API key")
 
     demo = command("demo", "plan, generate and finalize a small batch on the embedded defaults")
     demo.add_argument("--root", default=".demo/runs", help="storage root URL")
@@ -456,6 +480,65 @@ def _sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from tasks.engines.options import read_key_file
+    from tasks.engines.startup import engine_log_path
+    from tasks.engines.vllm.options import VllmOptions
+    from tasks.engines.vllm.serve import VllmServer, serve_until_stopped
+    from tasks.models.reference import resolve_model_reference
+
+    folder = resolve_model_reference(args.model)
+    options = VllmOptions.from_mapping(
+        field_default("engine_options")
+        if args.engine_option is None
+        else _options(args.engine_option, "--engine-option")
+    )
+    api_key = None if args.api_key_file is None else read_key_file(args.api_key_file, what="--api-key-file")
+    log_path = Path(args.log) if args.log else engine_log_path("serve", f"port-{args.port}")
+    _say(f"starting a vLLM server for {args.model} on {args.host}:{args.port} (log: {log_path})")
+    server = VllmServer.start(folder, options, host=args.host, port=args.port, api_key=api_key, log_path=log_path)
+    try:
+        server.wait_ready(on_wait=_waiting("vLLM server starting"))
+    except BaseException:
+        server.stop()
+        raise
+    print(server.url, flush=True)
+    _say(f"serving {folder} at {server.url}; Ctrl-C or SIGTERM stops it")
+    exited = serve_until_stopped(server)
+    if exited is not None:
+        _say(f"the vLLM server exited with {exited}; its log ({log_path}) ends:\n{server.log_tail()}")
+        return EXIT_FAILED
+    _say("vLLM server stopped")
+    return EXIT_OK
+
+
+def _refit(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from tasks.engines.vllm_server.options import VllmServerOptions
+    from tasks.engines.vllm_server.refit import refit_urls
+
+    options = VllmServerOptions(urls=args.urls, api_key_file=args.api_key_file)
+    urls = options.urls
+    version = asyncio.run(
+        refit_urls(urls, args.folder, args.version, api_key=options.api_key(), key_source=options.key_source())
+    )
+    print(f"refit {len(urls)} server(s) to {args.folder} at weight version {version}")
+    return EXIT_OK
+
+
+def _waiting(what: str) -> Callable[[float], None]:
+    """A callback that tells the terminal every 10 s that ``what`` is still going."""
+    said = [0.0]
+
+    def on_wait(seconds: float) -> None:
+        if seconds - said[0] >= 10:
+            said[0] = seconds
+            _say(f"{what}: {seconds:.0f} s")
+
+    return on_wait
+
+
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -468,6 +551,8 @@ COMMANDS = {
     "publish": _publish,
     "status": _status,
     "sweep": _sweep,
+    "serve": _serve,
+    "refit": _refit,
     "demo": _demo,
 }
 

@@ -10,6 +10,8 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -127,8 +129,9 @@ def vllm_engine():
 
     loop = BackgroundLoop("vllm-engine-test-loop")
     model = resolve_model_reference(BUNDLED_REFERENCE)
+    before = {process.pid for process in engine_processes()}  # e.g. the vllm_server fixture's
     engine = loop.run(create_engine("vllm", model_path=model, options={"max_model_len": 2048}), timeout=600)
-    started = engine_processes()
+    started = [process for process in engine_processes() if process.pid not in before]
     try:
         yield engine, loop
     finally:
@@ -137,3 +140,42 @@ def vllm_engine():
     assert started, "the engine started no VLLM:: process, so close() was not checked"
     leftover = [p.pid for p in started if p.is_running() and p.status() != "zombie"]
     assert not leftover, f"engine processes still running after close(): {leftover}"
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """The test run's vLLM server: its URL, the file holding its API key, and the options that reach it."""
+
+    url: str
+    key_file: str
+    process_group: int
+
+    def engine_options(self, **more: Any) -> dict[str, Any]:
+        """``engine.options`` of a batch on this server (engine ``vllm_server``)."""
+        return {"urls": [self.url], "api_key_file": self.key_file} | more
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """ONE real ``vllm serve`` of the bundled model on loopback for the whole test run (as ``rollout-ledger serve``
+    starts it), with a random API key. Stopping it must leave no process of its group (asserted here)."""
+    from tasks.engines.vllm.options import VllmOptions
+    from tasks.engines.vllm.serve import VllmServer, group_members
+    from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+
+    home = tmp_path_factory.mktemp("vllm-server")
+    key_file = home / "api-key"
+    key_file.write_text(uuid.uuid4().hex)
+    server = VllmServer.start(
+        resolve_model_reference(BUNDLED_REFERENCE),
+        VllmOptions(max_model_len=2048),
+        port=_free_port(),
+        api_key=key_file.read_text(),
+        log_path=home / "server.log",
+    )
+    try:
+        server.wait_ready()
+        yield RunningServer(server.url, str(key_file), server.process.pid)
+    finally:
+        server.stop()
+    assert not group_members(server.process.pid), "processes of the vLLM server outlived stop()"

@@ -112,10 +112,15 @@ class CallOutcome:
 
 @dataclass(frozen=True)
 class _Admitted:
-    """Stamped at admission: a call that spans a refit keeps this version (``epoch_span``)."""
+    """Stamped at admission: a call that spans a refit keeps this version (``epoch_span``).
+
+    ``epoch_span`` is known at once when the engine reported its weight spans; otherwise it is
+    whether the engine's version moved while the call ran.
+    """
 
     weight_version: int
     at: float
+    epoch_span: bool | None = None
 
 
 class _CallFailed(Exception):
@@ -170,7 +175,7 @@ class CallCapture:
         try:
             parent_tokens = await self._parent_tokens(call_id, parent, messages, captured)
             prompt = self._prompt(call_id, messages, parent_tokens)
-            completion, admission = await self._generate(call_id, prompt, seed)
+            completion, admission = await self._generate(call_id, prompt, seed, rollout.rollout_id)
             rollout.generated_tokens += len(completion.token_ids)
             conversation = (*messages, {"role": "assistant", "content": completion.text})
             sequence = np.concatenate([prompt, np.asarray(completion.token_ids, np.int64)])
@@ -249,7 +254,9 @@ class CallCapture:
             )
         return prompt
 
-    async def _generate(self, call_id: str, prompt: np.ndarray, seed: int) -> tuple[GenerationResult, _Admitted]:
+    async def _generate(
+        self, call_id: str, prompt: np.ndarray, seed: int, session_id: str
+    ) -> tuple[GenerationResult, _Admitted]:
         admitted = _Admitted(weight_version=self.engine.weight_version, at=time.time())
         prompt_ids = tuple(prompt.tolist())
         request = GenerationRequest(
@@ -258,6 +265,7 @@ class CallCapture:
             sampling=self.sampling,
             seed=seed,
             max_tokens=min(self.sampling.max_tokens, self.engine.max_model_len - prompt.size),
+            session_id=session_id,
         )
         try:
             completion = await self.engine.generate(request)
@@ -273,6 +281,9 @@ class CallCapture:
                 f"({len(completion.prompt_token_ids)} vs {len(prompt)} tokens)",
                 completion,
             )
+        if completion.weight_spans:
+            versions = {span.version for span in completion.weight_spans}
+            admitted = _Admitted(completion.weight_spans[0].version, admitted.at, epoch_span=len(versions) > 1)
         return completion, admitted
 
     async def _stage(
@@ -331,7 +342,11 @@ class CallCapture:
                         staging_segment=coordinates.segment,
                         staging_row=coordinates.row,
                         admitted_at=admitted.at,
-                        epoch_span=self.engine.weight_version != admitted.weight_version,
+                        epoch_span=(
+                            admitted.epoch_span
+                            if admitted.epoch_span is not None
+                            else self.engine.weight_version != admitted.weight_version
+                        ),
                         output_fingerprint=fingerprint,
                         response_id=completion.response_id,
                     )

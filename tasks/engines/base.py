@@ -57,6 +57,16 @@ class GenerationRequest:
     sampling: SamplingSettings
     seed: int
     max_tokens: int | None = None  # overrides sampling.max_tokens, e.g. clipped to the context left
+    session_id: str | None = None  # calls of one rollout share it: an engine with replicas keeps them on one
+
+
+@dataclass(frozen=True)
+class WeightVersionSpan:
+    """Sampled tokens ``[start, end)`` of one call came from the weights of ``version``."""
+
+    version: int
+    start: int
+    end: int
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,9 @@ class GenerationResult:
     extras: Any = None  # backend-specific per-call data covered by the extras digest (e.g. routed experts)
     response_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    # The engine's own account of which weights sampled which tokens, in order; empty where the
+    # engine only stamps the version at admission (the in-process engines).
+    weight_spans: tuple[WeightVersionSpan, ...] = ()
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import annotated_types
@@ -104,3 +105,16 @@ def _noun(kind: Any) -> str:
     if typing.get_origin(kind) is Literal:
         return f"one of {typing.get_args(kind)}"
     return _NOUNS.get(typing.get_origin(kind) or kind, getattr(kind, "__name__", str(kind)))
+
+
+def read_key_file(path: str | Path, *, what: str) -> str:
+    """The secret in the file ``path`` (surrounding whitespace dropped); a ValueError naming ``what`` and the
+    file, never its content, when it cannot be read or is empty."""
+    file = Path(path).expanduser()
+    try:
+        key = file.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{what}: cannot read {file}: {exc.strerror}") from None
+    if not key:
+        raise ValueError(f"{what}: {file} is empty")
+    return key

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.engines.megatron.options import MegatronOptions
 from tasks.engines.options import EngineOptions
 from tasks.engines.vllm.options import VllmOptions
+from tasks.engines.vllm_server.options import VllmServerOptions
 
 if TYPE_CHECKING:
     from tasks.engines.base import Engine
@@ -38,6 +39,9 @@ class EngineEntry:
 
 ENGINES: Mapping[str, EngineEntry] = {
     "vllm": EngineEntry("vLLM", VllmOptions, "tasks.engines.vllm.engine:VllmEngine"),
+    "vllm_server": EngineEntry(
+        "vLLM servers (running vllm serve)", VllmServerOptions, "tasks.engines.vllm_server.engine:VllmServerEngine"
+    ),
     "megatron": EngineEntry(
         "Megatron-core (GPU workers)", MegatronOptions, "tasks.engines.megatron.engine:MegatronEngine"
     ),

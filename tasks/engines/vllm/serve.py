@@ -1,0 +1,173 @@
+"""``rollout-ledger serve``: start vLLM's own OpenAI-compatible server for a model folder, ready for ``vllm_server``.
+
+A thin launcher, not a second server: it runs vLLM's API server entry point with the flags this
+project's capture needs (``--logprobs-mode processed_logprobs``, the token-in/token-out endpoint
+``--enable-scale-out``, the RL endpoints through ``VLLM_SERVER_DEV_MODE=1``) and the same
+defaults the in-process engine takes (:meth:`~tasks.engines.vllm.options.VllmOptions.engine_args`:
+float32, eager, whole prefills on CPU). The API key travels in ``VLLM_API_KEY``, never on a
+command line. The server runs in its own process group; :meth:`VllmServer.stop` ends the whole
+group (SIGTERM, then SIGKILL after a grace period) and returns only when no process of it is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tasks.engines.vllm.engine import cpu_env_defaults
+from tasks.engines.vllm.options import VllmOptions
+from tasks.errors import EngineError
+
+SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+READY_TIMEOUT_SECONDS = 600.0
+STOP_GRACE_SECONDS = 30.0
+LOG_TAIL_CHARS = 3000
+
+
+def server_argv(model_folder: Path, options: VllmOptions, *, host: str, port: int, on_cpu: bool) -> list[str]:
+    """The command line of a vLLM server for ``model_folder`` with ``options`` (no secret in it)."""
+    argv = [sys.executable, "-m", SERVER_MODULE, "--host", host, "--port", str(port), "--enable-scale-out"]
+    for key, value in options.engine_args(model_folder, on_cpu=on_cpu).items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append(f"--no-{key.replace('_', '-')}")
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def server_env(options: VllmOptions, *, api_key: str | None, on_cpu: bool) -> dict[str, str]:
+    """The server's environment: this one, the RL endpoints on, vLLM-CPU defaults where unset, the key."""
+    env = dict(os.environ) | {"VLLM_SERVER_DEV_MODE": "1"}
+    if on_cpu:
+        env |= cpu_env_defaults(options, env)
+    env.pop("VLLM_API_KEY", None)
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
+    return env
+
+
+@dataclass
+class VllmServer:
+    """A ``vllm serve`` this process started: its process group leader, URL and log file."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    @classmethod
+    def start(
+        cls,
+        model_folder: Path,
+        options: VllmOptions,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        api_key: str | None = None,
+        log_path: Path,
+    ) -> VllmServer:
+        """Start the server in its own process group, its output to ``log_path``; returns at once."""
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                server_argv(model_folder, options, host=host, port=port, on_cpu=on_cpu),
+                env=server_env(options, api_key=api_key, on_cpu=on_cpu),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return cls(process, f"http://{host}:{port}", log_path)
+
+    def wait_ready(
+        self, *, timeout: float = READY_TIMEOUT_SECONDS, on_wait: Callable[[float], Any] | None = None
+    ) -> None:
+        """Block until ``/health`` answers 200; an :class:`EngineError` with the log's tail if it exits first."""
+        started = time.monotonic()
+        while True:
+            if self.process.poll() is not None:
+                raise EngineError(
+                    f"vLLM server exited with {self.process.returncode} before it was ready; "
+                    f"its log ({self.log_path}) ends:\n{self.log_tail()}"
+                )
+            if _healthy(self.url):
+                return
+            waited = time.monotonic() - started
+            if waited > timeout:
+                self.stop()
+                raise EngineError(f"vLLM server not ready after {timeout:.0f} s; see {self.log_path}")
+            if on_wait is not None:
+                on_wait(waited)
+            time.sleep(0.5)
+
+    def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after ``grace`` s; idempotent."""
+        group = self.process.pid
+        members = group_members(group)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGTERM)
+        _, alive = psutil.wait_procs(members, timeout=grace)
+        for process in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(alive, timeout=grace)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=grace)
+
+    def log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        except OSError:
+            return "(no log)"
+
+
+def group_members(group: int) -> list[psutil.Process]:
+    """Processes whose process group is ``group`` (the server and every process it started)."""
+    members = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(process.pid) == group:
+                members.append(process)
+    return members
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def serve_until_stopped(server: VllmServer) -> int | None:
+    """Wait until this process gets SIGTERM or SIGINT (then stop the server: ``None``) or the server exits
+    on its own (its exit code)."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while not stop.is_set() and server.process.poll() is None:
+            stop.wait(0.5)
+    finally:
+        exited = server.process.poll()
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return exited

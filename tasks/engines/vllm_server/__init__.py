@@ -1,0 +1,1 @@
+"""Engine ``vllm_server``: the engine contract over HTTP to running vLLM servers (docs/servers.md)."""

@@ -1,0 +1,145 @@
+"""What a vLLM server claims to serve, read from its own endpoints, and the checks a worker makes before its first call.
+
+A server claims a model (``/v1/models``: its name, the folder it loaded, its context length), a
+weight version (``/weight_info``; ``default`` until a refit names one, read as 0) and a logprobs
+mode (``/server_info``). The last two are among vLLM's RL/dev endpoints, on when the server runs
+with ``VLLM_SERVER_DEV_MODE=1`` (``rollout-ledger serve`` sets it). The served weights are
+*verified* when the folder the server loaded is on this machine and hashes to the planned model;
+otherwise they are *declared*: accepted by name (``served_model``), not verified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.engines.vllm_server.replica import ServerAnswerError, ServerReplica
+from tasks.errors import ConfigError, EngineError, ModelMismatchError
+
+REQUIRED_LOGPROBS_MODE = "processed_logprobs"
+UNSET_WEIGHT_VERSION = "default"  # what vLLM reports before a version is set: the weights it started with
+WEIGHTS_VERIFIED, WEIGHTS_DECLARED = "verified", "declared, not verified"
+
+
+@dataclass(frozen=True)
+class ServerClaim:
+    """What one server says it serves."""
+
+    url: str
+    model: str  # the served model name (``--served-model-name``, by default the folder)
+    root: str  # the folder or hub id it loaded
+    max_model_len: int
+    weight_version: int
+    logprobs_mode: str
+
+    def same_model(self, other: ServerClaim) -> bool:
+        return (self.model, self.root, self.max_model_len) == (other.model, other.root, other.max_model_len)
+
+
+async def read_claim(replica: ServerReplica) -> ServerClaim:
+    """Ask ``replica`` what it serves; a :class:`ConfigError` when it cannot serve a batch at all."""
+    models = await replica.get("/v1/models")
+    entries = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(entries, list) or len(entries) != 1 or not isinstance(entries[0], dict):
+        raise ConfigError(f"server {replica.url} lists {models!r} at /v1/models; the engine needs exactly one model")
+    entry = entries[0]
+    try:
+        info = await replica.get("/server_info", config_format="json")
+        version = await replica.get("/weight_info")
+    except ServerAnswerError as exc:
+        if exc.status != 404:
+            raise
+        raise ConfigError(
+            f"server {replica.url} has no RL endpoints ({exc}); start it with VLLM_SERVER_DEV_MODE=1 "
+            "(rollout-ledger serve does)"
+        ) from None
+    return ServerClaim(
+        url=replica.url,
+        model=str(entry.get("id")),
+        root=str(entry.get("root") or entry.get("id")),
+        max_model_len=_positive_int(entry.get("max_model_len"), f"server {replica.url}: max_model_len"),
+        weight_version=parse_weight_version(_field(version, "weight_version"), replica.url),
+        logprobs_mode=str(_field(_field(_field(info, "vllm_config"), "model_config"), "logprobs_mode")),
+    )
+
+
+def parse_weight_version(value: Any, url: str) -> int:
+    """A server's weight version as this project counts them: ``default`` is 0, else a non-negative int."""
+    if value == UNSET_WEIGHT_VERSION:
+        return 0
+    try:
+        version = int(value)
+    except (TypeError, ValueError):
+        version = -1
+    if version < 0 or str(version) != str(value):
+        raise EngineError(f"server {url} reports weight version {value!r}; this project needs an int >= 0")
+    return version
+
+
+def check_claims(claims: list[ServerClaim]) -> ServerClaim:
+    """The one claim every replica makes; a :class:`ConfigError` naming the replica that differs."""
+    first = claims[0]
+    for claim in claims:
+        if claim.logprobs_mode != REQUIRED_LOGPROBS_MODE:
+            raise ConfigError(
+                f"server {claim.url} returns {claim.logprobs_mode} logprobs; captured logprobs must be "
+                f"{REQUIRED_LOGPROBS_MODE} (start it with --logprobs-mode {REQUIRED_LOGPROBS_MODE})"
+            )
+        if not claim.same_model(first):
+            raise ConfigError(
+                f"replicas differ: {first.url} serves {first.model} ({first.root}, {first.max_model_len} tokens), "
+                f"{claim.url} serves {claim.model} ({claim.root}, {claim.max_model_len} tokens)"
+            )
+        if claim.weight_version != first.weight_version:
+            raise ConfigError(
+                f"replicas serve different weight versions: {first.url} {first.weight_version}, "
+                f"{claim.url} {claim.weight_version}; refit them together (rollout-ledger refit)"
+            )
+    return first
+
+
+def check_served_weights(claim: ServerClaim, planned_folder: Path, served_model: str | None) -> str:
+    """:data:`WEIGHTS_VERIFIED` or :data:`WEIGHTS_DECLARED`; a :class:`ModelMismatchError` for another model.
+
+    Verified: the folder the server loaded is on this machine and its weights, tokenizer and chat
+    template hash as the planned model's (``planned_folder``, already checked against the plan).
+    Declared: the folder is elsewhere and the server's model name is ``served_model``.
+    """
+    from tasks.models.provenance import model_provenance
+
+    served = Path(claim.root)
+    if served.is_dir() and served.resolve() == planned_folder.resolve():
+        return WEIGHTS_VERIFIED  # the very folder generate checked against the plan
+    if served.is_dir():
+        planned = model_provenance(planned_folder)
+        differ = [name for name, value in model_provenance(served).items() if value != planned[name]]
+        if differ:
+            raise ModelMismatchError(
+                f"server {claim.url} serves {served}, whose {', '.join(differ)} differ from the planned "
+                f"model's ({planned_folder})"
+            )
+        return WEIGHTS_VERIFIED
+    if served_model is None:
+        raise ModelMismatchError(
+            f"server {claim.url} serves {claim.model!r} from {claim.root!r}, which is not on this machine to "
+            f"hash against the planned model; set the engine option served_model={claim.model!r} to accept "
+            "its weights as declared, not verified"
+        )
+    if claim.model != served_model:
+        raise ModelMismatchError(
+            f"server {claim.url} serves {claim.model!r}, not the declared served_model {served_model!r}"
+        )
+    return WEIGHTS_DECLARED
+
+
+def _field(mapping: Any, name: str) -> Any:
+    if not isinstance(mapping, dict) or name not in mapping:
+        raise EngineError(f"a server answer lacks {name!r}: {str(mapping)[:200]}")
+    return mapping[name]
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+        raise EngineError(f"{what} is {value!r}, not an int >= 2")
+    return value

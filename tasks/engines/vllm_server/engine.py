@@ -1,0 +1,239 @@
+"""The ``vllm_server`` engine: the engine contract over HTTP to running vLLM servers.
+
+This client renders and tokenizes (the capture layer does, as for every engine), sends token
+ids to vLLM's token-in/token-out endpoint ``/inference/v1/generate``, and records what the
+server sampled: its token ids, their ``processed_logprobs`` and the server's weight-version spans.
+It never falls back to text: an answer without ids or logprobs, with logprobs of other tokens, or
+run on another prompt is a named engine error of that call. All calls of one rollout go to one
+replica (its prefix cache holds the rollout's history); a new rollout goes to the replica with
+the fewest calls in flight. The engine starts nothing and stops nothing: :meth:`close` only
+closes its connections. A refit (:meth:`VllmServerEngine.update_weights`) drives the servers'
+own RL endpoints (:func:`tasks.engines.vllm_server.refit.refit_servers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.engines.base import (
+    FINISH_REASONS,
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    WeightVersionSpan,
+    next_weight_version,
+)
+from tasks.engines.vllm_server.claims import check_claims, check_served_weights, parse_weight_version, read_claim
+from tasks.engines.vllm_server.options import VllmServerOptions
+from tasks.engines.vllm_server.refit import refit_servers
+from tasks.engines.vllm_server.replica import ServerReplica
+from tasks.errors import EngineDeadError, EngineError
+from tasks.models.bundled import check_model_folder, load_tokenizer
+
+GENERATE_PATH = "/inference/v1/generate"
+# Rollouts whose replica is remembered; older ones may move (losing only their prefix cache).
+MAX_PINNED_SESSIONS = 65536
+
+
+class VllmServerEngine(Engine):
+    """:class:`Engine` over one or more ``vllm serve`` replicas. Create with :meth:`create`."""
+
+    name = "vllm_server"
+
+    def __init__(
+        self,
+        replicas: list[ServerReplica],
+        *,
+        served_model: str,
+        weights: str,
+        tokenizer: Any,
+        max_model_len: int,
+        weight_version: int,
+    ) -> None:
+        super().__init__(tokenizer=tokenizer, max_model_len=max_model_len, weight_version=weight_version)
+        self.replicas = replicas
+        self.served_model = served_model
+        self.weights = weights  # claims.WEIGHTS_VERIFIED or claims.WEIGHTS_DECLARED
+        self._sessions: collections.OrderedDict[str, ServerReplica] = collections.OrderedDict()
+        self._closed = False
+
+    @classmethod
+    async def create(
+        cls,
+        model_path: str | Path,
+        options: VllmServerOptions | Mapping[str, Any] | None = None,
+        *,
+        weight_version: int = 0,
+    ) -> VllmServerEngine:
+        """Connect to the servers of ``options`` and check what they serve before any call.
+
+        ``model_path`` is this worker's copy of the planned model (its tokenizer renders the
+        prompts). Refused: a server that serves another model (:class:`~tasks.errors.ModelMismatchError`),
+        replicas that disagree, a logprobs mode other than processed, a refused API key. The
+        engine's weight version is the servers' own; generate refuses it when it is below the plan's.
+        ``weight_version`` is unused: a server's version is what it reports.
+        """
+        if not isinstance(options, VllmServerOptions):
+            options = VllmServerOptions.from_mapping(options)
+        path = check_model_folder(Path(model_path))
+        api_key = options.api_key()
+        replicas = [
+            ServerReplica(url, api_key=api_key, key_source=options.key_source(), timeout_s=options.request_timeout_s)
+            for url in options.urls
+        ]
+        try:
+            claim = check_claims([await read_claim(replica) for replica in replicas])
+            weights = await asyncio.to_thread(check_served_weights, claim, path, options.served_model)
+            tokenizer = await asyncio.to_thread(load_tokenizer, path)
+        except BaseException:
+            await asyncio.gather(*(replica.close() for replica in replicas))
+            raise
+        return cls(
+            replicas,
+            served_model=claim.model,
+            weights=weights,
+            tokenizer=tokenizer,
+            max_model_len=claim.max_model_len,
+            weight_version=claim.weight_version,
+        )
+
+    @property
+    def urls(self) -> list[str]:
+        return [replica.url for replica in self.replicas]
+
+    def _replica_for(self, session_id: str | None) -> ServerReplica:
+        """The replica of ``session_id``'s earlier calls, else the one with the fewest calls in flight."""
+        if session_id is not None and session_id in self._sessions:
+            self._sessions.move_to_end(session_id)
+            return self._sessions[session_id]
+        replica = min(self.replicas, key=lambda r: r.in_flight)
+        if session_id is not None:
+            self._sessions[session_id] = replica
+            if len(self._sessions) > MAX_PINNED_SESSIONS:
+                self._sessions.popitem(last=False)
+        return replica
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self._closed:
+            raise EngineDeadError(f"request {request.request_id}: the engine is closed")
+        prompt = self.prompt_of(request)
+        sampling = request.sampling
+        body = {
+            "request_id": request.request_id,
+            "model": self.served_model,
+            "token_ids": prompt,
+            "return_token_ids": True,
+            "sampling_params": {
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": sampling.top_k,
+                "max_tokens": request.max_tokens or sampling.max_tokens,
+                "seed": request.seed,
+                "logprobs": 0,
+            },
+        }
+        replica = self._replica_for(request.session_id)
+        replica.in_flight += 1
+        try:
+            answer = await replica.post(GENERATE_PATH, body)
+        finally:
+            replica.in_flight -= 1
+        result = parse_generate_answer(request.request_id, answer, replica.url, self._tokenizer)
+        if result.weight_spans:
+            self._weight_version = max(self._weight_version, result.weight_spans[-1].version)
+        return result
+
+    async def update_weights(self, model_path: str, *, version: int | None = None) -> int:
+        """Load ``model_path`` (a folder as the servers see it) into every replica; return the new version.
+
+        Calls admitted before the switch keep running and their spans say which tokens each
+        version sampled. ``version``: see :meth:`Engine.update_weights`.
+        """
+        if self._closed:
+            raise EngineDeadError("refit: the engine is closed")
+        new_version = next_weight_version(self._weight_version, version)
+        await refit_servers(self.replicas, model_path, new_version)
+        self._weight_version = new_version
+        return new_version
+
+    async def close(self) -> None:
+        """Close the connections (the servers keep running); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.gather(*(replica.close() for replica in self.replicas))
+
+
+def parse_generate_answer(request_id: str, answer: Any, url: str, tokenizer: Any) -> GenerationResult:
+    """The result a ``/inference/v1/generate`` answer holds; an :class:`EngineError` naming what it lacks."""
+
+    def fail(what: str) -> EngineError:
+        return EngineError(f"request {request_id}: server {url} {what}")
+
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        raise fail(f"answered without exactly one choice: {str(answer)[:200]}")
+    choice = choices[0]
+    token_ids = choice.get("token_ids")
+    if not _int_list(token_ids):
+        raise fail("answered without token ids (it must run the token-in/token-out endpoint with token output)")
+    prompt_ids = answer.get("prompt_token_ids")
+    if not _int_list(prompt_ids):
+        raise fail("answered without the prompt's token ids")
+    content = (choice.get("logprobs") or {}).get("content")
+    if not isinstance(content, list) or len(content) != len(token_ids):
+        count = len(content) if isinstance(content, list) else 0
+        raise fail(f"answered {count} logprobs for {len(token_ids)} tokens")
+    logprobs = np.empty(len(token_ids), dtype=np.float32)
+    for position, (token, entry) in enumerate(zip(token_ids, content, strict=True)):
+        value = entry.get("logprob") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or entry.get("token_id") != token:
+            raise fail(f"answered the logprob of another token at position {position}")
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value > 0:
+            raise fail(f"answered logprob {value!r} at position {position}")
+        logprobs[position] = value
+    finish_reason = choice.get("finish_reason")
+    if finish_reason not in FINISH_REASONS:
+        raise fail(f"finished with {finish_reason!r}")
+    return GenerationResult(
+        request_id=request_id,
+        prompt_token_ids=tuple(prompt_ids),
+        token_ids=tuple(token_ids),
+        logprobs=logprobs,
+        finish_reason=finish_reason,
+        text=tokenizer.decode(token_ids, skip_special_tokens=True),
+        response_id=answer.get("request_id"),
+        metadata={"stop_reason": choice.get("stop_reason"), "server": url},
+        weight_spans=_weight_spans(choice.get("weight_versions"), len(token_ids), url, fail),
+    )
+
+
+def _weight_spans(spans: Any, tokens: int, url: str, fail: Any) -> tuple[WeightVersionSpan, ...]:
+    """The server's spans as ints, checked to cover ``[0, tokens)`` in order; ``()`` when it sent none."""
+    if not spans:
+        return ()
+    if not isinstance(spans, list) or not all(isinstance(span, dict) for span in spans):
+        raise fail(f"answered malformed weight spans {spans!r}")
+    parsed = tuple(
+        WeightVersionSpan(parse_weight_version(span.get("version"), url), span.get("start"), span.get("end"))
+        for span in spans
+    )
+    position = 0
+    for span in parsed:
+        if not _int_list([span.start, span.end]) or span.start != position or span.end <= span.start:
+            raise fail(f"answered weight spans {spans!r} that do not cover its {tokens} tokens in order")
+        position = span.end
+    if position != tokens:
+        raise fail(f"answered weight spans {spans!r} that do not cover its {tokens} tokens in order")
+    return parsed
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, int) and not isinstance(item, bool) for item in value)

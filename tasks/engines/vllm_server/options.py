@@ -1,0 +1,67 @@
+"""The ``vllm_server`` engine's options (``engine.options`` of a batch config for ``engine: vllm_server``).
+
+Light on purpose (pydantic and the standard library only): the engine registry imports it to
+check options at plan time and to describe them in the Airflow form. No option holds a secret:
+the bearer token is read at run time from ``api_key_file`` or from :data:`API_KEY_ENV` (where
+Airflow puts a connection's password), so it never reaches the batch config.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator
+
+from tasks.engines.options import EngineOptions, read_key_file
+
+# Where a generate task finds the servers' API key when no key file is named (set from an Airflow connection).
+API_KEY_ENV = "ROLLOUT_LEDGER_SERVER_API_KEY"
+
+
+class VllmServerOptions(EngineOptions):
+    """Options of ``engine: vllm_server``: the replicas to call and how to authenticate.
+
+    Each URL is one running ``vllm serve`` (started with the RL endpoints on; ``rollout-ledger
+    serve`` does). Every rollout stays on one replica; new rollouts go to the least loaded one.
+    """
+
+    engine = "vllm_server"
+
+    urls: list[str] = Field(min_length=1, description="Base URLs of the vLLM servers, e.g. http://127.0.0.1:8000.")
+    api_key_file: str | None = Field(
+        None, description=f"File holding the servers' API key; default the {API_KEY_ENV} variable, else no key."
+    )
+    served_model: str | None = Field(
+        None,
+        description="Model name the servers must serve when their weights are not on this machine "
+        "(then recorded as declared, not verified).",
+    )
+    request_timeout_s: float = Field(
+        600.0, gt=0, allow_inf_nan=False, description="Seconds one model call may take before it fails."
+    )
+
+    @field_validator("urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"engine option urls: {url!r} is not an http(s) URL with a host")
+            if parts.query or parts.fragment:
+                raise ValueError(f"engine option urls: {url!r} has a query or fragment; give the server's base URL")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"engine option urls names a server twice: {urls}")
+        return [url.rstrip("/") for url in urls]
+
+    def api_key(self) -> str | None:
+        """The bearer token: the key file's first line, else :data:`API_KEY_ENV`, else ``None`` (no auth)."""
+        if self.api_key_file is not None:
+            return read_key_file(self.api_key_file, what="engine option api_key_file")
+        return os.environ.get(API_KEY_ENV) or None
+
+    def key_source(self) -> str:
+        """Where the key comes from, in words (for messages: never the key itself)."""
+        if self.api_key_file is not None:
+            return f"the key in {self.api_key_file}"
+        return f"${API_KEY_ENV}" if os.environ.get(API_KEY_ENV) else "no API key"
