@@ -4,7 +4,8 @@ SIGTERM to the process, Ctrl-C to the whole process group (the engine's processe
 and a kill of the engine process alone each end the attempt without a shard marker, with a
 non-zero exit, with no engine process left behind, and without poisoning a single rollout; the
 retry adopts every completed rollout and finishes the shard. Two generate processes started on
-one shard at once commit it exactly once, at the planned weight version.
+one shard at once (both calling the test run's vLLM server) commit it exactly once, at the planned
+weight version.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.batch import Batch
-from tasks.config import BatchConfig
+from tasks.config import BatchConfig, EngineSpec
 from tasks.engines.base import SamplingSettings
 from tasks.finalize.stage import finalize_batch
 from tasks.generate import generate_shard
@@ -96,20 +97,23 @@ def test_sigterm_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_fi
     assert [c.attempt for c in read_claims(store, 0)] == [0, 1, 2, 3]
 
 
-def test_two_generate_processes_on_one_shard_commit_it_once_at_the_planned_weight_version(tmp_path):
-    config = interruptible_config("b-race", num_tasks=4, max_in_flight=4, weight_version=3)
+def test_two_generate_processes_on_one_shard_commit_it_once_at_the_planned_weight_version(tmp_path, vllm_server):
+    """Both call the test run's vLLM server (named weight version 3, as a trainer's refit would)."""
+    engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
+    config = interruptible_config("b-race", num_tasks=4, max_in_flight=4, weight_version=3, engine=engine)
     root = str(tmp_path / "runs")
     plan_batch(Batch.open(root, config.batch_id), config)
     store = Batch.open(root, config.batch_id).store
-    first = GenerateProcess(root, config.batch_id, tmp_path / "a.log")
-    time.sleep(0.2)
-    second = GenerateProcess(root, config.batch_id, tmp_path / "b.log")
-    outcomes = []
-    for run in (first, second):
-        code, stdout = run.finish(timeout=600)
-        assert code == 0, run.log.read_text()[-3000:]
-        (summary,) = json.loads(stdout)
-        outcomes.append(summary)
+    with vllm_server.at_weight_version(3):
+        first = GenerateProcess(root, config.batch_id, tmp_path / "a.log")
+        time.sleep(0.2)
+        second = GenerateProcess(root, config.batch_id, tmp_path / "b.log")
+        outcomes = []
+        for run in (first, second):
+            code, stdout = run.finish(timeout=600)
+            assert code == 0, run.log.read_text()[-3000:]
+            (summary,) = json.loads(stdout)
+            outcomes.append(summary)
     assert sorted(s["already_committed"] for s in outcomes) == [False, True]
     assert outcomes[0]["attempt"] == outcomes[1]["attempt"]
     assert {c.attempt for c in read_claims(store, 0)} == {0, 1}

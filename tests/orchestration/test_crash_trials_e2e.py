@@ -1,7 +1,8 @@
 """kill -9 of the generate task of `rollout_batch` runs at seeded crash points; Airflow's retry finishes the batch.
 
 The generate task's work runs in its child process (``tasks.orchestration.generate_process``),
-which inherits the crash point from the task's environment and kills itself with SIGKILL there.
+which inherits the crash point from the task's environment and kills itself with SIGKILL there;
+it calls the test run's vLLM server (engine ``vllm_server``), as the clean reference run does.
 Airflow sees the task fail, retries it (a new attempt that adopts what the killed one completed),
 and the run goes on through the suites, finalize, publish and the sweep. A watcher snapshots the
 killed attempt's objects the moment its process is gone, before the retry starts, for
@@ -49,7 +50,7 @@ class KilledAttemptSnapshot(threading.Thread):
 
 @pytest.mark.parametrize("seed", range(100, 100 + TRIALS))
 def test_a_generate_task_killed_at_a_crash_point_is_retried_by_airflow_and_the_batch_loses_nothing(
-    seed, airflow_db, vllm_engine, tmp_path, monkeypatch
+    seed, airflow_db, vllm_server, tmp_path, monkeypatch
 ):
     rollout_batch = local_airflow.dag_bag("rollout_batch.py").dags["rollout_batch"]
     rollout_batch.get_task("generate").partial_kwargs["retry_delay"] = dt.timedelta(seconds=1)
@@ -58,7 +59,7 @@ def test_a_generate_task_killed_at_a_crash_point_is_retried_by_airflow_and_the_b
     monkeypatch.setenv("PYTHONPATH", str(local_airflow.CHECKOUT))
     monkeypatch.setenv(CRASH_AT_VARIABLE, trial.crash.to_json())
     root = str(tmp_path / "runs")
-    conf = {**CONF, "batch_id": f"dag-crash-{seed}", "storage_url": f"file://{root}"}
+    conf = {**CONF, **vllm_server.engine_fields(), "batch_id": f"dag-crash-{seed}", "storage_url": f"file://{root}"}
     store = Batch.open(root, conf["batch_id"]).store
     snapshot = KilledAttemptSnapshot(tmp_path / "crashed", store)
     snapshot.start()
@@ -73,6 +74,5 @@ def test_a_generate_task_killed_at_a_crash_point_is_retried_by_airflow_and_the_b
     assert states[("generate", 0)][1] == 2, f"{trial}: Airflow did not retry the killed generate task once"
     assert [c.try_number for c in read_claims(store, 0)][-1] == 2
     batch = Batch.open(root, conf["batch_id"])
-    engine, loop = vllm_engine
-    clean_run = reference_rows(str(tmp_path / "clean"), batch.config, engine, loop.run)
+    clean_run = reference_rows(str(tmp_path / "clean"), batch.config)
     check_survivors(batch, snapshot.objects, clean_run)

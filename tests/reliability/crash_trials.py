@@ -122,12 +122,12 @@ def first_attempt_objects(store: ObjectStore) -> dict[str, str]:
     }
 
 
-def reference_rows(root: str, config: BatchConfig, engine: Any, run: Any) -> dict[str, dict[str, Any]]:
-    """The dataset of a clean, uninterrupted run of ``config``'s plan on ``engine``, by rollout id."""
+def reference_rows(root: str, config: BatchConfig) -> dict[str, dict[str, Any]]:
+    """The dataset of a clean, uninterrupted run of ``config``'s plan on its own engine, by rollout id."""
     clean = dataclasses.replace(config, batch_id=f"{config.batch_id}-clean")
     batch = Batch.open(root, clean.batch_id)
     plan_batch(batch, clean)
-    generate_shards(batch, range(clean.shards), engine=engine, run=run, progress=False)
+    generate_shards(batch, range(clean.shards), progress=False)
     finalize_batch(batch, FinalizeOptions(audit=False))
     return dataset_rows(batch.store, staged=True)
 

@@ -1,8 +1,9 @@
-"""kill -9 of a real ``rollout-ledger generate`` process (vLLM-CPU) at seeded crash points; the retry loses nothing.
+"""kill -9 of a real ``rollout-ledger generate`` process at seeded crash points; the retry loses nothing.
 
-Each trial plans one batch, runs generate armed with its crash point until SIGKILL ends it, retries
-the shard on the test run's shared engine (a new attempt, as a retry anywhere is; the Airflow way
-is ``tests/orchestration/test_crash_trials_e2e.py``), runs the suites, finalize and publish, and
+Each trial plans one batch on the test run's vLLM server (engine ``vllm_server``), runs generate
+armed with its crash point until SIGKILL ends it, retries the shard (a new attempt, as a retry
+anywhere is; the Airflow way is ``tests/orchestration/test_crash_trials_e2e.py``), runs the
+suites, finalize and publish, and
 checks :func:`crash_trials.check_survivors`. Trials
 0-5 and 12-17 store on local disk, 6-11 on S3 (moto). The default run has one trial; ``make
 crash-trials`` runs the full count (with the ``rollout_batch`` DAG trials of
@@ -17,6 +18,7 @@ import signal
 import pytest
 
 from tasks.batch import Batch
+from tasks.config import EngineSpec
 from tasks.crash_points import CRASH_AT_VARIABLE
 from tasks.generate import generate_shard
 from tasks.plan import plan_batch
@@ -30,20 +32,20 @@ TRIALS = trial_count("CRASH_TRIALS_CLI", 1)
 
 
 @pytest.fixture(scope="module")
-def planned():
+def planned(vllm_server):
     """The plan every trial runs: 8 guess_number rollouts in one shard, two at a time."""
-    return bundled_model_config(batch_id="crash", num_tasks=4, max_in_flight=2)
+    engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
+    return bundled_model_config(batch_id="crash", num_tasks=4, max_in_flight=2, engine=engine)
 
 
 @pytest.fixture(scope="module")
-def clean_run(vllm_engine, planned, tmp_path_factory):
-    engine, loop = vllm_engine
-    return reference_rows(str(tmp_path_factory.mktemp("clean")), planned, engine, loop.run)
+def clean_run(planned, tmp_path_factory):
+    return reference_rows(str(tmp_path_factory.mktemp("clean")), planned)
 
 
 @pytest.mark.parametrize("seed", range(TRIALS))
 def test_a_generate_process_killed_at_a_crash_point_is_retried_without_losing_a_rollout(
-    seed, planned, clean_run, vllm_engine, tmp_path, request
+    seed, planned, clean_run, tmp_path, request
 ):
     trial = Trial.of_seed(seed, tmp_path / "crashed")
     print(trial)
@@ -61,7 +63,6 @@ def test_a_generate_process_killed_at_a_crash_point_is_retried_without_losing_a_
     assert not first.session_survivors(grace=30), f"{trial}: engine processes outlived the killed generate"
     crashed = first_attempt_objects(store)
 
-    engine, loop = vllm_engine
-    generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
+    generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
     finish_batch(root, config.batch_id)
     check_survivors(Batch.open(root, config.batch_id), crashed, clean_run)
