@@ -27,7 +27,7 @@ def test_generation_doc_lists_every_capture_failure_reason():
 def test_engine_docs_list_every_option_of_every_registered_engine():
     from tasks.engines.registry import engine_names, options_model
 
-    pages = {"vllm": "generation.md", "megatron": "megatron.md"}
+    pages = {"vllm": "generation.md", "vllm_server": "servers.md", "megatron": "megatron.md"}
     assert set(pages) == set(engine_names()), "name the doc page of each registered engine here"
     for name, page in pages.items():
         text = (DOCS / page).read_text()

@@ -40,8 +40,12 @@ def test_importing_the_registry_and_the_options_imports_no_engine_stack() -> Non
 
 
 def test_names_and_labels_come_from_the_registry() -> None:
-    assert registry.engine_names() == ("vllm", "megatron")
-    assert registry.engine_labels() == {"vllm": "vLLM", "megatron": "Megatron-core (GPU workers)"}
+    assert registry.engine_names() == ("vllm", "vllm_server", "megatron")
+    assert registry.engine_labels() == {
+        "vllm": "vLLM",
+        "vllm_server": "vLLM servers (running vllm serve)",
+        "megatron": "Megatron-core (GPU workers)",
+    }
 
 
 @pytest.mark.parametrize("name", registry.engine_names())
@@ -59,13 +63,22 @@ def test_check_engine_returns_the_options_it_would_start_with() -> None:
 @pytest.mark.parametrize(
     ("name", "options", "message"),
     [
-        ("sglang", {}, "unknown engine 'sglang'; known: vllm, megatron"),
+        ("sglang", {}, "unknown engine 'sglang'; known: vllm, vllm_server, megatron"),
         (None, {}, "unknown engine None"),
         ("vllm", {"max_len": 10}, r"unknown vllm engine option\(s\) \['max_len'\]; known: \[.*\] \(others go in"),
         ("vllm", {"max_model_len": "2048"}, "engine option max_model_len must be an int >= 2 or null, got '2048'"),
         ("vllm", {"enforce_eager": 1}, "engine option enforce_eager must be true or false or null, got 1"),
         ("vllm", [("dtype", "float32")], "vllm engine options must be a JSON object"),
         ("megatron", {"seed": -1}, "engine option seed must be an int >= 0, got -1"),
+        ("vllm_server", {}, "engine option urls must be"),
+        ("vllm_server", {"urls": []}, "engine option urls must be"),
+        ("vllm_server", {"urls": ["127.0.0.1:8000"]}, "is not an http\\(s\\) URL with a host"),
+        ("vllm_server", {"urls": ["http://a:1", "http://a:1/"]}, "names a server twice"),
+        (
+            "vllm_server",
+            {"urls": ["http://a:1"], "max_model_len": 1},
+            "engine option max_model_len must be an int >= 2",
+        ),
         ("megatron", {"kv_cache_gb": True}, "engine option kv_cache_gb must be a number > 0, got True"),
     ],
 )
@@ -97,8 +110,9 @@ def test_the_schema_describes_every_option_and_refuses_unknown_ones(name: str) -
     assert set(schema["properties"]) == set(fields)
     assert all(prop.get("description") for prop in schema["properties"].values())
     validator = jsonschema.Draft202012Validator(schema)
-    assert validator.is_valid({"max_model_len": 4096, "seed": 1})
-    assert not validator.is_valid({"max_model_len": 1})
+    valid = {"urls": ["http://127.0.0.1:8000"]} if name == "vllm_server" else {"seed": 1}
+    assert validator.is_valid({**valid, "max_model_len": 4096})
+    assert not validator.is_valid({**valid, "max_model_len": 1})
     assert not validator.is_valid({"no_such_option": 1})
 
 

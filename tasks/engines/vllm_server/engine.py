@@ -226,10 +226,13 @@ def _weight_spans(spans: Any, tokens: int, url: str, fail: Any) -> tuple[WeightV
         return ()
     if not isinstance(spans, list) or not all(isinstance(span, dict) for span in spans):
         raise fail(f"answered malformed weight spans {spans!r}")
-    parsed = tuple(
-        WeightVersionSpan(parse_weight_version(span.get("version"), url), span.get("start"), span.get("end"))
-        for span in spans
-    )
+    try:
+        parsed = tuple(
+            WeightVersionSpan(parse_weight_version(span.get("version"), url), span.get("start"), span.get("end"))
+            for span in spans
+        )
+    except EngineError as exc:
+        raise fail(f"answered a span whose {exc}") from None
     position = 0
     for span in parsed:
         if not _int_list([span.start, span.end]) or span.start != position or span.end <= span.start:

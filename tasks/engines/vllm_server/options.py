@@ -53,9 +53,10 @@ class VllmServerOptions(EngineOptions):
                 raise ValueError(f"engine option urls: {url!r} is not an http(s) URL with a host")
             if parts.query or parts.fragment:
                 raise ValueError(f"engine option urls: {url!r} has a query or fragment; give the server's base URL")
-        if len(set(urls)) != len(urls):
+        bases = [url.rstrip("/") for url in urls]
+        if len(set(bases)) != len(bases):
             raise ValueError(f"engine option urls names a server twice: {urls}")
-        return [url.rstrip("/") for url in urls]
+        return bases
 
     def api_key(self) -> str | None:
         """The bearer token: the key file's first line, else :data:`API_KEY_ENV`, else ``None`` (no auth)."""
