@@ -71,6 +71,7 @@ def check_before_engine(batch: Batch, shards: Sequence[int], *, own_engine: bool
 
 
 def check_engine_version(engine: Engine, config: BatchConfig) -> None:
+    """Refuse an engine that serves weights older than the planned version (one passed in, or a server's)."""
     if engine.weight_version < config.weight_version:
         raise ConfigError(
             f"the engine serves weight version {engine.weight_version}, older than the planned "

@@ -17,6 +17,7 @@ from typing import Any
 
 from tasks.config import BatchConfig
 from tasks.engines.base import Engine
+from tasks.generate.checks import check_engine_version
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,11 @@ class ShardEngine:
             options=config.engine.options,
             weight_version=config.weight_version,
         )
+        try:
+            check_engine_version(engine, config)  # a server reports its own version, maybe an older one
+        except BaseException:
+            await engine.close()
+            raise
         record_start_seconds(config.engine.name, time.monotonic() - started)
         log.info("engine started in %.0f s", time.monotonic() - started)
         return engine

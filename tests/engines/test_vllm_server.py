@@ -142,3 +142,19 @@ def test_an_unreachable_server_is_an_engine_death_not_a_failed_call(vllm_server)
 
     with pytest.raises(EngineDeadError, match="unreachable"):
         asyncio.run(call_after_the_server_went_away())
+
+
+def test_generate_refuses_a_server_older_than_the_planned_weight_version(vllm_server, tmp_path) -> None:
+    from tasks.batch import Batch
+    from tasks.config import EngineSpec
+    from tasks.errors import ConfigError
+    from tasks.generate import generate_shard
+    from tasks.plan import plan_batch
+    from tests.generation.configs import bundled_model_config
+
+    engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
+    config = bundled_model_config(batch_id="b-ahead", weight_version=2, engine=engine)
+    plan_batch(Batch.open(str(tmp_path), config.batch_id), config)
+    with pytest.raises(ConfigError, match="serves weight version 0, older than the planned 2"):
+        generate_shard(Batch.open(str(tmp_path), config.batch_id), 0, progress=False)
+    assert Batch.open(str(tmp_path), config.batch_id).shard_marker(0) is None
