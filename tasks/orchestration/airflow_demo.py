@@ -1,9 +1,12 @@
 """``make demo``: one full ``rollout_batch`` DAG run through Airflow on the embedded defaults.
 
 A local Airflow in ``.demo/airflow`` (SQLite metadata DB), batches under ``.demo/runs``, the
-bundled SmolLM2-135M-Instruct on vLLM. ``dag.test()`` runs every task in this process (generate
-in its child process), with the form's defaults unless ``--conf`` overrides some. Prints the DAG
-run id, each task's state, where the dataset and reports are, and the batch's summary table.
+bundled SmolLM2-135M-Instruct served by ONE vLLM server on loopback (``.demo/server.log``) that
+every generate task calls (engine ``vllm_server``): one engine start in the whole demo. The
+server stops when the run ends, on every path. ``dag.test()`` runs every task in this process
+(generate in its child process), with the form's defaults unless ``--conf`` overrides some (a
+``--conf`` naming another engine starts no server). Prints the DAG run id, each task's state,
+where the dataset and reports are, and the batch's summary table.
 
     python -m tasks.orchestration.airflow_demo [--home .demo] [--conf '{"num_tasks": 4}']
 """
@@ -11,10 +14,14 @@ run id, each task's state, where the dataset and reports are, and the batch's su
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import secrets
+import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +59,51 @@ def main(argv: list[str] | None = None) -> int:
     environment = local_airflow.airflow_environment(home / "airflow", storage_url=f"file://{home / 'runs'}")
     local_airflow.apply(environment)
     started = time.monotonic()
-    print(f"[1/3] local Airflow in {home / 'airflow'}: metadata DB, gpu pool", flush=True)
+    print(f"[1/4] local Airflow in {home / 'airflow'}: metadata DB, gpu pool", flush=True)
     local_airflow.prepare(home / "airflow", os.environ)
-    print("[2/3] the bundled model (converted once into the cache)", flush=True)
+    print("[2/4] the bundled model (converted once into the cache)", flush=True)
     from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 
-    resolve_model_reference(BUNDLED_REFERENCE)
-    print(f"[3/3] dag.test(): {DAG_ID} with run conf {json.dumps(conf)}", flush=True)
-    dag_run = run_dag(conf)
+    folder = resolve_model_reference(BUNDLED_REFERENCE)
+    with demo_server(folder, home, skip="engine" in conf) as engine_fields:
+        conf = {**engine_fields, **conf}
+        print(f"[4/4] dag.test(): {DAG_ID} with run conf {json.dumps(conf)}", flush=True)
+        dag_run = run_dag(conf)
     return report(dag_run, conf, seconds=time.monotonic() - started)
+
+
+@contextlib.contextmanager
+def demo_server(folder: Path, home: Path, *, skip: bool) -> Iterator[dict[str, Any]]:
+    """One vLLM server of ``folder`` on a free loopback port for the block: the batch fields that call it."""
+    if skip:
+        print("[3/4] no vLLM server: the run conf names its own engine", flush=True)
+        yield {}
+        return
+    from tasks.batch_fields import field_default
+    from tasks.engines.vllm.options import VllmOptions
+    from tasks.engines.vllm.serve import VllmServer
+
+    key_file = home / "server-key"
+    key_file.write_text(secrets.token_hex(16))
+    key_file.chmod(0o600)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log_path = home / "server.log"
+    print(f"[3/4] one vLLM server on 127.0.0.1:{port} for every shard (log: {log_path})", flush=True)
+    server = VllmServer.start(
+        folder,
+        VllmOptions.from_mapping(field_default("engine_options")),
+        port=port,
+        api_key=key_file.read_text(),
+        log_path=log_path,
+    )
+    try:
+        server.wait_ready(on_wait=lambda waited: None)
+        print(f"      ready at {server.url}", flush=True)
+        yield {"engine": "vllm_server", "engine_options": {"urls": [server.url], "api_key_file": str(key_file)}}
+    finally:
+        server.stop()
 
 
 def report(dag_run: Any, conf: dict[str, Any], *, seconds: float) -> int:
