@@ -32,6 +32,9 @@ person's decision (Publish or Reject, with a reason) when a suite warned or the 
 review, and is skipped otherwise; `publish` commits it and emits the `grpo_dataset` asset event.
 A failing suite, a rejection or an unanswered review fails the run, and its log says why.
 `sweep_orphans` cleans up as a teardown, whatever happened.
+Engines: `vllm` starts vLLM inside each generate task; `vllm_server` calls running vLLM servers
+(engine options `urls` and `api_key_file`; start one with `rollout-ledger serve`), so one server
+serves every shard of every run (docs/servers.md).
 Reports: `reports/index.html` under the batch's URL, which the plan task logs.
 """
 GRPO_DATASET = Asset(steps.GRPO_DATASET_ASSET)
