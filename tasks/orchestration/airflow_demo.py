@@ -5,8 +5,10 @@ bundled SmolLM2-135M-Instruct served by ONE vLLM server on loopback (``.demo/ser
 every generate task calls (engine ``vllm_server``): one engine start in the whole demo. The
 server stops when the run ends, on every path. ``dag.test()`` runs every task in this process
 (generate in its child process), with the form's defaults unless ``--conf`` overrides some (a
-``--conf`` naming another engine starts no server). Prints the DAG run id, each task's state,
-where the dataset and reports are, and the batch's summary table.
+``--conf`` naming another engine starts no server). While it runs the console shows one line per
+task state change and generate heartbeat (:mod:`~tasks.orchestration.demo_console`; Airflow's
+own log goes to ``.demo/airflow-run.log``); then the DAG run id, each task's state, where the
+dataset and reports are, and the batch's summary table.
 
     python -m tasks.orchestration.airflow_demo [--home .demo] [--conf '{"num_tasks": 4}']
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.orchestration import local_airflow
+from tasks.orchestration.demo_console import quiet_console
 
 DAG_ID = "rollout_batch"
 
@@ -68,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     with demo_server(folder, home, skip="engine" in conf) as engine_fields:
         conf = {**engine_fields, **conf}
         print(f"[4/4] dag.test(): {DAG_ID} with run conf {json.dumps(conf)}", flush=True)
-        dag_run = run_dag(conf)
+        with quiet_console(DAG_ID, home / "airflow-run.log"):
+            dag_run = run_dag(conf)
     return report(dag_run, conf, seconds=time.monotonic() - started)
 
 
