@@ -90,11 +90,13 @@ def test_load_bench_runs_a_small_batch_through_every_stage_and_prints_its_figure
     ("script", "options"),
     [
         ("capture_overhead.py", ("--runs", "--tasks", "--max-turns", "--max-tokens", "--model")),
+        ("server_exactness.py", ("--runs", "--prompts", "--max-tokens", "--concurrency", "--latency-calls")),
         ("megatron_capture_overhead.py", ("--engine", "--dtype", "--runs", "--tasks", "--flash-attn-standin")),
     ],
 )
 def test_engine_benches_parse_their_options(tmp_path: Path, script: str, options: tuple[str, ...]) -> None:
-    """A real run starts an engine (vLLM: a minute on CPU; Megatron: a GPU): here only the script and its options."""
+    """A real run starts an engine or a server (vLLM: a minute on CPU; Megatron: a GPU): here only the script and
+    its options."""
     out = run_bench(script, "--help", tmp_path=tmp_path)
     assert not [option for option in options if option not in out]
 
