@@ -218,7 +218,7 @@ def test_refit_to_a_non_model_folder_is_an_engine_error(tmp_path: Path) -> None:
 
 
 def test_engine_names_and_options_are_checked_without_starting_anything() -> None:
-    with pytest.raises(ValueError, match="unknown engine 'sglang'; known: vllm, megatron"):
+    with pytest.raises(ValueError, match="unknown engine 'sglang'; known: vllm, vllm_server, megatron"):
         asyncio.run(create_engine("sglang", model_path="/unused"))
     with pytest.raises(ValueError, match=r"unknown vllm engine option\(s\) \['max_modle_len'\]"):
         check_engine("vllm", {"max_modle_len": 2048})
