@@ -150,7 +150,6 @@ class RunningServer:
 
     url: str
     key_file: str
-    process_group: int
 
     def engine_options(self, **more: Any) -> dict[str, Any]:
         """``engine.options`` of a batch on this server (engine ``vllm_server``)."""
@@ -201,7 +200,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
     )
     try:
         server.wait_ready()
-        yield RunningServer(server.url, str(key_file), server.process.pid)
+        yield RunningServer(server.url, str(key_file))
     finally:
         server.stop()
     assert not group_members(server.process.pid), "processes of the vLLM server outlived stop()"
