@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
 from tasks.engines.base import GenerationRequest, SamplingSettings
 from tasks.engines.vllm.options import VllmOptions
-from tasks.engines.vllm.serve import VllmServer
+from tasks.engines.vllm.serve import VllmServer, free_port
 from tasks.engines.vllm_server.engine import GENERATE_PATH
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 
@@ -128,12 +127,6 @@ async def call_latency(engine, requests: list[GenerationRequest]) -> float:
         await engine.generate(replace(request, request_id=f"{request.request_id}-lat-{len(seconds)}"))
         seconds.append(time.perf_counter() - started)
     return statistics.median(seconds)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> int:

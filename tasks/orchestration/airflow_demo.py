@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -85,14 +84,12 @@ def demo_server(folder: Path, home: Path, *, skip: bool) -> Iterator[dict[str, A
         return
     from tasks.batch_fields import field_default
     from tasks.engines.vllm.options import VllmOptions
-    from tasks.engines.vllm.serve import VllmServer
+    from tasks.engines.vllm.serve import VllmServer, free_port
 
     key_file = home / "server-key"
     key_file.write_text(secrets.token_hex(16))
     key_file.chmod(0o600)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log_path = home / "server.log"
     print(f"[3/4] one vLLM server on 127.0.0.1:{port} for every shard (log: {log_path})", flush=True)
     server = VllmServer.start(
@@ -103,7 +100,7 @@ def demo_server(folder: Path, home: Path, *, skip: bool) -> Iterator[dict[str, A
         log_path=log_path,
     )
     try:
-        server.wait_ready(on_wait=lambda waited: None)
+        server.wait_ready()
         print(f"      ready at {server.url}", flush=True)
         yield {"engine": "vllm_server", "engine_options": {"urls": [server.url], "api_key_file": str(key_file)}}
     finally:

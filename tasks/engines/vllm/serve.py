@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -137,6 +138,13 @@ class VllmServer:
             return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
         except OSError:
             return "(no log)"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on now (for a server started next)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def group_members(group: int) -> list[psutil.Process]:
