@@ -188,6 +188,13 @@ class BatchFields(BaseModel):
         description="options of the engine as a JSON object, e.g. max_model_len, gpu_memory_utilization",
         json_schema_extra={"section": "Model and engine"},
     )
+    engine_conn_id: str | None = Field(
+        None,
+        title="Engine server connection",
+        description="engine vllm_server: Airflow http connection naming the servers (host and port, more in "
+        'its extra {"urls": [...]}) with the API key as password; empty: the urls engine option',
+        json_schema_extra={"section": "Model and engine"},
+    )
     weight_version: Annotated[int, InConfig("weight_version")] = Field(
         0,
         ge=0,

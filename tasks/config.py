@@ -23,6 +23,7 @@ from tasks.checks import check_choice, check_finite, check_hex_digest, check_int
 from tasks.engines.base import SamplingSettings
 from tasks.errors import ConfigError
 from tasks.ids import check_id
+from tasks.models.provenance import WEIGHT_CHECKS, WEIGHTS_VERIFIED
 from tasks.strict_json import load_dataclass, parse_json
 
 CONFIG_VERSION = 2  # 2: portable model reference, validated engine, weight_version honoured
@@ -41,9 +42,13 @@ class ModelSpec:
     weights_sha256: str = ""
     tokenizer_sha256: str = ""
     chat_template_sha256: str = ""
+    # verified: every worker hashes the weights it generates with; declared, not verified: a server's
+    # weights, accepted by its model name (engine vllm_server, option served_model)
+    weights: str = WEIGHTS_VERIFIED
 
     def __post_init__(self) -> None:
         check_text(self.reference, field="model.reference", error=ConfigError)
+        check_choice(self.weights, WEIGHT_CHECKS, field="model.weights", error=ConfigError)
         for name in PROVENANCE_FIELDS:
             if getattr(self, name) != "":  # empty: not recorded
                 check_hex_digest(getattr(self, name), field=f"model.{name}", error=ConfigError)
@@ -189,18 +194,19 @@ class BatchConfig:
 
 
 def config_from_values(
-    values: Mapping[str, Any], *, batch_id: str, provenance: Mapping[str, str], source: str = "batch values"
+    values: Mapping[str, Any], *, batch_id: str, model: Mapping[str, str], source: str = "batch values"
 ) -> BatchConfig:
     """The config the batch fields' ``values`` describe (the rest take their defaults); a ConfigError names a bad field.
 
     ``values["model"]`` is a portable model reference (:func:`tasks.models.reference.model_reference`)
-    and ``provenance`` its three hashes; fields that never reach the config (run and storage fields)
-    are checked and left out. :func:`tasks.plan.plan_from_values` resolves and hashes the model first.
+    and ``model`` what planning found of it: its three hashes and ``weights``. Fields that never reach
+    the config (run and storage fields) are checked and left out. :func:`tasks.plan.plan_from_values`
+    resolves and hashes the model first.
     """
     from tasks.version import code_version
 
     tree = check_values(values, source=source).config_tree()
-    tree["model"] = {**tree["model"], **provenance}
+    tree["model"] = {**tree["model"], **model}
     return BatchConfig.from_dict({**tree, "batch_id": batch_id, "code_version": code_version()}, source=source)
 
 

@@ -106,17 +106,20 @@ def plan_from_values(batch: Batch, values: Mapping[str, Any], *, source: str = "
 
     The one way from values to a planned batch, for the plan command, the DAG's plan task and the
     demo: check the values (a ConfigError names a bad field before the model is touched), resolve
-    the model reference, hash the model, build the config (:func:`tasks.config.config_from_values`)
-    and plan it (:func:`plan_batch`). Run and storage fields among ``values`` are left out.
+    the model reference, hash the model, judge how the engine's weights are known to be it (a
+    server engine asks its servers: :func:`tasks.engines.registry.planned_weights`), build the
+    config (:func:`tasks.config.config_from_values`) and plan it (:func:`plan_batch`). Run and
+    storage fields among ``values`` are left out.
     """
+    from tasks.engines.registry import planned_weights
     from tasks.models.provenance import model_provenance
     from tasks.models.reference import model_reference, resolve_model_reference
 
-    reference = model_reference(check_values(values, source=source).model)
-    provenance = model_provenance(resolve_model_reference(reference))
-    config = config_from_values(
-        {**values, "model": reference}, batch_id=batch.batch_id, provenance=provenance, source=source
-    )
+    fields = check_values(values, source=source)
+    reference = model_reference(fields.model)
+    folder = resolve_model_reference(reference)
+    facts = {**model_provenance(folder), "weights": planned_weights(fields.engine, fields.engine_options, folder)}
+    config = config_from_values({**values, "model": reference}, batch_id=batch.batch_id, model=facts, source=source)
     return plan_batch(batch, config)
 
 

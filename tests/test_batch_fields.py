@@ -38,7 +38,14 @@ def test_every_field_is_titled_described_sectioned_and_defaulted():
     for name, spec in fields.items():
         assert spec["title"] and spec["description"] and spec["section"] in SECTIONS, name
         jsonschema.validate(spec["default"], {k: v for k, v in spec.items() if k != "default"})
-    assert set(run_fields()) == {"batch_id", "storage_url", "storage_conn_id", "require_review", "review_timeout_hours"}
+    assert set(run_fields()) == {
+        "batch_id",
+        "engine_conn_id",
+        "storage_url",
+        "storage_conn_id",
+        "require_review",
+        "review_timeout_hours",
+    }
 
 
 def test_the_form_schema_carries_the_declared_bounds_choices_and_labels():
@@ -127,7 +134,7 @@ def test_the_plan_flags_and_the_form_values_give_the_same_config():
 
 
 def _config(values: dict) -> BatchConfig:
-    return config_from_values(values, batch_id="b1", provenance=PROVENANCE)
+    return config_from_values(values, batch_id="b1", model=PROVENANCE)
 
 
 def test_the_default_options_belong_to_the_default_environment_and_engine():

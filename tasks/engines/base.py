@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.checks import check_finite, check_int, is_int
 from tasks.errors import EngineError
+from tasks.models.provenance import WEIGHTS_VERIFIED
 
 if TYPE_CHECKING:
     import numpy as np  # the config imports SamplingSettings at DAG parse time: no numpy import there
@@ -104,6 +105,9 @@ class Engine(abc.ABC):
     """
 
     name: str = "engine"
+    # how the weights are known to be the planned model's (:data:`tasks.models.provenance.WEIGHT_CHECKS`):
+    # an engine that loads them on its worker hashes them there
+    weights: str = WEIGHTS_VERIFIED
 
     def __init__(self, *, tokenizer: Any, max_model_len: int, weight_version: int = 0) -> None:
         self._tokenizer = tokenizer

@@ -30,17 +30,29 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EngineEntry:
-    """One registered engine: its label in the UI, its options model, and where its class is (``module:Class``)."""
+    """One registered engine: its label in the UI, its options model, and where its class is (``module:Class``).
+
+    ``loads_model`` is true for an engine that loads the model inside the generate task (which then
+    needs the worker's accelerator). ``weights_check`` (``module:function``, for engines that call
+    weights loaded elsewhere) judges at plan time how the served weights are known to be the
+    planned model's; without one, every worker hashes the weights it loads.
+    """
 
     label: str
     options: type[EngineOptions]
     engine_class: str
+    loads_model: bool = True
+    weights_check: str | None = None
 
 
 ENGINES: Mapping[str, EngineEntry] = {
     "vllm": EngineEntry("vLLM", VllmOptions, "tasks.engines.vllm.engine:VllmEngine"),
     "vllm_server": EngineEntry(
-        "vLLM servers (running vllm serve)", VllmServerOptions, "tasks.engines.vllm_server.engine:VllmServerEngine"
+        "vLLM servers (running vllm serve)",
+        VllmServerOptions,
+        "tasks.engines.vllm_server.engine:VllmServerEngine",
+        loads_model=False,
+        weights_check="tasks.engines.vllm_server.claims:planned_weights",
     ),
     "megatron": EngineEntry(
         "Megatron-core (GPU workers)", MegatronOptions, "tasks.engines.megatron.engine:MegatronEngine"
@@ -56,6 +68,11 @@ def engine_names() -> tuple[str, ...]:
 def engine_labels() -> dict[str, str]:
     """Engine name → its label for people (the Airflow form's engine choices)."""
     return {name: entry.label for name, entry in ENGINES.items()}
+
+
+def loads_model(name: str) -> bool:
+    """Whether engine ``name`` loads the model inside the generate task (so that task needs an accelerator)."""
+    return _entry(name).loads_model
 
 
 def _entry(name: object) -> EngineEntry:
@@ -85,7 +102,26 @@ def check_engine(name: object, options: Mapping[str, Any] | None) -> EngineOptio
 
 def engine_class(name: str) -> type[Engine]:
     """The engine class of ``name``, imported now (this imports the engine's own stack, e.g. PyTorch)."""
-    module_name, _, attribute = _entry(name).engine_class.partition(":")
+    return _imported(_entry(name).engine_class)
+
+
+def planned_weights(name: str, options: Mapping[str, Any] | None, model_folder: Path) -> str:
+    """How engine ``name``'s weights are known to be the planned model in ``model_folder`` (``model.weights``).
+
+    :data:`~tasks.models.provenance.WEIGHTS_VERIFIED` for an engine that loads the weights on its
+    worker (the worker hashes them); an engine with a ``weights_check`` asks it (it may call servers,
+    and refuses another model).
+    """
+    from tasks.models.provenance import WEIGHTS_VERIFIED
+
+    entry = _entry(name)
+    if entry.weights_check is None:
+        return WEIGHTS_VERIFIED
+    return _imported(entry.weights_check)(check_engine(name, options), model_folder)
+
+
+def _imported(where: str) -> Any:
+    module_name, _, attribute = where.partition(":")
     return getattr(importlib.import_module(module_name), attribute)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tasks.finalize.reasons import DESCRIPTIONS as REASON_DESCRIPTIONS
+from tasks.models.provenance import WEIGHTS_VERIFIED
 from tasks.records.dataset_row import COLUMN_DESCRIPTIONS, DatasetRow
 from tasks.records.review import ReviewDecision, utc_text
 
@@ -48,6 +49,7 @@ def render_card(
             "saw and sampled, verified against its staged deltas; anything unproven is masked "
             "(`sample_mask` 0) or dropped, with its reason.\n"
         ),
+        _weights(config),
         _counts(metrics),
         _statistics(metrics),
         _invalid_reasons(metrics),
@@ -60,6 +62,22 @@ def render_card(
         sections.append(_audit(audit))
     sections += [_loading(batch_id), _columns(), _files(parts)]
     return "\n".join(sections)
+
+
+def _weights(config: Mapping[str, Any]) -> str:
+    """How the generating weights are known to be the planned model's (``model.weights`` of the config)."""
+    model, engine = config.get("model", {}), config.get("engine", {})
+    if model.get("weights", WEIGHTS_VERIFIED) == WEIGHTS_VERIFIED:
+        return (
+            f"Weights: {WEIGHTS_VERIFIED}. Their sha256 ({_code(model.get('weights_sha256'))}) was checked "
+            "against the plan where they were loaded.\n"
+        )
+    return (
+        f"Weights: {model['weights']}. The {_code(engine.get('name'))} servers that generated this batch "
+        f"loaded a model folder no worker could hash; they were accepted by their model name "
+        f"{_code(engine.get('options', {}).get('served_model'))}. The token ids and logprobs are exactly the "
+        "servers' own; that they came from the planned weights is the servers' word.\n"
+    )
 
 
 def _partial(missing: Sequence[int], shards: object) -> list[str]:

@@ -18,8 +18,9 @@ from tasks.config import BatchConfig
 from tasks.engines.base import Engine
 from tasks.environments.base import Environment
 from tasks.environments.registry import load_environment
-from tasks.errors import ConfigError
+from tasks.errors import ConfigError, ModelMismatchError
 from tasks.generate.summary import ShardSummary
+from tasks.models.provenance import WEIGHTS_VERIFIED
 from tasks.records.planned import PlannedRollout
 from tasks.storage.marker import ShardMarker
 from tasks.storage.objects import ObjectStore
@@ -71,9 +72,15 @@ def check_before_engine(batch: Batch, shards: Sequence[int], *, own_engine: bool
 
 
 def check_engine_version(engine: Engine, config: BatchConfig) -> None:
-    """Refuse an engine that serves weights older than the planned version (one passed in, or a server's)."""
+    """Refuse an engine that serves weights older than the planned version (one passed in, or a server's), or
+    whose weights this worker can only take as declared when the plan verified them."""
     if engine.weight_version < config.weight_version:
         raise ConfigError(
             f"the engine serves weight version {engine.weight_version}, older than the planned "
             f"{config.weight_version}: refit it to the planned weights first"
+        )
+    if engine.weights != config.model.weights and config.model.weights == WEIGHTS_VERIFIED:
+        raise ModelMismatchError(
+            f"the plan verified the served weights by their hashes, but this worker cannot hash them "
+            f"({engine.weights}): run it where the servers' model folder is readable, or plan again"
         )

@@ -15,6 +15,10 @@ from pathlib import Path
 from tasks.models.bundled import check_model_folder, weight_files
 
 PROVENANCE_DOMAIN = b"rollout-ledger-model-files-v1"
+# How a batch knows its generating weights are the planned ones (``model.weights`` of its config):
+# verified, hashed against the plan where they are loaded; declared, accepted by a server's model name.
+WEIGHTS_VERIFIED, WEIGHTS_DECLARED = "verified", "declared, not verified"
+WEIGHT_CHECKS = (WEIGHTS_VERIFIED, WEIGHTS_DECLARED)
 TOKENIZER_FILE_NAMES = (
     "tokenizer.json",
     "tokenizer.model",

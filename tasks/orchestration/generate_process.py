@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.errors import EXIT_CODES, EXIT_CONFLICT, EXIT_SIGNAL_BASE, EXIT_USAGE
@@ -52,6 +52,7 @@ class GenerateCommand:
     batch_id: str
     shard: int
     try_number: int | None = None
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)  # e.g. the engine servers' API key
 
     def argv(self, python: str) -> list[str]:
         argv = [python, "-m", __name__, "generate", "--root", self.location.root_url, "--batch-id", self.batch_id]
@@ -60,7 +61,7 @@ class GenerateCommand:
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
         env = {k: v for k, v in base.items() if k != STORAGE_OPTIONS_VARIABLE}
-        return {**env, **self.location.environment()}
+        return {**env, **self.location.environment(), **self.secrets}
 
 
 def generate_python(environ: Mapping[str, str] = os.environ) -> str:

@@ -15,9 +15,11 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, CronTriggerTimetable, Param, TriggerRule, dag, get_current_context, task
 
+from tasks.engines.registry import loads_model
 from tasks.orchestration import steps
 from tasks.orchestration.batch_xcom import BATCH_XCOM_KEY, PLAN_TASK_ID
 from tasks.orchestration.form import form_fields
+from tasks.orchestration.local_airflow import GPU_POOL
 from tasks.orchestration.profiles import Profile
 from tasks.orchestration.review_operator import BatchReviewOperator
 
@@ -25,16 +27,18 @@ BATCH_DAG_DOC = """
 ### rollout_batch: one batch of multi-turn rollouts, from plan to a published GRPO dataset
 
 Trigger it with the form (every field has a description); each run is one batch whose id derives
-from the run. `plan` writes the batch config; `generate` runs once per shard on the `gpu` pool and
-queue (a retry is a new attempt that adopts what the last one completed); the lineage suite checks
+from the run. `plan` writes the batch config; `generate` runs once per shard (a retry is a new
+attempt that adopts what the last one completed), on the `gpu` pool and queue when the DAG's
+default engine loads the model in the task, on the default ones for `vllm_server`; the lineage suite checks
 the ledger; `finalize` builds the dataset; the dataset suite checks it; `review` waits for a
 person's decision (Publish or Reject, with a reason) when a suite warned or the run requires
 review, and is skipped otherwise; `publish` commits it and emits the `grpo_dataset` asset event.
 A failing suite, a rejection or an unanswered review fails the run, and its log says why.
 `sweep_orphans` cleans up as a teardown, whatever happened.
-Engines: `vllm` starts vLLM inside each generate task; `vllm_server` calls running vLLM servers
-(engine options `urls` and `api_key_file`; start one with `rollout-ledger serve`), so one server
-serves every shard of every run (docs/servers.md).
+Engines: `vllm` starts vLLM inside each generate task; `vllm_server` calls running vLLM servers,
+named by an Airflow http connection (`engine_conn_id`: host, port, password = API key) or by the
+engine options `urls` and `api_key_file`; start one with `rollout-ledger serve`. One server serves
+every shard of every run (docs/servers.md).
 Reports: `reports/index.html` under the batch's URL, which the plan task logs.
 """
 GRPO_DATASET = Asset(steps.GRPO_DATASET_ASSET)
@@ -44,6 +48,7 @@ DEFAULT_ARGS = {
     "retry_delay": dt.timedelta(seconds=30),
     "execution_timeout": dt.timedelta(hours=1),
 }
+GPU_QUEUE = "gpu"
 MANUAL_MAX_ACTIVE_RUNS = 16  # scheduled profiles run one at a time
 START_DATE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -64,6 +69,7 @@ def rollout_batch_dag(
         name: Param((defaults or {}).get(name, spec["default"]), **{k: v for k, v in spec.items() if k != "default"})
         for name, spec in form_fields().items()
     }
+    placement = generate_placement(params["engine"].value)
 
     @dag(
         dag_id=dag_id,
@@ -88,8 +94,7 @@ def rollout_batch_dag(
             return shards
 
         @task(
-            pool="gpu",
-            queue="gpu",  # Celery: only workers started with `-q gpu` take it; other executors ignore it
+            **placement,
             retries=3,
             retry_delay=dt.timedelta(seconds=30),
             retry_exponential_backoff=2.0,
@@ -133,6 +138,13 @@ def rollout_batch_dag(
         published >> sweep_orphans().as_teardown(setups=planned)
 
     return rollout_batch()
+
+
+def generate_placement(engine: str) -> dict[str, str]:
+    """Where generate runs for a DAG whose default engine is ``engine``: the ``gpu`` pool and queue when the
+    engine loads the model in the task (Celery: only workers started with ``-q gpu`` take it; other executors
+    ignore queues), else the default pool and queue (a server engine needs no accelerator)."""
+    return {"pool": GPU_POOL, "queue": GPU_QUEUE} if loads_model(engine) else {}
 
 
 def profile_dag(profile: Profile, *, profiles_file: str) -> DAG:

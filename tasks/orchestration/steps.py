@@ -28,6 +28,7 @@ from tasks.orchestration.storage_location import StorageLocation, check_storage_
 
 if TYPE_CHECKING:
     from tasks.batch import Batch
+    from tasks.orchestration.engine_servers import ServerConnection
     from tasks.orchestration.review_form import ReviewRequest
     from tasks.records.review import ReviewDecision
 
@@ -87,14 +88,29 @@ def batch_record(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     }
 
 
+def engine_servers(params: Mapping[str, Any]) -> ServerConnection | None:
+    """The servers the run's ``engine_conn_id`` names, with their key (None without one)."""
+    from tasks.orchestration.engine_servers import server_connection
+
+    if not params.get("engine_conn_id"):
+        return None
+    with _permanent("engine servers", None):
+        return server_connection(params["engine_conn_id"])
+
+
 def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:
     """Plan the batch the params describe and return its shard numbers (the same config again is a no-op)."""
+    from tasks.env_vars import scoped_environ
     from tasks.plan import plan_from_values
 
     batch = run_batch(params, run)
     values = {name: params[name] for name in BatchFields.model_fields if name in params}
+    servers = engine_servers(params)
     with _permanent("plan", batch.root_url):
-        summary = plan_from_values(batch, values, source="batch form")
+        if servers is not None:
+            values = servers.batch_values(values)
+        with scoped_environ(**(servers.environment() if servers else {})):  # plan asks the servers what they serve
+            summary = plan_from_values(batch, values, source="batch form")
     log.info(
         "%s batch %s: %d rollouts in %d shards at %s",
         "planned" if summary.created else "already planned (same config)",
@@ -110,7 +126,14 @@ def generate(params: Mapping[str, Any], run: DagRunRef, shard: int, *, try_numbe
     """Generate one shard in a child process (a retry is a new attempt that adopts the last one's receipts)."""
     from tasks.orchestration.generate_process import GenerateCommand, GenerateProcessError, run_generate
 
-    command = GenerateCommand(location(params), run_batch_id(params, run), shard, try_number=try_number)
+    servers = engine_servers(params)
+    command = GenerateCommand(
+        location(params),
+        run_batch_id(params, run),
+        shard,
+        try_number=try_number,
+        secrets=servers.environment() if servers else {},
+    )
     try:
         summary = run_generate(command, log=log.info)
     except GenerateProcessError as exc:

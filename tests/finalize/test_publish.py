@@ -10,11 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks import layout
+from tasks.config import EngineSpec
 from tasks.errors import MalformedDatasetMarkerError, ObjectConflictError, SegmentChecksumMismatchError
 from tasks.finalize import dataset_writer as publish_module
 from tasks.finalize.card import render_card
 from tasks.finalize.dataset_writer import stage_dataset
 from tasks.finalize.metrics import DatasetMetrics
+from tasks.models.provenance import WEIGHTS_DECLARED
 from tasks.records.dataset_row import DatasetRow
 from tasks.storage.dataset_manifest import DatasetMarker, read_dataset_part, read_staged_marker
 from tasks.storage.objects import ObjectStore
@@ -183,6 +185,24 @@ def test_metrics_and_card_describe_the_batch_and_the_audit(tmp_path):
     assert 'load_dataset("parquet", data_files=f"{batch}/dataset/part-*.parquet"' in card
     assert "## Logprob audit" in card and "| mean_abs_logprob_diff | 0.0012 |" in card
     assert 'path: "part-*.parquet"' in card
+
+
+def test_the_card_and_manifest_say_how_the_weights_are_known(tmp_path):
+    verified = batch_config()
+    served = dataclasses.replace(
+        verified,
+        model=dataclasses.replace(verified.model, weights=WEIGHTS_DECLARED),
+        engine=EngineSpec("vllm_server", {"urls": ["http://gpu-7:8000"], "served_model": "policy"}),
+    )
+    for config, line in (
+        (verified, "Weights: verified. Their sha256"),
+        (served, "Weights: declared, not verified. The `vllm_server` servers"),
+    ):
+        store = ObjectStore(str(tmp_path / config.engine.name))
+        marker = stage_dataset(store, mixed_groups(config), config=config).marker
+        assert marker.config["model"]["weights"] == config.model.weights
+        assert line in card_of(marker, json.loads(store.read_bytes(layout.DATASET_METRICS)))
+    assert "accepted by their model name `policy`" in card_of(marker, {})
 
 
 def test_parts_are_plain_parquet_with_the_row_schema(tmp_path):

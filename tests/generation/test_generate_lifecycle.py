@@ -18,6 +18,7 @@ from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
 from tasks.errors import ConfigError, EngineDeadError, ModelMismatchError
 from tasks.generate import ShardSummary, generate_shard, generate_shards, rollouts
+from tasks.models.provenance import WEIGHTS_DECLARED
 from tasks.plan import plan_batch
 from tasks.storage.claims import attempts_used, claim_attempt, read_claims
 from tasks.storage.ledger_reader import LedgerReader
@@ -149,6 +150,15 @@ def test_rows_carry_the_planned_weight_version_and_an_older_engine_is_refused(ro
     run(root, config, [0], FakeScriptedEngine(tokenizer, weight_version=7))
     calls = LedgerReader(Batch.open(root, config.batch_id).store, 0).calls
     assert calls and {c.weight_version for c in calls} == {7}
+
+
+def test_an_engine_whose_weights_are_only_declared_is_refused_when_the_plan_verified_them(root, tokenizer):
+    config = make_config(shards=1)
+    plan_batch(Batch.open(root, config.batch_id), config)
+    declared = FakeScriptedEngine(tokenizer)
+    declared.weights = WEIGHTS_DECLARED  # as a server engine whose model folder this worker cannot hash
+    with pytest.raises(ModelMismatchError, match="the plan verified the served weights by their hashes"):
+        run(root, config, [0], declared)
 
 
 def test_a_refit_between_engine_steps_keeps_admission_versions_and_marks_spanning_calls(root, tokenizer):

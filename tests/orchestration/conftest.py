@@ -6,9 +6,11 @@ this file; the ``airflow_db`` fixture migrates the DB and creates the ``gpu`` po
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -43,10 +45,14 @@ def api_server_url(airflow_db, tmp_path_factory):
         yield url
 
 
+SERVER_CONN_ID = "rollout_servers"
+
+
 @pytest.fixture(scope="session")
 def published_run(airflow_db, tmp_path_factory, vllm_server):
     """One successful ``rollout_batch`` run (2 shards, params from the run conf) on the test run's vLLM server,
-    refit to weight version 3 as a trainer would before planning: ``(dag_run, conf)``."""
+    refit to weight version 3 as a trainer would before planning: ``(dag_run, conf)``. The server is named by
+    the Airflow http connection :data:`SERVER_CONN_ID` (host, port, password = the server's API key)."""
     dag = local_airflow.dag_bag("rollout_batch.py").dags["rollout_batch"]
     root = tmp_path_factory.mktemp("published-run")
     conf = {
@@ -57,7 +63,12 @@ def published_run(airflow_db, tmp_path_factory, vllm_server):
         "max_tokens": 16,
         "weight_version": 3,
         "storage_url": f"file://{root}",
-        **vllm_server.engine_fields(),
+        "engine": "vllm_server",
+        "engine_options": {"max_model_len": 2048},
+        "engine_conn_id": SERVER_CONN_ID,
     }
-    with vllm_server.at_weight_version(3):
+    server = urlsplit(vllm_server.url)
+    connection = {"conn_type": "http", "host": server.hostname, "port": server.port, "password": vllm_server.key}
+    with pytest.MonkeyPatch.context() as patch, vllm_server.at_weight_version(3):
+        patch.setenv(f"AIRFLOW_CONN_{SERVER_CONN_ID.upper()}", json.dumps(connection))
         return dag.test(run_conf=conf), conf

@@ -8,6 +8,7 @@ publishes nothing. Airflow retrying a generate task killed midway: ``test_crash_
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -72,6 +73,25 @@ def test_a_run_with_params_from_the_run_conf_publishes_the_dataset_and_the_asset
     assert event.extra["dataset"] == f"{store.url}/dataset"
     # what the example consumer does with the event
     assert steps.published_dataset(event.extra)["parts"] == [p.path for p in marker.parts]
+
+
+def test_the_engine_servers_connection_names_the_servers_and_its_key_stays_out_of_xcom_and_the_batch(
+    published_run, vllm_server
+):
+    from airflow import settings
+    from airflow.models.xcom import XComModel
+
+    dag_run, conf = published_run
+    batch_id = steps.run_batch_id(conf, dag_run)
+    batch = Batch.open(storage_location(conf["storage_url"]).root_url, batch_id)
+    assert batch.config.engine.options == {"max_model_len": 2048, "urls": [vllm_server.url]}  # from the connection
+    assert batch.config.model.weights == "verified"  # the server's folder is on this machine and hashes the same
+    key = vllm_server.key
+    with settings.Session() as session:
+        values = [row.value for row in session.query(XComModel).filter(XComModel.run_id == dag_run.run_id)]
+    assert values and key not in json.dumps(values, default=str) and key not in json.dumps(dag_run.conf)
+    for path in Path(batch.store.full_path("")).rglob("*"):
+        assert not path.is_file() or key.encode() not in path.read_bytes(), f"{path} holds the API key"
 
 
 def test_a_run_on_s3_reaches_storage_only_through_its_airflow_connection(

@@ -16,7 +16,7 @@ PROVENANCE = {"weights_sha256": "a" * 64, "tokenizer_sha256": "b" * 64, "chat_te
 
 def config(**values):
     form = {k: v for k, v in form_defaults().items() if k not in ("batch_id", "storage_url", "storage_conn_id")}
-    return config_from_values({**form, **values}, batch_id="b1", provenance=PROVENANCE, source="batch form")
+    return config_from_values({**form, **values}, batch_id="b1", model=PROVENANCE, source="batch form")
 
 
 def test_the_defaults_are_the_demo_batch():
@@ -85,9 +85,16 @@ def test_every_threshold_of_the_config_is_a_form_field():
 
 
 def test_the_run_fields_never_reach_the_config():
-    assert set(run_fields()) == {"batch_id", "storage_url", "storage_conn_id", "require_review", "review_timeout_hours"}
-    planned = config(batch_id="other", require_review=True, review_timeout_hours=1, storage_url="s3://b/p")
-    assert planned == config()
+    about_the_run = {
+        "batch_id": "other",
+        "require_review": True,
+        "review_timeout_hours": 1,
+        "storage_url": "s3://b/p",
+        "storage_conn_id": "store",
+        "engine_conn_id": "servers",
+    }
+    assert set(about_the_run) == set(run_fields())
+    assert config(**about_the_run) == config()
 
 
 def test_the_storage_default_follows_the_variable_then_airflow_home():

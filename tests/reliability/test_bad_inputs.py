@@ -188,7 +188,7 @@ def test_the_airflow_form_names_a_wrong_type(values, named):
 
     provenance = {"weights_sha256": "a" * 64, "tokenizer_sha256": "b" * 64, "chat_template_sha256": "c" * 64}
     with pytest.raises(ConfigError) as error:
-        config_from_values({**form_defaults(), **values}, batch_id="b1", provenance=provenance)
+        config_from_values({**form_defaults(), **values}, batch_id="b1", model=provenance)
     assert named in str(error.value)
 
 

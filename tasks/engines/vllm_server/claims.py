@@ -10,16 +10,18 @@ otherwise they are *declared*: accepted by name (``served_model``), not verified
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.engines.vllm_server.options import VllmServerOptions
 from tasks.engines.vllm_server.replica import ServerAnswerError, ServerReplica
 from tasks.errors import ConfigError, EngineError, ModelMismatchError
+from tasks.models.provenance import WEIGHTS_DECLARED, WEIGHTS_VERIFIED
 
 REQUIRED_LOGPROBS_MODE = "processed_logprobs"
 UNSET_WEIGHT_VERSION = "default"  # what vLLM reports before a version is set: the weights it started with
-WEIGHTS_VERIFIED, WEIGHTS_DECLARED = "verified", "declared, not verified"
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,38 @@ class ServerClaim:
 
     def same_model(self, other: ServerClaim) -> bool:
         return (self.model, self.root, self.max_model_len) == (other.model, other.root, other.max_model_len)
+
+
+def replicas_of(options: VllmServerOptions) -> list[ServerReplica]:
+    """A client of each server ``options`` names, with its API key (close each when done)."""
+    api_key, source = options.api_key(), options.key_source()
+    return [
+        ServerReplica(url, api_key=api_key, key_source=source, timeout_s=options.request_timeout_s)
+        for url in options.urls
+    ]
+
+
+async def read_claims(replicas: list[ServerReplica]) -> ServerClaim:
+    """The one claim the replicas make together (:func:`read_claim` of each, then :func:`check_claims`)."""
+    return check_claims([await read_claim(replica) for replica in replicas])
+
+
+def planned_weights(options: VllmServerOptions, model_folder: Path) -> str:
+    """At plan time: how the servers' weights are known to be the planned model's (:func:`check_served_weights`).
+
+    Refuses, before anything is written, what a worker would refuse before its first call: a
+    server that cannot be reached or refuses the key, replicas that disagree, another model.
+    """
+
+    async def judge() -> str:
+        replicas = replicas_of(options)
+        try:
+            claim = await read_claims(replicas)
+        finally:
+            await asyncio.gather(*(replica.close() for replica in replicas))
+        return await asyncio.to_thread(check_served_weights, claim, model_folder, options.served_model)
+
+    return asyncio.run(judge())
 
 
 async def read_claim(replica: ServerReplica) -> ServerClaim:

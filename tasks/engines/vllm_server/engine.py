@@ -30,7 +30,7 @@ from tasks.engines.base import (
     WeightVersionSpan,
     next_weight_version,
 )
-from tasks.engines.vllm_server.claims import check_claims, check_served_weights, parse_weight_version, read_claim
+from tasks.engines.vllm_server.claims import check_served_weights, parse_weight_version, read_claims, replicas_of
 from tasks.engines.vllm_server.options import VllmServerOptions
 from tasks.engines.vllm_server.refit import refit_servers
 from tasks.engines.vllm_server.replica import ServerReplica
@@ -60,7 +60,7 @@ class VllmServerEngine(Engine):
         super().__init__(tokenizer=tokenizer, max_model_len=max_model_len, weight_version=weight_version)
         self.replicas = replicas
         self.served_model = served_model
-        self.weights = weights  # claims.WEIGHTS_VERIFIED or claims.WEIGHTS_DECLARED
+        self.weights = weights
         self._sessions: collections.OrderedDict[str, ServerReplica] = collections.OrderedDict()
         self._closed = False
 
@@ -83,13 +83,9 @@ class VllmServerEngine(Engine):
         if not isinstance(options, VllmServerOptions):
             options = VllmServerOptions.from_mapping(options)
         path = check_model_folder(Path(model_path))
-        api_key = options.api_key()
-        replicas = [
-            ServerReplica(url, api_key=api_key, key_source=options.key_source(), timeout_s=options.request_timeout_s)
-            for url in options.urls
-        ]
+        replicas = replicas_of(options)
         try:
-            claim = check_claims([await read_claim(replica) for replica in replicas])
+            claim = await read_claims(replicas)
             if options.max_model_len is not None and options.max_model_len > claim.max_model_len:
                 raise ConfigError(
                     f"engine option max_model_len {options.max_model_len} exceeds the {claim.max_model_len} "
