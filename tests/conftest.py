@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import uuid
 from collections.abc import Iterator
@@ -44,14 +45,15 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """With pytest-xdist (``make test`` runs ``-n auto --dist loadgroup``): the tests of one real vLLM share a worker.
 
-    A session fixture starts once per worker, so every test that calls the test run's vLLM server
-    runs on one worker (the ``vllm_server`` group) and every other test of the in-process engine on
-    one worker (``vllm_engine``): two engine starts in the run, however many workers. The other
-    tests go wherever a worker is free.
+    A session fixture starts once per worker, so every test of the in-process engine runs on one
+    worker (the ``vllm_engine`` group) and every other test of the test run's vLLM server on one
+    worker (``vllm_server``). A test of both (the server's exactness against the in-process engine)
+    is in the first: its worker also starts the server; the second group is the longer one. The
+    other tests go wherever a worker is free.
     """
     for item in items:
         names = getattr(item, "fixturenames", ())
-        group = next((name for name in ("vllm_server", "vllm_engine") if name in names), None)
+        group = next((name for name in ("vllm_engine", "vllm_server") if name in names), None)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 
@@ -232,25 +234,32 @@ class RunningServer:
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """ONE real ``vllm serve`` of the bundled model on loopback for the whole test run (as ``rollout-ledger serve``
-    starts it), with a random API key. Stopping it must leave no process of its group (asserted here)."""
-    from tasks.engines.vllm.options import VllmOptions
-    from tasks.engines.vllm.serve import VllmServer, group_members
-    from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+    """ONE ``rollout-ledger serve`` of the bundled model on loopback for the whole test run, with a random API key.
+
+    Ready when the command prints the server's URL. At the end it gets SIGTERM, as a process
+    manager would stop it: it must exit 0 and leave none of the processes it started (asserted
+    here, so a leak fails the run).
+    """
+    import subprocess
+    import sys
+
+    import psutil
 
     home = tmp_path_factory.mktemp("vllm-server")
     key_file = home / "api-key"
     key_file.write_text(uuid.uuid4().hex)
-    server = VllmServer.start(
-        resolve_model_reference(BUNDLED_REFERENCE),
-        VllmOptions(max_model_len=2048),
-        port=_free_port(),
-        api_key=key_file.read_text(),
-        log_path=home / "server.log",
-    )
+    argv = [sys.executable, "-m", "tasks.cli", "serve", "--port", str(_free_port()), "--api-key-file", str(key_file)]
+    argv += ["--engine-option", "max_model_len=2048", "--log", str(home / "server.log")]
+    with (home / "serve.stderr").open("w") as stderr:
+        serve = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
-        server.wait_ready()
-        yield RunningServer(server.url, str(key_file))
+        url = serve.stdout.readline().strip() if serve.stdout else ""
+        assert url.startswith("http://127.0.0.1:"), f"serve printed no URL:\n{(home / 'serve.stderr').read_text()}"
+        started = psutil.Process(serve.pid).children(recursive=True)
+        yield RunningServer(url, str(key_file))
     finally:
-        server.stop()
-    assert not group_members(server.process.pid), "processes of the vLLM server outlived stop()"
+        serve.send_signal(signal.SIGTERM)
+        code = serve.wait(timeout=120)
+    assert code == 0, f"serve exited {code} on SIGTERM:\n{(home / 'serve.stderr').read_text()[-3000:]}"
+    left = [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert started and not left, f"processes of rollout-ledger serve outlived its SIGTERM: {left}"

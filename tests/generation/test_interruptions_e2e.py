@@ -91,7 +91,7 @@ def test_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_finishes_i
 
 def test_sigterm_ends_the_attempt_cleanly_and_the_retry_finishes_the_shard(tmp_path, vllm_server):
     engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
-    config = interruptible_config("b-sigterm", engine=engine)
+    config = interruptible_config("b-sigterm", num_tasks=6, engine=engine)
     root = str(tmp_path / "runs")
     plan_batch(Batch.open(root, config.batch_id), config)
     store = Batch.open(root, config.batch_id).store
@@ -122,7 +122,7 @@ def assert_finished_without_duplicates(store, ok: int, *, attempts: int) -> None
 def test_two_generate_processes_on_one_shard_commit_it_once_at_the_planned_weight_version(tmp_path, vllm_server):
     """Both call the test run's vLLM server (named weight version 3, as a trainer's refit would)."""
     engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
-    config = interruptible_config("b-race", num_tasks=4, max_in_flight=4, weight_version=3, engine=engine)
+    config = interruptible_config("b-race", num_tasks=2, max_in_flight=4, weight_version=3, engine=engine)
     root = str(tmp_path / "runs")
     plan_batch(Batch.open(root, config.batch_id), config)
     store = Batch.open(root, config.batch_id).store

@@ -49,12 +49,16 @@ class AirflowRest:
 
 
 def wait_for_review(rest: AirflowRest, stop: threading.Event) -> dict[str, Any]:
-    """The one pending review request, once a run's review task waits for input (LookupError if the run ends first)."""
+    """The one pending review request, once a run's review task waits for input (LookupError if the run ends first).
+
+    The request is listed a moment before its task leaves ``running`` for ``awaiting_input``: it counts from then.
+    """
     while not stop.wait(1.0):
         pending = rest.pending_reviews()
         if pending:
             assert len(pending) == 1, f"expected one pending review, got {pending}"
-            return pending[0]
+            if pending[0]["task_instance"]["state"] == "awaiting_input":
+                return pending[0]
     raise LookupError("the run ended without a review task waiting for input")
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tasks import layout
 from tasks.batch import Batch
 from tasks.orchestration import local_airflow, steps
 from tasks.orchestration.storage_location import storage_location
@@ -90,7 +91,7 @@ def test_the_engine_servers_connection_names_the_servers_and_its_key_stays_out_o
     with settings.Session() as session:
         values = [row.value for row in session.query(XComModel).filter(XComModel.run_id == dag_run.run_id)]
     assert values and key not in json.dumps(values, default=str) and key not in json.dumps(dag_run.conf)
-    for path in Path(batch.store.full_path("")).rglob("*"):
+    for path in Path(batch.store.full_path(layout.plan_config())).parents[1].rglob("*"):
         assert not path.is_file() or key.encode() not in path.read_bytes(), f"{path} holds the API key"
 
 
