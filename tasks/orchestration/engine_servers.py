@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.batch_fields import field_default
-from tasks.engines.vllm_server.options import API_KEY_ENV
+from tasks.engines.vllm_server.options import API_KEY_ENV, API_KEY_SOURCE_ENV
 from tasks.errors import ConfigError
 
 SERVER_ENGINE = "vllm_server"
@@ -32,8 +32,10 @@ class ServerConnection:
     api_key: str | None = field(default=None, repr=False)
 
     def environment(self) -> dict[str, str]:
-        """The key as the variable the engine reads it from (``{}`` without a key)."""
-        return {API_KEY_ENV: self.api_key} if self.api_key else {}
+        """The key as the variable the engine reads it from, and where it came from (``{}`` without a key)."""
+        if not self.api_key:
+            return {}
+        return {API_KEY_ENV: self.api_key, API_KEY_SOURCE_ENV: f"the password of Airflow connection {self.conn_id!r}"}
 
     def batch_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The batch values with these servers as engine option ``urls``; a ConfigError when they name others."""

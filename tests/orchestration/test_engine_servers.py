@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tasks.engines.vllm_server.options import API_KEY_ENV
+from tasks.engines.vllm_server.options import API_KEY_ENV, VllmServerOptions
 from tasks.errors import ConfigError
 from tasks.orchestration.engine_servers import server_connection, servers_of_connection
 from tasks.orchestration.generate_process import GenerateCommand
@@ -26,7 +26,7 @@ def test_host_and_port_are_the_first_server_the_extra_adds_replicas_and_the_pass
     conn = connection(host="10.0.0.5", port=8000, password=KEY, extra=json.dumps({"urls": ["https://b.example:9"]}))
     servers = servers_of_connection("servers", conn)
     assert servers.urls == ("http://10.0.0.5:8000", "https://b.example:9")
-    assert servers.environment() == {API_KEY_ENV: KEY}
+    assert servers.environment()[API_KEY_ENV] == KEY
     assert KEY not in repr(servers)
     assert servers_of_connection("s", connection(host="https://a.example/v", password="")).urls == (
         "https://a.example/v",
@@ -62,6 +62,14 @@ def test_the_connection_names_the_urls_of_a_vllm_server_batch_and_nothing_else()
         servers.batch_values({"engine_options": {}})
     with pytest.raises(ConfigError, match=r"leave engine option\(s\) \['api_key_file', 'urls'\] out"):
         servers.batch_values({"engine": "vllm_server", "engine_options": {"urls": ["http://x"], "api_key_file": "k"}})
+
+
+def test_a_refused_key_names_the_connection_it_came_from_never_the_key(monkeypatch):
+    servers = servers_of_connection("servers", connection(host="h", port=1, password=KEY))
+    for name, value in servers.environment().items():
+        monkeypatch.setenv(name, value)
+    options = VllmServerOptions(urls=["http://h:1"])
+    assert options.api_key() == KEY and options.key_source() == "the password of Airflow connection 'servers'"
 
 
 def test_the_key_reaches_the_generate_process_by_environment_only():

@@ -15,8 +15,10 @@ from pydantic import Field, field_validator
 
 from tasks.engines.options import EngineOptions, read_key_file
 
-# Where a generate task finds the servers' API key when no key file is named (set from an Airflow connection).
+# Where a generate task finds the servers' API key when no key file is named (set from an Airflow connection),
+# and where that key came from, in words, for messages (never the key).
 API_KEY_ENV = "ROLLOUT_LEDGER_SERVER_API_KEY"
+API_KEY_SOURCE_ENV = "ROLLOUT_LEDGER_SERVER_API_KEY_SOURCE"
 
 
 class VllmServerOptions(EngineOptions):
@@ -68,4 +70,6 @@ class VllmServerOptions(EngineOptions):
         """Where the key comes from, in words (for messages: never the key itself)."""
         if self.api_key_file is not None:
             return f"the key in {self.api_key_file}"
-        return f"${API_KEY_ENV}" if os.environ.get(API_KEY_ENV) else "no API key"
+        if os.environ.get(API_KEY_ENV):
+            return os.environ.get(API_KEY_SOURCE_ENV) or f"${API_KEY_ENV}"
+        return "no API key"
