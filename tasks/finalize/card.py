@@ -74,7 +74,7 @@ def _weights(config: Mapping[str, Any]) -> str:
         )
     return (
         f"Weights: {model['weights']}. The {_code(engine.get('name'))} servers that generated this batch "
-        f"loaded a model folder no worker could hash; they were accepted by their model name "
+        f"loaded a model folder the planning machine could not hash; they were accepted by their model name "
         f"{_code(engine.get('options', {}).get('served_model'))}. The token ids and logprobs are exactly the "
         "servers' own; that they came from the planned weights is the servers' word.\n"
     )

@@ -79,7 +79,7 @@ def check_engine_version(engine: Engine, config: BatchConfig) -> None:
             f"the engine serves weight version {engine.weight_version}, older than the planned "
             f"{config.weight_version}: refit it to the planned weights first"
         )
-    if engine.weights != config.model.weights and config.model.weights == WEIGHTS_VERIFIED:
+    if config.model.weights == WEIGHTS_VERIFIED and engine.weights != WEIGHTS_VERIFIED:
         raise ModelMismatchError(
             f"the plan verified the served weights by their hashes, but this worker cannot hash them "
             f"({engine.weights}): run it where the servers' model folder is readable, or plan again"
