@@ -28,6 +28,7 @@ from tasks.plan import plan_batch
 from tasks.storage.claims import read_claims
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import read_marker
+from tasks.storage.objects import ObjectStore
 from tasks.storage.recovery import read_uncommitted_attempt
 from tasks.storage.sweep import sweep_orphans
 
@@ -44,6 +45,14 @@ def interruptible_config(batch_id: str, **overrides) -> BatchConfig:
         **{"batch_id": batch_id, "num_tasks": 12, "sampling": SamplingSettings(max_tokens=24), "max_in_flight": 2}
         | overrides
     )
+
+
+def planned(tmp_path: Path, config: BatchConfig) -> tuple[str, ObjectStore]:
+    """Plan ``config`` under ``tmp_path/runs``; the root URL and the batch's store."""
+    root = str(tmp_path / "runs")
+    batch = Batch.open(root, config.batch_id)
+    plan_batch(batch, config)
+    return root, batch.store
 
 
 def assert_stopped_cleanly(
@@ -63,9 +72,7 @@ def assert_stopped_cleanly(
 
 def test_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_finishes_it(vllm_engine, tmp_path):
     config = interruptible_config("b-interrupt")
-    root = str(tmp_path / "runs")
-    plan_batch(Batch.open(root, config.batch_id), config)
-    store = Batch.open(root, config.batch_id).store
+    root, store = planned(tmp_path, config)
 
     ctrl_c = GenerateProcess(root, config.batch_id, tmp_path / "int.log")
     done = ctrl_c.wait_for_completed_rollouts()
@@ -92,9 +99,7 @@ def test_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_finishes_i
 def test_sigterm_ends_the_attempt_cleanly_and_the_retry_finishes_the_shard(tmp_path, vllm_server):
     engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
     config = interruptible_config("b-sigterm", num_tasks=6, engine=engine)
-    root = str(tmp_path / "runs")
-    plan_batch(Batch.open(root, config.batch_id), config)
-    store = Batch.open(root, config.batch_id).store
+    root, store = planned(tmp_path, config)
 
     term = GenerateProcess(root, config.batch_id, tmp_path / "term.log")
     done = term.wait_for_completed_rollouts()
@@ -123,9 +128,7 @@ def test_two_generate_processes_on_one_shard_commit_it_once_at_the_planned_weigh
     """Both call the test run's vLLM server (named weight version 3, as a trainer's refit would)."""
     engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
     config = interruptible_config("b-race", num_tasks=2, max_in_flight=4, weight_version=3, engine=engine)
-    root = str(tmp_path / "runs")
-    plan_batch(Batch.open(root, config.batch_id), config)
-    store = Batch.open(root, config.batch_id).store
+    root, store = planned(tmp_path, config)
     with vllm_server.at_weight_version(3):
         first = GenerateProcess(root, config.batch_id, tmp_path / "a.log")
         time.sleep(0.2)

@@ -14,13 +14,15 @@ import pytest
 from tasks.batch import Batch
 from tasks.config import EngineSpec
 from tasks.generate import generate_shard
-from tasks.plan import plan_batch
-from tasks.storage.claims import read_claims
 
-from .chains import verified_sequences
 from .dying_proxy import DyingProxy
 from .processes import GenerateProcess
-from .test_interruptions_e2e import assert_stopped_cleanly, interruptible_config
+from .test_interruptions_e2e import (
+    assert_finished_without_duplicates,
+    assert_stopped_cleanly,
+    interruptible_config,
+    planned,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,9 +32,7 @@ def test_a_server_that_dies_mid_shard_poisons_nothing_and_the_retry_finishes_the
     proxy.start()
     engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options() | {"urls": [proxy.url]})
     config = interruptible_config("b-server-death", num_tasks=4, engine=engine)
-    root = str(tmp_path / "runs")
-    plan_batch(Batch.open(root, config.batch_id), config)
-    store = Batch.open(root, config.batch_id).store
+    root, store = planned(tmp_path, config)
 
     run = GenerateProcess(root, config.batch_id, tmp_path / "died.log")
     done = run.wait_for_completed_rollouts()
@@ -48,5 +48,4 @@ def test_a_server_that_dies_mid_shard_poisons_nothing_and_the_retry_finishes_the
         proxy.kill()
     assert summary.attempt == 1 and summary.adopted >= done
     assert summary.poisoned == 0 and summary.rollouts == config.num_rollouts
-    assert len(verified_sequences(store, 0)) == summary.ok
-    assert [claim.attempt for claim in read_claims(store, 0)] == [0, 1]
+    assert_finished_without_duplicates(store, summary.ok, attempts=2)
