@@ -22,7 +22,7 @@ import pytest
 from tasks.batch import Batch
 from tasks.config import BatchConfig, EngineSpec
 from tasks.engines.base import SamplingSettings
-from tasks.finalize.stage import finalize_batch
+from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.plan import plan_batch
 from tasks.storage.claims import read_claims
@@ -40,9 +40,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def interruptible_config(batch_id: str, **overrides) -> BatchConfig:
-    """24 rollouts, two at a time: long enough to stop midway."""
+    """8 rollouts, two at a time: each attempt runs for several 10 s heartbeats, so it can be stopped midway."""
     return bundled_model_config(
-        **{"batch_id": batch_id, "num_tasks": 12, "sampling": SamplingSettings(max_tokens=24), "max_in_flight": 2}
+        **{"batch_id": batch_id, "num_tasks": 4, "sampling": SamplingSettings(max_tokens=24), "max_in_flight": 2}
         | overrides
     )
 
@@ -98,7 +98,7 @@ def test_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_finishes_i
 
 def test_sigterm_ends_the_attempt_cleanly_and_the_retry_finishes_the_shard(tmp_path, vllm_server):
     engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
-    config = interruptible_config("b-sigterm", num_tasks=6, engine=engine)
+    config = interruptible_config("b-sigterm", engine=engine)
     root, store = planned(tmp_path, config)
 
     term = GenerateProcess(root, config.batch_id, tmp_path / "term.log")
@@ -146,7 +146,7 @@ def test_two_generate_processes_on_one_shard_commit_it_once_at_the_planned_weigh
     assert marker is not None and marker.counts.rollouts == config.num_rollouts
     sweep_orphans(store, 0)
     assert sweep_orphans(store, 0, dry_run=True).orphans == ()
-    finalize_batch(Batch.open(root, config.batch_id))
+    finalize_batch(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))
     rows = [
         r
         for part in sorted(Path(store.full_path("dataset")).glob("part-*.parquet"))
