@@ -40,9 +40,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def interruptible_config(batch_id: str, **overrides) -> BatchConfig:
-    """8 rollouts, two at a time: each attempt runs for several 10 s heartbeats, so it can be stopped midway."""
+    """12 short rollouts, two at a time: an attempt outlasts a few 10 s heartbeats, so it can be stopped midway."""
     return bundled_model_config(
-        **{"batch_id": batch_id, "num_tasks": 4, "sampling": SamplingSettings(max_tokens=24), "max_in_flight": 2}
+        **{
+            "batch_id": batch_id,
+            "num_tasks": 6,
+            "max_turns": 3,
+            "sampling": SamplingSettings(max_tokens=16),
+            "max_in_flight": 2,
+        }
         | overrides
     )
 
