@@ -569,6 +569,8 @@ def classify_error(exc: BaseException, command: str, root: str | None) -> tuple[
         return code, f"{prefix}: {exc}"
     if isinstance(exc, KeyboardInterrupt):
         return code, f"{prefix}: interrupted; nothing was committed by this run"
+    if isinstance(exc, EngineDeadError) and command != "generate":  # plan's or refit's call to a server
+        return code, f"{prefix}: failed: {exc}"
     if isinstance(exc, EngineDeadError):
         return code, (
             f"{prefix}: failed: the engine died ({exc}); receipts of completed rollouts were flushed and no "

@@ -139,17 +139,15 @@ def make_store(kind: str, tmp_path, request) -> ObjectStore:
 
 
 @pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+def tokenizer():
     """The real SmolLM2-135M-Instruct tokenizer and chat template, from the bundled GGUF.
 
-    Converted once per test session into a temporary cache directory (a few seconds), never
-    from the Hub.
+    The user cache's conversion, as every command uses it: converted once per machine (the
+    conversion itself is tested in ``tests/models/test_bundled.py``), never from the Hub.
     """
     from tasks.models import bundled
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(bundled.HOME_ENV, str(tmp_path_factory.mktemp("rollout-ledger-home")))
-        return bundled.load_bundled_tokenizer()
+    return bundled.load_bundled_tokenizer()
 
 
 @pytest.fixture(scope="session")

@@ -224,3 +224,14 @@ def test_finalize_prints_the_training_signal_and_the_dataset_as_json(tmp_path, c
     result = json.loads(captured.out)
     assert (result["rows"], result["partial"], result["missing_shards"]) == (4, False, [])
     assert "mean reward" in captured.err and "groups have zero reward variance" in captured.err
+
+
+def test_an_unreachable_server_at_plan_time_is_named_without_generates_retry_advice():
+    from tasks.cli import classify_error
+    from tasks.errors import EngineDeadError
+
+    error = EngineDeadError("server http://127.0.0.1:9 is unreachable: ConnectError: All connection attempts failed")
+    code, line = classify_error(error, "plan", "/runs")
+    assert line == f"rollout-ledger plan: failed: {error}" and code == 1
+    code, line = classify_error(error, "generate", "/runs")
+    assert "the engine died" in line and "run generate again to adopt them" in line
