@@ -23,9 +23,7 @@ from tasks.orchestration.local_airflow import GPU_POOL
 from tasks.orchestration.profiles import Profile
 from tasks.orchestration.review_operator import BatchReviewOperator
 
-BATCH_DAG_DOC = """
-### rollout_batch: one batch of multi-turn rollouts, from plan to a published GRPO dataset
-
+BATCH_DAG_BODY = """
 Trigger it with the form (every field has a description); each run is one batch whose id derives
 from the run. `plan` writes the batch config; `generate` runs once per shard (a retry is a new
 attempt that adopts what the last one completed), on the `gpu` pool and queue when the DAG's
@@ -41,6 +39,17 @@ engine options `urls` and `api_key_file`; start one with `rollout-ledger serve`.
 every shard of every run (docs/servers.md).
 Reports: `reports/index.html` under the batch's URL, which the plan task logs.
 """
+BATCH_DAG_DOC = (
+    "\n### rollout_batch: one batch of multi-turn rollouts, from plan to a published GRPO dataset\n" + BATCH_DAG_BODY
+)
+SERVERS_DAG_ID = "rollout_batch_on_servers"
+SERVERS_CONN_ID = "rollout_servers"
+SERVERS_DAG_DOC = (
+    f"\n### {SERVERS_DAG_ID}: `rollout_batch` on running vLLM servers\n\n"
+    f"The form starts from engine `vllm_server` and the Airflow http connection `{SERVERS_CONN_ID}` (host, port,"
+    " password = API key; docs/servers.md), so `generate` loads no model: it runs in the default pool and queue,"
+    " on any worker, and never waits for a `gpu` slot.\n" + BATCH_DAG_BODY
+)
 GRPO_DATASET = Asset(steps.GRPO_DATASET_ASSET)
 DEFAULT_ARGS = {
     "owner": "rollout-ledger",
@@ -145,6 +154,23 @@ def generate_placement(engine: str) -> dict[str, str]:
     engine loads the model in the task (Celery: only workers started with ``-q gpu`` take it; other executors
     ignore queues), else the default pool and queue (a server engine needs no accelerator)."""
     return {"pool": GPU_POOL, "queue": GPU_QUEUE} if loads_model(engine) else {}
+
+
+def servers_dag() -> DAG:
+    """``rollout_batch`` whose form starts from the servers of the connection :data:`SERVERS_CONN_ID`.
+
+    A task's pool is fixed when its DAG is built, so a batch whose generate needs no GPU has a DAG of
+    its own: switching ``rollout_batch``'s form to ``vllm_server`` would still queue generate for a
+    ``gpu`` slot.
+    """
+    return rollout_batch_dag(
+        SERVERS_DAG_ID,
+        defaults={"engine": "vllm_server", "engine_options": {}, "engine_conn_id": SERVERS_CONN_ID},
+        description="Multi-turn rollouts on running vLLM servers -> token-exact GRPO dataset (generate needs no GPU)",
+        doc_md=SERVERS_DAG_DOC,
+        display_name="rollout batch on vLLM servers",
+        tags=("servers",),
+    )
 
 
 def profile_dag(profile: Profile, *, profiles_file: str) -> DAG:

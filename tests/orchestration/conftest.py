@@ -45,7 +45,15 @@ def api_server_url(airflow_db, tmp_path_factory):
         yield url
 
 
-SERVER_CONN_ID = "rollout_servers"
+SERVER_CONN_ID = "rollout_servers"  # the connection rollout_batch_on_servers's form names
+
+
+def server_connection(server) -> tuple[str, str]:
+    """The environment variable (name, value) defining :data:`SERVER_CONN_ID` as the http connection of ``server``:
+    host, port, password = its API key."""
+    url = urlsplit(server.url)
+    connection = {"conn_type": "http", "host": url.hostname, "port": url.port, "password": server.key}
+    return f"AIRFLOW_CONN_{SERVER_CONN_ID.upper()}", json.dumps(connection)
 
 
 @pytest.fixture(scope="session")
@@ -67,8 +75,6 @@ def published_run(airflow_db, tmp_path_factory, vllm_server):
         "engine_options": {"max_model_len": 2048},
         "engine_conn_id": SERVER_CONN_ID,
     }
-    server = urlsplit(vllm_server.url)
-    connection = {"conn_type": "http", "host": server.hostname, "port": server.port, "password": vllm_server.key}
     with pytest.MonkeyPatch.context() as patch, vllm_server.at_weight_version(3):
-        patch.setenv(f"AIRFLOW_CONN_{SERVER_CONN_ID.upper()}", json.dumps(connection))
+        patch.setenv(*server_connection(vllm_server))
         return dag.test(run_conf=conf), conf

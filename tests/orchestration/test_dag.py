@@ -23,18 +23,30 @@ BATCH_GRAPH = {
 
 def test_every_dag_file_imports_without_errors_well_under_a_second(dag_bag):
     assert dag_bag.import_errors == {}
-    assert set(dag_bag.dags) == {"rollout_batch", "rollout_batch__nightly_arithmetic", "grpo_dataset_consumer"}
+    assert set(dag_bag.dags) == {
+        "rollout_batch",
+        "rollout_batch_on_servers",
+        "rollout_batch__nightly_arithmetic",
+        "grpo_dataset_consumer",
+    }
     for stats in dag_bag.dagbag_stats:
         assert stats.duration < dt.timedelta(seconds=1), stats
 
 
-@pytest.mark.parametrize("dag_id", ["rollout_batch", "rollout_batch__nightly_arithmetic"])
-def test_the_batch_graph_mapping_pool_retries_and_teardown(dag_bag, dag_id):
+@pytest.mark.parametrize(
+    ("dag_id", "generate_on"),
+    [("rollout_batch", "gpu"), ("rollout_batch__nightly_arithmetic", "gpu"), ("rollout_batch_on_servers", None)],
+)
+def test_the_batch_graph_mapping_pool_retries_and_teardown(dag_bag, dag_id, generate_on):
     dag = dag_bag.dags[dag_id]
     assert {t.task_id: set(t.upstream_task_ids) for t in dag.tasks} == BATCH_GRAPH
     assert {"rollout-ledger", "grpo"} <= set(dag.tags)
     generate = dag.get_task("generate")
-    assert generate.is_mapped and generate.pool == "gpu" and generate.queue == "gpu"
+    assert generate.is_mapped
+    if generate_on is None:  # a server engine loads no model: any worker, no gpu slot
+        assert (generate.pool, generate.queue) == ("default_pool", "default")
+    else:
+        assert (generate.pool, generate.queue) == (generate_on, generate_on)
     assert {t.queue for t in dag.tasks if t.task_id != "generate"} == {"default"}
     assert generate.partial_kwargs["map_index_template"] == "{{ shard_label }}"
     assert generate.partial_kwargs["retries"] >= 2 and generate.partial_kwargs["retry_exponential_backoff"]
@@ -94,3 +106,10 @@ def test_profiles_run_one_at_a_time_on_cron_without_catchup_paused_with_the_prof
 def test_the_example_consumer_is_scheduled_on_the_published_asset(dag_bag):
     dag = dag_bag.dags["grpo_dataset_consumer"]
     assert [asset.name for asset in dag.timetable.asset_condition.objects] == ["grpo_dataset"]
+
+
+def test_the_servers_dag_form_starts_from_the_servers_connection(dag_bag):
+    params = dag_bag.dags["rollout_batch_on_servers"].params
+    defaults = (params["engine"], params["engine_conn_id"], params["engine_options"])
+    assert defaults == ("vllm_server", "rollout_servers", {})
+    assert dag_bag.dags["rollout_batch"].params["engine"] == "vllm"  # the manual DAG keeps its own

@@ -33,12 +33,9 @@ print(json.dumps({{
     "loaded": sorted({{name.split(".")[0] for name in sys.modules}}),
 }}))
 """
-PARSED_FILES = [
-    "dags/rollout_batch.py",
-    "dags/rollout_profiles.py",
-    "dags/grpo_dataset_consumer.py",
-    "plugins/report_viewer.py",
-]
+PARSED_FILES = sorted(  # every DAG file and plugin
+    str(path.relative_to(ROOT)) for folder in ("dags", "plugins") for path in (ROOT / folder).glob("*.py")
+)
 
 
 def _parse(path: str, tmp_path: Path) -> dict:

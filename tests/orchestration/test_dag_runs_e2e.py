@@ -1,7 +1,8 @@
 """Whole ``rollout_batch`` runs with ``dag.test()``: real Airflow tasks calling the test run's real vLLM server.
 
-A run with params from the run conf publishes its dataset and the asset event; a run on the moto
-S3 server reaches storage only through an Airflow connection; a failing suite fails the run and
+A run with params from the run conf publishes its dataset and the asset event; a run of
+``rollout_batch_on_servers`` reaches the server and the moto S3 server only through Airflow
+connections, its generate in the default pool; a failing suite fails the run and
 publishes nothing. Airflow retrying a generate task killed midway: ``test_crash_trials_e2e.py``.
 """
 
@@ -17,6 +18,8 @@ from tasks import layout
 from tasks.batch import Batch
 from tasks.orchestration import local_airflow, steps
 from tasks.orchestration.storage_location import storage_location
+
+from .conftest import server_connection
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SMALL = {"num_tasks": 2, "group_size": 2, "shards": 1, "max_turns": 3, "max_tokens": 16}
@@ -95,9 +98,13 @@ def test_the_engine_servers_connection_names_the_servers_and_its_key_stays_out_o
         assert not path.is_file() or key.encode() not in path.read_bytes(), f"{path} holds the API key"
 
 
-def test_a_run_on_s3_reaches_storage_only_through_its_airflow_connection(
-    rollout_batch, s3_endpoint, s3_bucket, monkeypatch, vllm_server
+def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
+    airflow_db, s3_endpoint, s3_bucket, monkeypatch, vllm_server
 ):
+    """``rollout_batch_on_servers`` with its form's engine defaults: the servers come from its connection, and
+    generate runs in the default pool (it loads no model)."""
+    on_servers = local_airflow.dag_bag("rollout_batch_on_servers.py").dags["rollout_batch_on_servers"]
+    monkeypatch.setenv(*server_connection(vllm_server))
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
     connection = {
@@ -107,14 +114,17 @@ def test_a_run_on_s3_reaches_storage_only_through_its_airflow_connection(
         "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
     }
     monkeypatch.setenv("AIRFLOW_CONN_LEDGER_S3", json.dumps(connection))
-    conf = {**SMALL, **vllm_server.engine_fields(), "storage_url": f"{s3_bucket}/runs", "storage_conn_id": "ledger_s3"}
-    dag_run = rollout_batch.test(run_conf=conf)
+    conf = {**SMALL, "storage_url": f"{s3_bucket}/runs", "storage_conn_id": "ledger_s3"}
+    dag_run = on_servers.test(run_conf=conf)
     tasks = states(dag_run)
     assert tasks.pop("review") == "skipped" and set(tasks.values()) == {"success"}  # both suites passed
+    assert {ti.pool for ti in dag_run.get_task_instances() if ti.task_id == "generate"} == {"default_pool"}
     where = storage_location(conf["storage_url"], "ledger_s3")
     batch, marker, table = published_rows(where, steps.run_batch_id(conf, dag_run))
     assert marker.rows == table.num_rows == 4
     assert "testing" not in json.dumps(dag_run.conf) and "testing" not in str(batch.config.to_json())
+    assert batch.config.engine.options == {"urls": [vllm_server.url]}
+    assert vllm_server.key not in json.dumps(batch.config.to_json())
 
 
 def test_a_failing_suite_fails_the_run_with_its_report_in_the_log_and_publishes_nothing(
