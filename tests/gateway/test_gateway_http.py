@@ -1,0 +1,167 @@
+"""The capture gateway over real HTTP with the official ``openai`` client, on loopback.
+
+Behind the gateway is a FAKE answer (``fake_answer``: it echoes what it was asked, no model): these
+tests are about the HTTP face only — routes, keys, refusals and their OpenAI error bodies, the
+plan's sampling, streaming. The capture path behind it has its own tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import openai
+import pytest
+
+from tasks.engines.base import SamplingSettings
+from tasks.gateway.app import Reply, Rollouts
+from tasks.gateway.protocol import ChatRequest
+from tasks.gateway.server import serving
+
+PLAN = SamplingSettings(temperature=0.8, top_p=1.0, max_tokens=32)
+TOOL_CALL = {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+
+
+def fake_answer(asked: list[ChatRequest]):
+    """A FAKE capture path: records each request; answers its last message's content reversed, or a tool call."""
+
+    async def answer(request: ChatRequest) -> Reply:
+        asked.append(request)
+        last = request.messages[-1]["content"]
+        if last == "use the tool":
+            return Reply(f"c{len(asked)}", None, [TOOL_CALL], "tool_calls", prompt_tokens=7, completion_tokens=5)
+        return Reply(f"c{len(asked)}", last[::-1], [], "stop", prompt_tokens=7, completion_tokens=len(last))
+
+    return answer
+
+
+def run(check) -> list[ChatRequest]:
+    """Serve two rollouts (``r1``, ``r2``, 3 calls each) and run ``check(clients, rollouts)``; the requests answered."""
+    asked: list[ChatRequest] = []
+
+    async def main() -> None:
+        rollouts = Rollouts(model="bundled:smollm2-135m-instruct")
+        routes = {r: rollouts.open(r, sampling=PLAN, max_calls=3, answer=fake_answer(asked)) for r in ("r1", "r2")}
+        async with serving(rollouts) as url:
+            clients = {
+                r: openai.AsyncOpenAI(base_url=f"{url}/rollouts/{r}/v1", api_key=route.key, max_retries=0)
+                for r, route in routes.items()
+            }
+            await check(clients, rollouts, url)
+
+    asyncio.run(main())
+    return asked
+
+
+def test_a_chat_completion_is_answered_under_the_plans_sampling():
+    async def check(clients, rollouts, url):
+        reply = await clients["r1"].chat.completions.create(
+            model="anything", messages=[{"role": "user", "content": "hello"}], max_tokens=8
+        )
+        assert reply.choices[0].message.content == "olleh" and reply.choices[0].finish_reason == "stop"
+        assert reply.usage.prompt_tokens == 7 and reply.usage.completion_tokens == 5
+        assert reply.model == "bundled:smollm2-135m-instruct"
+        models = await clients["r1"].models.list()
+        assert [m.id for m in models.data] == ["bundled:smollm2-135m-instruct"]
+
+    (asked,) = run(check)
+    assert asked.messages == [{"role": "user", "content": "hello"}]
+    assert asked.sampling == SamplingSettings(temperature=0.8, top_p=1.0, max_tokens=8)  # lowered, never raised
+
+
+def test_a_streamed_reply_carries_the_same_text_tool_calls_and_usage():
+    async def check(clients, rollouts, url):
+        messages = [{"role": "user", "content": "stream me"}]
+        stream = await clients["r1"].chat.completions.create(
+            model="m", messages=messages, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = [chunk async for chunk in stream]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == "em maerts" and [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+        assert chunks[-1].usage.completion_tokens == len("stream me")
+        stream = await clients["r1"].chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "use the tool"}], stream=True
+        )
+        calls = [d.tool_calls[0] async for c in stream if c.choices and (d := c.choices[0].delta).tool_calls]
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]
+
+    assert len(run(check)) == 2
+
+
+def test_tool_calls_round_trip_in_the_history_the_client_sends_back():
+    async def check(clients, rollouts, url):
+        tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+        first = await clients["r1"].chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "use the tool"}], tools=tools
+        )
+        message = first.choices[0].message
+        assert first.choices[0].finish_reason == "tool_calls" and message.content is None
+        history = [
+            {"role": "user", "content": "use the tool"},
+            message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "3"},
+        ]
+        second = await clients["r1"].chat.completions.create(model="m", messages=history, tools=tools)
+        assert second.choices[0].message.content == "3"
+
+    first, second = run(check)
+    assert first.tools[0]["function"]["name"] == "add" and first.tool_choice == "auto"
+    assert second.messages[1] == {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]}
+    assert second.messages[2] == {"role": "tool", "tool_call_id": "call_0", "content": "3"}
+
+
+def test_keys_are_per_rollout_and_a_crossed_key_is_refused_and_recorded():
+    async def check(clients, rollouts, url):
+        crossed = openai.AsyncOpenAI(base_url=f"{url}/rollouts/r1/v1", api_key=clients["r2"].api_key, max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as refused:
+            await crossed.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+        anonymous = openai.AsyncOpenAI(base_url=f"{url}/rollouts/r1/v1", api_key="guess", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            await anonymous.models.list()
+        route = rollouts.end("r1")
+        assert [r.message for r in route.refusals] == [
+            "rollout 'r1' was called with the key of another rollout",
+            "rollout 'r1' was called with no valid key",
+        ]
+
+    assert run(check) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "needle"),
+    [
+        ({"temperature": 1.0}, "temperature", "differs from the plan's 0.8"),
+        ({"max_tokens": 64}, "max_tokens", "above the plan's max_tokens 32"),
+        ({"logprobs": True}, "logprobs", "records logprobs itself"),
+        ({"n": 2}, "n", "n must be 1"),
+        ({"tool_choice": "required"}, "tool_choice", "constrain sampling"),
+        ({"stop": ["\n"]}, "stop", "stop strings"),
+    ],
+)
+def test_a_request_outside_the_plan_is_a_400_naming_the_field(extra, param, needle):
+    async def check(clients, rollouts, url):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await clients["r1"].chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], **extra)
+        assert refused.value.status_code == 400 and refused.value.param == param and needle in refused.value.message
+        assert [r.status for r in rollouts.end("r1").refusals] == [400]
+
+    assert run(check) == []
+
+
+def test_calls_beyond_the_limit_an_ended_rollout_and_an_unknown_one_are_refused():
+    async def check(clients, rollouts, url):
+        for _ in range(3):
+            await clients["r2"].chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        with pytest.raises(openai.BadRequestError) as over:
+            await clients["r2"].chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        assert over.value.code == "max_turns_exceeded"
+        rollouts.end("r1")
+        with pytest.raises(openai.BadRequestError) as ended:
+            await clients["r1"].chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        assert ended.value.code == "rollout_ended"
+        stranger = openai.AsyncOpenAI(base_url=f"{url}/rollouts/r9/v1", api_key="k", max_retries=0)
+        with pytest.raises(openai.NotFoundError):
+            await stranger.models.list()
+
+    assert len(run(check)) == 3
