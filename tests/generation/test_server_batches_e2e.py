@@ -39,7 +39,7 @@ def dataset_rows(root: str, batch_id: str) -> dict[str, dict]:
 
 def test_two_shards_at_once_on_one_server_give_the_in_process_engines_dataset(vllm_server, vllm_engine, tmp_path):
     root = str(tmp_path / "runs")
-    greedy = {"num_tasks": 4, "shards": 2, "sampling": SamplingSettings(temperature=0.0, max_tokens=16)}
+    greedy = {"num_tasks": 2, "shards": 2, "sampling": SamplingSettings(temperature=0.0, max_tokens=16)}
     served = bundled_model_config(
         batch_id="b-served", engine=EngineSpec("vllm_server", vllm_server.engine_options()), **greedy
     )

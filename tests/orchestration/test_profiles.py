@@ -87,7 +87,7 @@ def test_not_yaml_or_the_wrong_shape_is_refused(tmp_path):
 
 
 def test_a_broken_profiles_file_is_an_import_error_of_its_dag_file_only(tmp_path):
-    """In a fresh process (the DAG processor's view): rollout_batch still loads, the error names the field."""
+    """In a fresh process (the DAG processor's view): the other DAG files still load, the error names the field."""
     path = write(tmp_path, 'profiles:\n  nightly:\n    schedule: "0 3 * * *"\n    params: {shards: -1}\n')
     script = (
         "from tasks.orchestration.local_airflow import dag_bag\n"
@@ -97,5 +97,5 @@ def test_a_broken_profiles_file_is_an_import_error_of_its_dag_file_only(tmp_path
     env = {**os.environ, "ROLLOUT_LEDGER_PROFILES": str(path)}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
     dags, errors = out.strip().splitlines()[-2:]
-    assert dags == "['grpo_dataset_consumer', 'rollout_batch']"
+    assert dags == "['grpo_dataset_consumer', 'rollout_batch', 'rollout_batch_on_servers']"
     assert "profile 'nightly': params.shards: -1 is less than the minimum of 1" in errors
