@@ -197,6 +197,7 @@ class RunningServer:
 
     url: str
     key_file: str
+    log: str  # the server's own log (vLLM's output)
 
     @property
     def key(self) -> str:
@@ -254,7 +255,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         url = serve.stdout.readline().strip() if serve.stdout else ""
         assert url.startswith("http://127.0.0.1:"), f"serve printed no URL:\n{(home / 'serve.stderr').read_text()}"
         started = psutil.Process(serve.pid).children(recursive=True)
-        yield RunningServer(url, str(key_file))
+        yield RunningServer(url, str(key_file), str(home / "server.log"))
     finally:
         serve.send_signal(signal.SIGTERM)
         code = serve.wait(timeout=120)

