@@ -19,6 +19,7 @@ from tasks.engines.vllm_server.options import API_KEY_ENV, API_KEY_SOURCE_ENV
 from tasks.errors import ConfigError
 
 SERVER_ENGINE = "vllm_server"
+SERVERS_CONN_ID = "rollout_servers"  # the connection the rollout_batch_on_servers form starts from
 CONNECTION_TYPE = "http"
 OPTIONS_FROM_CONNECTION = ("urls", "api_key_file")
 

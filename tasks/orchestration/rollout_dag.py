@@ -18,6 +18,7 @@ from airflow.sdk import DAG, Asset, CronTriggerTimetable, Param, TriggerRule, da
 from tasks.engines.registry import loads_model
 from tasks.orchestration import steps
 from tasks.orchestration.batch_xcom import BATCH_XCOM_KEY, PLAN_TASK_ID
+from tasks.orchestration.engine_servers import SERVER_ENGINE, SERVERS_CONN_ID
 from tasks.orchestration.form import form_fields
 from tasks.orchestration.local_airflow import GPU_POOL
 from tasks.orchestration.profiles import Profile
@@ -43,7 +44,6 @@ BATCH_DAG_DOC = (
     "\n### rollout_batch: one batch of multi-turn rollouts, from plan to a published GRPO dataset\n" + BATCH_DAG_BODY
 )
 SERVERS_DAG_ID = "rollout_batch_on_servers"
-SERVERS_CONN_ID = "rollout_servers"
 SERVERS_DAG_DOC = (
     f"\n### {SERVERS_DAG_ID}: `rollout_batch` on running vLLM servers\n\n"
     f"The form starts from engine `vllm_server` and the Airflow http connection `{SERVERS_CONN_ID}` (host, port,"
@@ -165,7 +165,7 @@ def servers_dag() -> DAG:
     """
     return rollout_batch_dag(
         SERVERS_DAG_ID,
-        defaults={"engine": "vllm_server", "engine_options": {}, "engine_conn_id": SERVERS_CONN_ID},
+        defaults={"engine": SERVER_ENGINE, "engine_options": {}, "engine_conn_id": SERVERS_CONN_ID},
         description="Multi-turn rollouts on running vLLM servers -> token-exact GRPO dataset (generate needs no GPU)",
         doc_md=SERVERS_DAG_DOC,
         display_name="rollout batch on vLLM servers",

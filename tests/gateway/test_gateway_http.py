@@ -35,6 +35,11 @@ def fake_answer(asked: list[ChatRequest]):
     return answer
 
 
+def client(url: str, rollout_id: str, key: str) -> openai.AsyncOpenAI:
+    """The official client on ``rollout_id``'s route with ``key``; no retries, so each refusal is seen once."""
+    return openai.AsyncOpenAI(base_url=f"{url}/rollouts/{rollout_id}/v1", api_key=key, max_retries=0)
+
+
 def run(check) -> list[ChatRequest]:
     """Serve two rollouts (``r1``, ``r2``, 3 calls each) and run ``check(clients, rollouts)``; the requests answered."""
     asked: list[ChatRequest] = []
@@ -43,10 +48,7 @@ def run(check) -> list[ChatRequest]:
         rollouts = Rollouts(model="bundled:smollm2-135m-instruct")
         routes = {r: rollouts.open(r, sampling=PLAN, max_calls=3, answer=fake_answer(asked)) for r in ("r1", "r2")}
         async with serving(rollouts) as url:
-            clients = {
-                r: openai.AsyncOpenAI(base_url=f"{url}/rollouts/{r}/v1", api_key=route.key, max_retries=0)
-                for r, route in routes.items()
-            }
+            clients = {r: client(url, r, route.key) for r, route in routes.items()}
             await check(clients, rollouts, url)
 
     asyncio.run(main())
@@ -112,11 +114,11 @@ def test_tool_calls_round_trip_in_the_history_the_client_sends_back():
 
 def test_keys_are_per_rollout_and_a_crossed_key_is_refused_and_recorded():
     async def check(clients, rollouts, url):
-        crossed = openai.AsyncOpenAI(base_url=f"{url}/rollouts/r1/v1", api_key=clients["r2"].api_key, max_retries=0)
+        crossed = client(url, "r1", clients["r2"].api_key)
         with pytest.raises(openai.AuthenticationError) as refused:
             await crossed.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
-        anonymous = openai.AsyncOpenAI(base_url=f"{url}/rollouts/r1/v1", api_key="guess", max_retries=0)
+        anonymous = client(url, "r1", "guess")
         with pytest.raises(openai.AuthenticationError):
             await anonymous.models.list()
         route = rollouts.end("r1")
@@ -160,7 +162,7 @@ def test_calls_beyond_the_limit_an_ended_rollout_and_an_unknown_one_are_refused(
         with pytest.raises(openai.BadRequestError) as ended:
             await clients["r1"].chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         assert ended.value.code == "rollout_ended"
-        stranger = openai.AsyncOpenAI(base_url=f"{url}/rollouts/r9/v1", api_key="k", max_retries=0)
+        stranger = client(url, "r9", "k")
         with pytest.raises(openai.NotFoundError):
             await stranger.models.list()
 

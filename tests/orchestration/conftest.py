@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tasks.orchestration import local_airflow
+from tasks.orchestration.engine_servers import SERVERS_CONN_ID
 
 AIRFLOW_TEST_HOME = Path(tempfile.mkdtemp(prefix="rollout-ledger-airflow-")) / "airflow"
 local_airflow.apply(local_airflow.airflow_environment(AIRFLOW_TEST_HOME))
@@ -45,22 +46,19 @@ def api_server_url(airflow_db, tmp_path_factory):
         yield url
 
 
-SERVER_CONN_ID = "rollout_servers"  # the connection rollout_batch_on_servers's form names
-
-
 def server_connection(server) -> tuple[str, str]:
-    """The environment variable (name, value) defining :data:`SERVER_CONN_ID` as the http connection of ``server``:
+    """The environment variable (name, value) defining :data:`SERVERS_CONN_ID` as the http connection of ``server``:
     host, port, password = its API key."""
     url = urlsplit(server.url)
     connection = {"conn_type": "http", "host": url.hostname, "port": url.port, "password": server.key}
-    return f"AIRFLOW_CONN_{SERVER_CONN_ID.upper()}", json.dumps(connection)
+    return f"AIRFLOW_CONN_{SERVERS_CONN_ID.upper()}", json.dumps(connection)
 
 
 @pytest.fixture(scope="session")
 def published_run(airflow_db, tmp_path_factory, vllm_server):
     """One successful ``rollout_batch`` run (2 shards, params from the run conf) on the test run's vLLM server,
     refit to weight version 3 as a trainer would before planning: ``(dag_run, conf)``. The server is named by
-    the Airflow http connection :data:`SERVER_CONN_ID` (host, port, password = the server's API key)."""
+    the Airflow http connection :data:`SERVERS_CONN_ID` (host, port, password = the server's API key)."""
     dag = local_airflow.dag_bag("rollout_batch.py").dags["rollout_batch"]
     root = tmp_path_factory.mktemp("published-run")
     conf = {
@@ -73,7 +71,7 @@ def published_run(airflow_db, tmp_path_factory, vllm_server):
         "storage_url": f"file://{root}",
         "engine": "vllm_server",
         "engine_options": {"max_model_len": 2048},
-        "engine_conn_id": SERVER_CONN_ID,
+        "engine_conn_id": SERVERS_CONN_ID,
     }
     with pytest.MonkeyPatch.context() as patch, vllm_server.at_weight_version(3):
         patch.setenv(*server_connection(vllm_server))
