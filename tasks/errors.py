@@ -104,6 +104,7 @@ ENVIRONMENT_LOAD_REASONS = (
     "not_an_environment",
     "bad_options",
     "bad_prompt_file",
+    "bad_task_file",
 )
 
 
@@ -111,6 +112,12 @@ class PromptFileError(UsageError):
     """A prompt file that cannot be used: unreadable, malformed, changed, or too short."""
 
     reason = "bad_prompt_file"
+
+
+class TaskFileError(PromptFileError):
+    """An agent environment's task file that cannot be used: unreadable, malformed, changed, or too short."""
+
+    reason = "bad_task_file"
 
 
 class ModelReferenceError(UsageError):

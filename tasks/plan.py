@@ -20,9 +20,8 @@ from tasks import ids, layout
 from tasks.batch import Batch
 from tasks.batch_fields import check_values
 from tasks.config import BatchConfig, config_from_values
-from tasks.environments.base import Environment
 from tasks.environments.prompts_file import PromptsFile
-from tasks.environments.registry import load_environment
+from tasks.environments.registry import AnyEnvironment, load_environment
 from tasks.errors import ConfigError, ObjectConflictError, PlanConflictError
 from tasks.records.ledger import canonical_json
 from tasks.records.planned import PlannedRollout
@@ -123,7 +122,7 @@ def plan_from_values(batch: Batch, values: Mapping[str, Any], *, source: str = "
     return plan_batch(batch, config)
 
 
-def pin_environment(config: BatchConfig, environment: Environment) -> BatchConfig:
+def pin_environment(config: BatchConfig, environment: AnyEnvironment) -> BatchConfig:
     """``config`` with the environment as resolved: a prompt file by URI, options as the instance reports them."""
     spec = environment.options()["path"] if isinstance(environment, PromptsFile) else config.environment
     return dataclasses.replace(config, environment=spec, environment_options=environment.options())

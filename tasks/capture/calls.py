@@ -14,6 +14,11 @@ generation failure), and later calls of a poisoned rollout run uncaptured. The e
 (:class:`StorageUnavailableError`) are no failures of the call: they propagate and end the shard
 attempt, and the retry re-runs the rollout.
 With ``capture=False`` the same path runs minus staging and ledger (the overhead benchmark).
+
+A rollout's calls form a chain by default: each call must extend the previous one's conversation
+(else ``history_diverged``). With ``RolloutCapture.graph`` (the gateway's agents), each call's
+parent is the earlier call its history extends (:mod:`tasks.capture.graph`), and a call that
+extends none is a new root whose reason is staged in its extras (``{"gateway": {"root_reason"}}``).
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from tasks import ids
+from tasks.capture.graph import CanonicalMessage, canonical_conversation, find_parent, root_reason
 from tasks.capture.prefix_cache import (
     Admission,
     ChainPrefixCache,
@@ -75,7 +82,8 @@ class ParentLink:
     cum_len: int
     chain_hash: str
     staging_chain: tuple[str, ...]  # staging keys root→this call
-    conversation: tuple[Message, ...]  # the messages the call saw, plus its assistant reply
+    conversation: tuple[CanonicalMessage, ...]  # the messages the call saw, plus its assistant reply
+    prompt_length: int  # how many of those messages the call saw
     token_ids: np.ndarray  # the whole sequence through this call (kept in memory for uncaptured runs)
 
 
@@ -87,8 +95,10 @@ class RolloutCapture:
     rollout_id: str
     attempt: int
     seed: int
+    graph: bool = False  # parents found by matching histories (the gateway), not the previous call
     next_ordinal: int = 0
-    parent: ParentLink | None = None
+    parent: ParentLink | None = None  # the latest call
+    links: list[ParentLink] = field(default_factory=list)  # every call, when ``graph``
     records: list[CallRecord] = field(default_factory=list)
     failures: list[FailureRow] = field(default_factory=list)
     last_captured_call_id: str | None = None
@@ -101,13 +111,34 @@ class RolloutCapture:
         return self.failures[0].reason if self.failures else None
 
 
+ReplyReader = Callable[[str, str], Awaitable[tuple[Message, dict[str, Any]]]]
+"""(sampled text, call id) -> (the assistant message as the client gets it, what to note in the extras)."""
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """How a gateway call differs from an environment's: what the template renders, tools, fewer tokens, the reply.
+
+    ``rendered`` are the messages the chat template renders (tools offered in the system message,
+    tool calls as text); ``tools`` go to a template that renders them itself; ``max_tokens`` may
+    only lower the plan's; ``read_reply`` turns the sampled text into the assistant message the
+    client gets (and a later request's history holds).
+    """
+
+    rendered: Sequence[Message] | None = None
+    tools: Sequence[Mapping[str, Any]] = ()
+    max_tokens: int | None = None
+    read_reply: ReplyReader | None = None
+
+
 @dataclass(frozen=True)
 class CallOutcome:
-    """A call's result for the runner: the completion (when one exists) and a failure (when any)."""
+    """A call's result: the completion and its assistant message (when one exists), a failure (when any)."""
 
     call_id: str
     completion: GenerationResult | None
     failure: FailureRow | None = None
+    message: Message | None = None
 
 
 @dataclass(frozen=True)
@@ -143,12 +174,15 @@ class CallCapture:
         ledger: LedgerWriter | None,
         prefix_cache: ChainPrefixCache | None,
         capture: bool = True,
+        render_off_loop: bool = False,
     ) -> None:
+        """``render_off_loop``: render and tokenize prompts in a thread (the gateway's loop serves HTTP)."""
         if capture and (staging is None or ledger is None or prefix_cache is None):
             raise ValueError("capture needs a staging writer, a ledger writer and a prefix cache")
         self.engine = engine
         self.sampling = sampling
         self.capture = capture
+        self.render_off_loop = render_off_loop
         self._staging = staging
         self._ledger = ledger
         self._cache = prefix_cache
@@ -164,25 +198,46 @@ class CallCapture:
         for record in rollout.records:
             self._coordinates.pop(ids.staging_key(record.rollout_id, record.call_id), None)
         rollout.parent = None
+        rollout.links.clear()
 
-    async def call(self, rollout: RolloutCapture, messages: Sequence[Message]) -> CallOutcome:
+    async def call(
+        self, rollout: RolloutCapture, messages: Sequence[Message], shape: CallShape | None = None
+    ) -> CallOutcome:
         """Run one model call of ``rollout`` on ``messages`` (the whole conversation so far)."""
+        shape = shape or CallShape()
         call_id = ids.call_id(rollout.rollout_id, rollout.attempt, rollout.next_ordinal)
         seed = ids.derive_seed(rollout.seed, "call", rollout.next_ordinal)
         rollout.next_ordinal += 1
         captured = self.capture and rollout.poisoned_reason is None
-        parent = rollout.parent
+        history = canonical_conversation(messages)
+        notes: dict[str, Any] = {}
+        if rollout.graph:
+            parent = find_parent(rollout.links, history)
+            reason = None if parent is not None else root_reason(rollout.links, history)
+            if reason is not None:
+                notes["root_reason"] = reason
+        else:
+            parent = rollout.parent
         try:
-            parent_tokens = await self._parent_tokens(call_id, parent, messages, captured)
-            prompt = self._prompt(call_id, messages, parent_tokens)
-            completion, admission = await self._generate(call_id, prompt, seed, rollout.rollout_id)
+            parent_tokens = await self._parent_tokens(call_id, parent, history, captured)
+            rendered = messages if shape.rendered is None else shape.rendered
+            if self.render_off_loop:
+                prompt = await asyncio.to_thread(self._prompt, call_id, rendered, parent_tokens, shape.tools)
+            else:
+                prompt = self._prompt(call_id, rendered, parent_tokens, shape.tools)
+            completion, admission = await self._generate(call_id, prompt, seed, rollout.rollout_id, shape.max_tokens)
             rollout.generated_tokens += len(completion.token_ids)
-            conversation = (*messages, {"role": "assistant", "content": completion.text})
+            message: Message = {"role": "assistant", "content": completion.text}
+            if shape.read_reply is not None:
+                message, read_notes = await shape.read_reply(completion.text, call_id)
+                notes.update(read_notes)
+            conversation = (*history, *canonical_conversation([message]))
             sequence = np.concatenate([prompt, np.asarray(completion.token_ids, np.int64)])
             if not captured:
-                rollout.parent = _link(call_id, sequence, "0" * 64, (), conversation)
-                return CallOutcome(call_id, completion)
-            record = await self._stage(rollout, call_id, parent, parent_tokens, prompt, completion, admission)
+                self._linked(rollout, _link(call_id, sequence, "0" * 64, (), conversation, len(history)))
+                return CallOutcome(call_id, completion, message=message)
+            extras = _with_notes(completion.extras, notes)
+            record = await self._stage(rollout, call_id, parent, parent_tokens, prompt, completion, admission, extras)
         except _CallFailed as failed:
             failure = FailureRow(
                 batch_id=rollout.batch_id,
@@ -201,16 +256,22 @@ class CallCapture:
         rollout.epoch_spans += int(record.epoch_span)
         chain = (*(parent.staging_chain if parent else ()), ids.staging_key(rollout.rollout_id, call_id))
         self._cache.remember(chain[-1], sequence)  # type: ignore[union-attr]
-        rollout.parent = _link(call_id, sequence, record.chain_hash, chain, conversation)
-        return CallOutcome(call_id, completion)
+        self._linked(rollout, _link(call_id, sequence, record.chain_hash, chain, conversation, len(history)))
+        return CallOutcome(call_id, completion, message=message)
+
+    @staticmethod
+    def _linked(rollout: RolloutCapture, link: ParentLink) -> None:
+        rollout.parent = link
+        if rollout.graph:
+            rollout.links.append(link)
 
     async def _parent_tokens(
-        self, call_id: str, parent: ParentLink | None, messages: Sequence[Message], captured: bool
+        self, call_id: str, parent: ParentLink | None, messages: tuple[CanonicalMessage, ...], captured: bool
     ) -> np.ndarray:
         if parent is None:
             return _EMPTY
         seen = len(parent.conversation)
-        if list(messages[:seen]) != list(parent.conversation):
+        if messages[:seen] != parent.conversation:
             raise _CallFailed(
                 HISTORY_DIVERGED,
                 f"the conversation of {call_id} does not extend its parent {parent.call_id}'s "
@@ -240,9 +301,15 @@ class CallCapture:
         except Exception as exc:
             raise _CallFailed(PREFIX_MISMATCH, f"parent tokens of {call_id} could not be resolved: {exc!r}") from None
 
-    def _prompt(self, call_id: str, messages: Sequence[Message], parent_tokens: np.ndarray) -> np.ndarray:
+    def _prompt(
+        self,
+        call_id: str,
+        messages: Sequence[Message],
+        parent_tokens: np.ndarray,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> np.ndarray:
         try:
-            prompt = self._prompts.prompt(messages, parent_tokens)
+            prompt = self._prompts.prompt(messages, parent_tokens, tools=tools)
         except ValueError as exc:
             raise _CallFailed(SPLICE_FAILED, f"prompt of {call_id}: {exc}") from None
         if prompt.size < parent_tokens.size or not np.array_equal(prompt[: parent_tokens.size], parent_tokens):
@@ -255,7 +322,7 @@ class CallCapture:
         return prompt
 
     async def _generate(
-        self, call_id: str, prompt: np.ndarray, seed: int, session_id: str
+        self, call_id: str, prompt: np.ndarray, seed: int, session_id: str, max_tokens: int | None = None
     ) -> tuple[GenerationResult, _Admitted]:
         admitted = _Admitted(weight_version=self.engine.weight_version, at=time.time())
         prompt_ids = tuple(prompt.tolist())
@@ -264,7 +331,7 @@ class CallCapture:
             prompt_token_ids=prompt_ids,
             sampling=self.sampling,
             seed=seed,
-            max_tokens=min(self.sampling.max_tokens, self.engine.max_model_len - prompt.size),
+            max_tokens=min(max_tokens or self.sampling.max_tokens, self.engine.max_model_len - prompt.size),
             session_id=session_id,
         )
         try:
@@ -295,6 +362,7 @@ class CallCapture:
         prompt: np.ndarray,
         completion: GenerationResult,
         admitted: _Admitted,
+        extras: Any,
     ) -> CallRecord:
         try:
             delta = StagedDelta.build(
@@ -312,7 +380,7 @@ class CallCapture:
                 temperature=self.sampling.temperature,
                 top_p=self.sampling.top_p,
                 top_k=self.sampling.top_k,
-                extras=completion.extras,
+                extras=extras,
                 logprobs_mode=self.sampling.logprobs_mode,
             )
         except (TypeError, ValueError) as exc:
@@ -370,8 +438,23 @@ class CallCapture:
         return record
 
 
+def _with_notes(engine_extras: Any, notes: Mapping[str, Any]) -> Any:
+    """The staged extras: the engine's alone, or with the gateway's notes (``{"gateway": ..., "engine": ...}``)."""
+    if not notes:
+        return engine_extras
+    extras: dict[str, Any] = {"gateway": dict(notes)}
+    if engine_extras is not None:
+        extras["engine"] = engine_extras
+    return extras
+
+
 def _link(
-    call_id: str, sequence: np.ndarray, chain_hash: str, chain: tuple[str, ...], conversation: tuple[Message, ...]
+    call_id: str,
+    sequence: np.ndarray,
+    chain_hash: str,
+    chain: tuple[str, ...],
+    conversation: tuple[CanonicalMessage, ...],
+    prompt_length: int,
 ) -> ParentLink:
     sequence.setflags(write=False)
     return ParentLink(
@@ -380,5 +463,6 @@ def _link(
         chain_hash=chain_hash,
         staging_chain=chain,
         conversation=conversation,
+        prompt_length=prompt_length,
         token_ids=sequence,
     )

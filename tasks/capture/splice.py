@@ -65,15 +65,33 @@ def replace_prefix_tokens(
     )
 
 
+def render_chat(
+    tokenizer: ChatTokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    generation_prompt: bool,
+    tools: Sequence[Mapping[str, Any]] = (),
+) -> str:
+    """``messages`` rendered to text by the tokenizer's chat template (``tools`` handed to it when given)."""
+    extra = {"tools": [dict(tool) for tool in tools]} if tools else {}
+    return tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=generation_prompt, **extra
+    )
+
+
 def render_chat_ids(
-    tokenizer: ChatTokenizer, messages: Sequence[Mapping[str, Any]], *, generation_prompt: bool
+    tokenizer: ChatTokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    generation_prompt: bool,
+    tools: Sequence[Mapping[str, Any]] = (),
 ) -> list[int]:
     """Token ids of ``messages`` rendered with the tokenizer's chat template.
 
     Rendered to text and encoded without added special tokens, exactly as
     ``apply_chat_template(tokenize=True)`` does, independent of its return type.
     """
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+    text = render_chat(tokenizer, messages, generation_prompt=generation_prompt, tools=tools)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -83,6 +101,7 @@ def splice_chat_prompt(
     parent_token_ids: TokenIds,
     *,
     eos_token_id: int | None = None,
+    tools: Sequence[Mapping[str, Any]] = (),
 ) -> list[int]:
     """The prompt of a call: the parent's exact tokens spliced onto the rendered chat.
 
@@ -94,12 +113,12 @@ def splice_chat_prompt(
     eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
     if eos is None:
         raise ValueError("the tokenizer has no eos token; pass eos_token_id (the id that closes a turn)")
-    full = render_chat_ids(tokenizer, messages, generation_prompt=True)
+    full = render_chat_ids(tokenizer, messages, generation_prompt=True, tools=tools)
     last_assistant = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
     if last_assistant is None:
         history: list[int] = []
     else:
-        history = render_chat_ids(tokenizer, messages[: last_assistant + 1], generation_prompt=False)
+        history = render_chat_ids(tokenizer, messages[: last_assistant + 1], generation_prompt=False, tools=tools)
     return replace_prefix_tokens(parent_token_ids, history, full, eos_token_id=eos)
 
 
@@ -168,13 +187,18 @@ class ChatPromptBuilder:
         template = getattr(tokenizer, "chat_template", None)
         self.windowed = self.eos_text is not None and isinstance(template, str) and is_message_local(template)
 
-    def prompt(self, messages: Sequence[Mapping[str, Any]], parent_token_ids: TokenIds) -> np.ndarray:
-        """The prompt ids (int64) of a call on ``messages`` continuing ``parent_token_ids``."""
+    def prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        parent_token_ids: TokenIds,
+        *,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> np.ndarray:
+        """The prompt ids (int64) of a call on ``messages`` after ``parent_token_ids``; ``tools`` to the template."""
         parent = np.asarray(parent_token_ids, dtype=np.int64)
-        if self.eos_text is None:
-            return np.asarray(
-                splice_chat_prompt(self.tokenizer, messages, parent, eos_token_id=self.eos_token_id), dtype=np.int64
-            )
+        if self.eos_text is None or tools:
+            spliced = splice_chat_prompt(self.tokenizer, messages, parent, eos_token_id=self.eos_token_id, tools=tools)
+            return np.asarray(spliced, dtype=np.int64)
         if parent.size == 0:
             return self._encode(self._render(messages, generation_prompt=True))
         last_assistant = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
@@ -214,9 +238,7 @@ class ChatPromptBuilder:
         return None if position < 0 or not full_text.startswith(pre_text) else full_text[position:]
 
     def _render(self, messages: Sequence[Mapping[str, Any]], *, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=generation_prompt
-        )
+        return render_chat(self.tokenizer, messages, generation_prompt=generation_prompt)
 
     def _encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)

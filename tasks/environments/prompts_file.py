@@ -18,18 +18,14 @@ file's sha256; built with a ``sha256`` option, a file whose bytes changed is ref
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import json
-import os
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from tasks.environments.base import Environment, Message, Turn, check_messages
 from tasks.environments.parsing import last_assistant_content
+from tasks.environments.pinned_file import read_pinned, seeded_sample
 from tasks.environments.rewards import reward_function
-from tasks.environments.seeding import check_task_request
 from tasks.errors import PromptFileError
 
 SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -39,12 +35,6 @@ DEFAULT_REWARD = "exact_match"
 def is_prompt_file(spec: str) -> bool:
     """Whether ``spec`` names a prompt file (by its suffix)."""
     return spec.lower().endswith(SUFFIXES)
-
-
-def recorded_path(path: str) -> str:
-    """A portable URI: a local path becomes an absolute ``file://`` URI (the batch config reproduces it from
-    any directory); URLs stay as given."""
-    return path if "://" in path else "file://" + os.path.abspath(path)
 
 
 def _read_rows(path: str, data: bytes) -> list[Any]:
@@ -122,22 +112,11 @@ class PromptsFile(Environment):
         super().__init__()
         if not isinstance(path, str) or not is_prompt_file(path):
             raise PromptFileError(f"prompt file path must be a string ending in one of {SUFFIXES}, got {path!r}")
-        self.path, self.reward = recorded_path(path), reward
         self._score = reward_function(reward)
-        import fsspec  # the registry (and so DAG parsing) imports this module: open files only when used
-
+        pinned = read_pinned(path, sha256, what="prompt file")
+        self.path, self.reward, self.sha256 = pinned.uri, reward, pinned.sha256
         try:
-            with fsspec.open(self.path, "rb") as handle:
-                data = handle.read()
-        except FileNotFoundError:
-            raise PromptFileError(f"prompt file {self.path} does not exist") from None
-        except OSError as error:  # a directory, no permission, an unreachable bucket
-            raise PromptFileError(f"prompt file {self.path} cannot be read: {error}") from None
-        self.sha256 = hashlib.sha256(data).hexdigest()
-        if sha256 is not None and sha256 != self.sha256:
-            raise PromptFileError(f"prompt file {self.path} changed: sha256 is {self.sha256}, expected {sha256}")
-        try:
-            rows = _read_rows(self.path, data)
+            rows = _read_rows(self.path, pinned.data)
         except PromptFileError:
             raise
         except (ValueError, OSError) as error:  # JSON / UTF-8 / Arrow errors are ValueErrors or OSErrors
@@ -153,12 +132,7 @@ class PromptsFile(Environment):
         return {"path": self.path, "reward": self.reward, "sha256": self.sha256}
 
     def make_tasks(self, num_tasks: int, seed: int) -> list[dict[str, Any]]:
-        check_task_request(num_tasks, seed, env=self.name)
-        if num_tasks > len(self._tasks):
-            raise PromptFileError(f"prompt file {self.path} has {len(self._tasks)} rows, {num_tasks} tasks asked")
-        order = list(range(len(self._tasks)))
-        random.Random(f"{self.name}:{seed}").shuffle(order)
-        return [copy.deepcopy(self._tasks[index]) for index in order[:num_tasks]]
+        return seeded_sample(self._tasks, num_tasks, seed, env=self.name, what=f"prompt file {self.path}")
 
     def initial_messages(self, task: Mapping[str, Any]) -> list[Message]:
         return check_messages(task["prompt"], where=f"{self.path} row {task['row']} prompt")

@@ -16,8 +16,7 @@ from pathlib import Path
 from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.engines.base import Engine
-from tasks.environments.base import Environment
-from tasks.environments.registry import load_environment
+from tasks.environments.registry import AnyEnvironment, load_environment
 from tasks.errors import ConfigError, ModelMismatchError
 from tasks.generate.summary import ShardSummary
 from tasks.models.provenance import WEIGHTS_VERIFIED
@@ -35,7 +34,7 @@ class CheckedBatch:
 
     store: ObjectStore
     config: BatchConfig
-    environment: Environment
+    environment: AnyEnvironment
     plans: dict[int, list[PlannedRollout]]
     committed: dict[int, ShardMarker]
     model_folder: Path | None = None

@@ -1,14 +1,16 @@
 """A rollout's final word: its receipt, and the outcome the training-signal summary keeps of it.
 
 Pure functions of what the rollout captured. A receipt is ``ok`` only with a reward and an
-attributed terminal call (the episode's last captured call is the declared one); an environment
-error makes it ``failed`` (:data:`ENVIRONMENT_ERROR`), a poisoned capture or a missing terminal
-or reward makes it ``poisoned`` with the reason, and neither names a terminal call.
+attributed terminal call; an environment error makes it ``failed`` (:data:`ENVIRONMENT_ERROR`,
+or the agent's named failure), a poisoned capture or a missing terminal or reward makes it
+``poisoned`` with the reason, and neither names a terminal call. The terminal's witnesses are
+:class:`Witnesses`: by default the episode's last captured call is the declared one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tasks.capture.calls import RolloutCapture
 from tasks.capture.terminal import attribute_terminal
@@ -32,10 +34,30 @@ def outcome_of(receipt: Receipt, manifest: Sequence[CallRecord]) -> RolloutOutco
     )
 
 
+@dataclass(frozen=True)
+class Witnesses:
+    """What names the scored call, beyond the heuristic: a declared call id and the scored content's fingerprint."""
+
+    declared_call_id: str | None = None
+    content_fingerprint: str | None = None
+
+
 def receipt_of(
-    planned: PlannedRollout, state: RolloutCapture, attempt: int, outcome: Turn | None, error: str | None
+    planned: PlannedRollout,
+    state: RolloutCapture,
+    attempt: int,
+    outcome: Turn | None,
+    error: str | None,
+    *,
+    error_reason: str = ENVIRONMENT_ERROR,
+    witnesses: Witnesses | None = None,
+    poisoning_wins: bool = False,
 ) -> Receipt:
-    """The rollout's final word. The declared terminal is the episode's last captured call."""
+    """The rollout's final word; without ``witnesses`` the declared terminal is the episode's last captured call.
+
+    ``error`` fails the rollout with ``error_reason``; with ``poisoning_wins`` a poisoned capture
+    is the reason instead (an agent often fails because one of its calls was refused).
+    """
     reward = outcome.reward if outcome is not None else None
     info = dict(outcome.reward_info) if outcome is not None else {}
     if error is not None:
@@ -49,11 +71,16 @@ def receipt_of(
         "num_calls": len(state.records),
     }
     unfinished = {"terminal_call_id": None, "terminal_selection": None, "terminal_attribution_reason": None}
-    if error is not None:
-        return Receipt(**common, **unfinished, status="failed", failure_reason=ENVIRONMENT_ERROR)
+    if error is not None and not (poisoning_wins and state.poisoned_reason is not None):
+        return Receipt(**common, **unfinished, status="failed", failure_reason=error_reason)
     if state.poisoned_reason is not None:
         return Receipt(**common, **unfinished, status="poisoned", failure_reason=state.poisoned_reason)
-    attribution = attribute_terminal(state.records, declared_call_id=state.last_captured_call_id)
+    witnesses = witnesses or Witnesses(declared_call_id=state.last_captured_call_id)
+    attribution = attribute_terminal(
+        state.records,
+        declared_call_id=witnesses.declared_call_id,
+        content_fingerprint=witnesses.content_fingerprint,
+    )
     if attribution.terminal_call_id is None or reward is None:
         reason = attribution.reason if attribution.terminal_call_id is None else "no_reward"
         return Receipt(**common, **unfinished, status="poisoned", failure_reason=reason)

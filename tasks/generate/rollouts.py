@@ -6,26 +6,34 @@ are made durable at least every :data:`LEDGER_FLUSH_SECONDS`. An environment err
 its rollout, with the message bounded to :data:`MAX_ERROR_CHARS`. The engine dying or storage
 staying unavailable is not a rollout's failure: the rollouts in flight get no receipt (the retry
 re-runs them) and the attempt ends with that error (the engine's death wins over others).
+
+An agent environment (:class:`~tasks.environments.agents.Agent`) runs its episodes itself: the
+attempt serves a capture gateway on loopback for the time of its rollouts, and each rollout's
+agent calls the model through its own route (:mod:`tasks.generate.agent_rollouts`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from tasks.capture.calls import CallCapture, RolloutCapture
 from tasks.capture.prefix_cache import ChainPrefixCache
 from tasks.config import BatchConfig
+from tasks.environments.agents import Agent
 from tasks.environments.base import Environment, Turn, check_messages
 from tasks.errors import EngineDeadError, StorageUnavailableError
+from tasks.generate.agent_rollouts import GatewayCalls, run_agent_rollout
 from tasks.generate.checks import CheckedBatch
 from tasks.generate.progress import Progress
 from tasks.generate.receipts import outcome_of, receipt_of
 from tasks.generate.shard_engine import ShardEngine
+from tasks.records.ledger import Receipt
 from tasks.records.planned import PlannedRollout
 from tasks.storage.claims import AttemptClaim
 from tasks.storage.ledger_writer import LedgerWriter
@@ -59,6 +67,7 @@ async def run_rollouts(
 ) -> list[Finished]:
     """Run ``todo`` on ``engine`` (started if it is not yet), at most ``max_in_flight`` at once, captured."""
     config, shard, attempt = batch.config, claim.shard, claim.attempt
+    agent = batch.environment if isinstance(batch.environment, Agent) else None
     reader = StagedReader(batch.store)
     cache = ChainPrefixCache()
     capture = CallCapture(
@@ -68,38 +77,72 @@ async def run_rollouts(
         ledger=ledger,
         prefix_cache=cache,
         capture=batch.capture,
+        render_off_loop=agent is not None,
     )
     cache.set_source(
         f"{config.batch_id}/shard-{shard}/attempt-{attempt}",
         lambda keys: reader.fetch_token_ids(capture.coordinates_of(keys)),
     )
     progress = Progress(total=len(todo), enabled=batch.progress, label=f"shard {shard}")
-    limit = asyncio.Semaphore(config.max_in_flight)
+    limit = asyncio.Semaphore(min(config.max_in_flight, (agent and agent.max_concurrency) or config.max_in_flight))
     finished: list[Finished] = []
     last_flush = [time.monotonic()]
+    ledger_or_none = ledger if batch.capture else None
 
-    async def run_one(planned: PlannedRollout) -> None:
-        async with limit:
-            done = await run_rollout(
-                planned, config, attempt, batch.environment, capture, ledger if batch.capture else None, progress
-            )
-        finished.append(done)
-        progress.rollout_done()
-        if batch.capture and time.monotonic() - last_flush[0] >= LEDGER_FLUSH_SECONDS:
-            last_flush[0] = time.monotonic()
-            await asyncio.to_thread(ledger.flush)
+    async with _episodes(batch, agent, capture, progress) as run_episode:
 
-    heartbeat = asyncio.create_task(progress.heartbeat())
-    try:
-        async with asyncio.TaskGroup() as group:
-            for planned in todo:
-                group.create_task(run_one(planned))
-    except BaseExceptionGroup as failed:
-        raise first_error(failed) from None
-    finally:
-        heartbeat.cancel()
-        progress.close()
+        async def run_one(planned: PlannedRollout) -> None:
+            async with limit:
+                done = await run_episode(planned, attempt, ledger_or_none)
+            finished.append(done)
+            progress.rollout_done()
+            if batch.capture and time.monotonic() - last_flush[0] >= LEDGER_FLUSH_SECONDS:
+                last_flush[0] = time.monotonic()
+                await asyncio.to_thread(ledger.flush)
+
+        heartbeat = asyncio.create_task(progress.heartbeat())
+        try:
+            async with asyncio.TaskGroup() as group:
+                for planned in todo:
+                    group.create_task(run_one(planned))
+        except BaseExceptionGroup as failed:
+            raise first_error(failed) from None
+        finally:
+            heartbeat.cancel()
+            progress.close()
     return finished
+
+
+Episode = Callable[[PlannedRollout, int, LedgerWriter | None], Awaitable[Finished]]
+
+
+@contextlib.asynccontextmanager
+async def _episodes(
+    batch: CheckedBatch, agent: Agent | None, capture: CallCapture, progress: Progress
+) -> AsyncIterator[Episode]:
+    """How this attempt runs one rollout: stepping its environment, or its agent behind a gateway served meanwhile."""
+    config = batch.config
+    if agent is None:
+        environment = batch.environment
+        assert isinstance(environment, Environment)
+
+        async def stepped(planned: PlannedRollout, attempt: int, ledger: LedgerWriter | None) -> Finished:
+            return await run_rollout(planned, config, attempt, environment, capture, ledger, progress)
+
+        yield stepped
+        return
+    from tasks.gateway.app import Rollouts
+    from tasks.gateway.server import serving
+
+    gateway = Rollouts(model=config.model.reference)
+    calls = GatewayCalls(capture, progress)
+    async with serving(gateway) as base_url:
+
+        async def agent_episode(planned: PlannedRollout, attempt: int, ledger: LedgerWriter | None) -> Finished:
+            receipt, state = await run_agent_rollout(planned, config, attempt, agent, calls, gateway, base_url)
+            return await _finished(receipt, state, capture, ledger)
+
+        yield agent_episode
 
 
 def first_error(group: BaseExceptionGroup) -> BaseException:
@@ -154,7 +197,13 @@ async def run_rollout(
         if len(error) > MAX_ERROR_CHARS:  # an environment's message may be huge: bounded in the receipt and the log
             error = f"{error[:MAX_ERROR_CHARS]}... ({len(error)} characters)"
         log.warning("rollout %s failed in its environment: %s", planned.rollout_id, error)
-    receipt = receipt_of(planned, state, attempt, outcome, error)
+    return await _finished(receipt_of(planned, state, attempt, outcome, error), state, capture, ledger)
+
+
+async def _finished(
+    receipt: Receipt, state: RolloutCapture, capture: CallCapture, ledger: LedgerWriter | None
+) -> Finished:
+    """Hand a finished rollout's receipt to the ledger and release what it held."""
     if ledger is not None:
         await asyncio.to_thread(ledger.add_receipt, receipt)
     capture.release(state)

@@ -79,8 +79,12 @@ def reason_of(spec, options=None):
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_ENVIRONMENTS))
-def test_builtins_load_by_name(name):
-    env = load_environment(name)
+def test_builtins_load_by_name(name, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"question": "2+2"}\n')
+    agent_options = {"agent_command": {"command": ["true"]}, "agent_callable": {"function": "asyncio:sleep"}}
+    options = {**agent_options[name], "tasks": str(tasks)} if name in agent_options else None
+    env = load_environment(name, options)
     assert type(env) is BUILTIN_ENVIRONMENTS[name]
     assert env.name == name
 

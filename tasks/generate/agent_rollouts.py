@@ -1,0 +1,186 @@
+"""Agent rollouts: each agent calls the model through its own route on the attempt's capture gateway.
+
+:class:`GatewayCalls` is what stands behind the routes: a checked request becomes one captured
+call (:meth:`tasks.capture.calls.CallCapture.call` with the rollout's message graph) whose
+sampled text is read back into content and tool calls. Tools are rendered by the chat template
+when it renders them, else offered in the fallback format (:mod:`tasks.gateway.tools`).
+
+A call that gives no completion is answered with a 400 naming its failure reason (the rollout is
+poisoned by its failure row already). The engine dying or storage staying unavailable is the
+attempt's failure, not the rollout's: the request gets a 503, and :func:`run_agent_rollout`
+cancels its agent and raises the error, which ends the attempt (the retry re-runs the rollout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from tasks.capture.calls import CONTEXT_LENGTH, CallCapture, CallShape, RolloutCapture
+from tasks.capture.terminal import fingerprint_content
+from tasks.config import BatchConfig
+from tasks.environments.agents import Agent, AgentDoor, AgentFailure, AgentResult
+from tasks.environments.base import Message, Turn
+from tasks.errors import EngineDeadError, StorageUnavailableError
+from tasks.gateway.app import Reply, Rollouts
+from tasks.gateway.protocol import ChatRequest, GatewayError, invalid
+from tasks.gateway.tools import CALL_START, ToolCallReader, call_text, offer_tools
+from tasks.generate.progress import Progress
+from tasks.generate.receipts import Witnesses, receipt_of
+from tasks.records.ledger import Receipt
+from tasks.records.planned import PlannedRollout
+
+log = logging.getLogger(__name__)
+UNPARSED_TOOL_CALL = "unparsed"  # the gateway note of a reply that opened a tool call the parser could not read
+
+
+class GatewayCalls:
+    """The capture path behind one attempt's gateway; ``fatal`` resolves to the error that ends the attempt."""
+
+    def __init__(self, capture: CallCapture, progress: Progress) -> None:
+        self.capture = capture
+        self.progress = progress
+        self.fatal: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        template = getattr(capture.engine.tokenizer, "chat_template", None)
+        self.template_renders_tools = isinstance(template, str) and "tools" in template
+        self._reader: ToolCallReader | None = None
+        self._reader_lock = asyncio.Lock()
+
+    def answer(self, state: RolloutCapture) -> Any:
+        """The :data:`tasks.gateway.app.Answer` of one rollout."""
+
+        async def answer(chat: ChatRequest) -> Reply:
+            offered = chat.tools if chat.tool_choice == "auto" else []
+            shape = CallShape(
+                rendered=self._rendered(chat.messages, offered),
+                tools=offered if self.template_renders_tools else (),
+                max_tokens=chat.sampling.max_tokens,
+                read_reply=self._read_reply if offered else None,
+            )
+            try:
+                outcome = await self.capture.call(state, chat.messages, shape)
+            except (EngineDeadError, StorageUnavailableError) as error:
+                if not self.fatal.done():
+                    self.fatal.set_result(error)
+                ended = GatewayError(503, f"the attempt ended: {error}", kind="server_error", code="attempt_ended")
+                raise ended from None
+            completion = outcome.completion
+            self.progress.call_done(0 if completion is None else len(completion.token_ids), outcome.failure is not None)
+            if completion is None or outcome.message is None:
+                failure = outcome.failure
+                reason = failure.reason if failure is not None else "no_completion"
+                code = "context_length_exceeded" if reason == CONTEXT_LENGTH else reason
+                detail = failure.detail if failure is not None else "the call gave no completion"
+                raise invalid(f"the call failed ({reason}): {detail}", param="messages", code=code)
+            tool_calls = list(outcome.message.get("tool_calls") or [])
+            finish = "tool_calls" if tool_calls else "length" if completion.finish_reason == "length" else "stop"
+            return Reply(
+                call_id=outcome.call_id,
+                content=outcome.message.get("content"),
+                tool_calls=tool_calls,
+                finish_reason=finish,
+                prompt_tokens=len(completion.prompt_token_ids),
+                completion_tokens=len(completion.token_ids),
+            )
+
+        return answer
+
+    def _rendered(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
+        """What the chat template renders: tool calls as the fallback's text, tools offered, unless it renders them."""
+        if self.template_renders_tools:
+            return [dict(m) for m in messages]
+        rendered: list[Message] = []
+        for message in messages:
+            calls = message.get("tool_calls") or []
+            out = {"role": message["role"], "content": message["content"]}
+            if calls:
+                out["content"] = "\n".join([message["content"], *(call_text(call) for call in calls)]).strip()
+            rendered.append(out)
+        return offer_tools(rendered, tools)
+
+    async def _read_reply(self, text: str, call_id: str) -> tuple[Message, dict[str, Any]]:
+        if CALL_START not in text:
+            return {"role": "assistant", "content": text}, {}
+        async with self._reader_lock:  # built once, in a thread: it imports vLLM's tool parsers
+            if self._reader is None:
+                self._reader = await asyncio.to_thread(ToolCallReader, self.capture.engine.tokenizer)
+        read = self._reader.read(text, call_id=call_id)
+        message: Message = {"role": "assistant", "content": read.content or ""}
+        if read.tool_calls:
+            message["tool_calls"] = read.tool_calls  # type: ignore[assignment]
+        return message, ({"tool_calls": UNPARSED_TOOL_CALL} if read.unparsed else {})
+
+
+async def run_agent_rollout(
+    planned: PlannedRollout,
+    config: BatchConfig,
+    attempt: int,
+    agent: Agent,
+    calls: GatewayCalls,
+    gateway: Rollouts,
+    base_url: str,
+) -> tuple[Receipt, RolloutCapture]:
+    """One episode of ``agent`` on its own gateway route; the receipt and what was captured.
+
+    Raises the attempt's fatal error (the engine died, storage is unavailable) instead of a receipt.
+    """
+    state = RolloutCapture(
+        batch_id=config.batch_id, rollout_id=planned.rollout_id, attempt=attempt, seed=planned.seed, graph=True
+    )
+    answer = calls.answer(state)
+    route = gateway.open(planned.rollout_id, sampling=config.sampling, max_calls=config.max_turns, answer=answer)
+    door = AgentDoor(base_url=f"{base_url}/rollouts/{planned.rollout_id}/v1", api_key=route.key)
+    episode = asyncio.ensure_future(agent.run(door, json.loads(planned.task_json)))
+    try:
+        await asyncio.wait({episode, calls.fatal}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gateway.end(planned.rollout_id)
+        if not episode.done():
+            episode.cancel()
+            with contextlib.suppress(BaseException):
+                await episode
+    if not episode.done() or episode.cancelled():
+        raise calls.fatal.result()
+    result: AgentResult | None = None
+    failure: AgentFailure | None = None
+    try:
+        result = episode.result()
+    except AgentFailure as error:
+        failure = error
+        log.warning("rollout %s: %s: %s", planned.rollout_id, error.reason, error.detail)
+    if calls.fatal.done():
+        raise calls.fatal.result()
+    refusals = [f"{r.status} {r.code}: {r.message}" for r in route.refusals]
+    outcome = None
+    if result is not None:
+        info = {**result.info, **({"refused_requests": refusals} if refusals else {})}
+        outcome = Turn.finish(result.reward, **info)
+    receipt = receipt_of(
+        planned,
+        state,
+        attempt,
+        outcome,
+        None if failure is None else f"{failure.reason}: {failure.detail}",
+        error_reason=failure.reason if failure is not None else "",
+        witnesses=_witnesses(state, result),
+        poisoning_wins=True,
+    )
+    return receipt, state
+
+
+def _witnesses(state: RolloutCapture, result: AgentResult | None) -> Witnesses:
+    """The scored call: the response the agent named, else its last call; its final output's text must agree.
+
+    The final output is a witness only where its text is one call's alone (abstains otherwise);
+    naming another call than the declared one is ``witness_disagreement``.
+    """
+    declared = state.last_captured_call_id
+    if result is not None and result.response_id is not None:
+        declared = result.response_id.removeprefix("chatcmpl-")
+    final_output = result.final_output if result is not None else None
+    fingerprint = fingerprint_content(final_output) if final_output is not None else None
+    return Witnesses(declared_call_id=declared, content_fingerprint=fingerprint)

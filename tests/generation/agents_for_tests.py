@@ -1,0 +1,91 @@
+"""Agents the generate tests run behind the capture gateway: real agents on the official ``openai`` client.
+
+Nothing here is faked: each agent is what a user would write against an OpenAI-style client
+(the engine behind the gateway is the test's own, fake or real). Each exercises one shape of
+message graph: tool calls, a retried call, a sub-agent, a compacted history.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+SYSTEM = "You are a careful assistant. Use the add tool to add numbers."
+
+
+def question(task: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"What is {task['a']} + {task['b']}?"}]
+
+
+def as_history(message: Any) -> dict[str, Any]:
+    """An assistant reply as the next request's history holds it (as clients do: the SDK's own dump)."""
+    return message.model_dump(exclude_none=True)
+
+
+def scored(task: dict[str, Any], text: str | None) -> dict[str, Any]:
+    return {"reward": float(str(task["a"] + task["b"]) in (text or "")), "final_output": text or ""}
+
+
+async def tool_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """Calls the add tool as the model asks, until the model answers in text."""
+    messages = question(task)
+    for _ in range(4):
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL])
+        message = reply.choices[0].message
+        messages.append(as_history(message))
+        if not message.tool_calls:
+            return scored(task, message.content)
+        for call in message.tool_calls:
+            arguments = json.loads(call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(arguments["a"] + arguments["b"])})
+    return {"reward": 0.0}
+
+
+async def retrying_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """Sends its first call twice (a client retry after a lost answer), then continues from the second answer."""
+    messages = question(task)
+    await client.chat.completions.create(model="policy", messages=messages)  # abandoned
+    reply = await client.chat.completions.create(model="policy", messages=messages)
+    messages += [as_history(reply.choices[0].message), {"role": "user", "content": "Say it again."}]
+    await client.chat.completions.create(model="policy", messages=messages)  # abandoned too
+    final = await client.chat.completions.create(model="policy", messages=messages)
+    return scored(task, final.choices[0].message.content) | {"response_id": final.id}
+
+
+async def sub_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """Asks a helper agent (its own system prompt and history) and hands its answer back to the main history."""
+    messages = question(task)
+    first = await client.chat.completions.create(model="policy", messages=messages)
+    helper = await client.chat.completions.create(
+        model="policy",
+        messages=[{"role": "system", "content": "You check sums."}, {"role": "user", "content": "Is addition easy?"}],
+    )
+    messages += [
+        as_history(first.choices[0].message),
+        {"role": "user", "content": f"A checker says: {helper.choices[0].message.content}"},
+    ]
+    final = await client.chat.completions.create(model="policy", messages=messages)
+    return scored(task, final.choices[0].message.content)
+
+
+async def compacting_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """After two turns, replaces its history by a summary (as agents do when the context fills up)."""
+    messages = question(task)
+    for _ in range(2):
+        reply = await client.chat.completions.create(model="policy", messages=messages)
+        messages += [as_history(reply.choices[0].message), {"role": "user", "content": "Go on."}]
+    summary = [messages[0], {"role": "user", "content": f"Summary so far: {messages[1]['content']}"}]
+    final = await client.chat.completions.create(model="policy", messages=summary)
+    return scored(task, final.choices[0].message.content)

@@ -1,0 +1,149 @@
+"""Agent rollouts behind the capture gateway, over a fake scripted engine (real tokenizer, storage, gateway, clients).
+
+The agents are real (``tests/generation/agents_for_tests.py`` on the official ``openai`` client,
+``agent_scripts/scripted_agent.py`` as a command); only the engine is a fake, so that each
+message-graph shape is checked call by call in a second or two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.batch import Batch
+from tasks.generate import generate_shard
+from tasks.plan import plan_batch
+from tasks.storage.ledger_reader import LedgerReader
+from tasks.storage.staged_reader import StagedReader
+from tasks.storage.staging import CommitCoordinates
+
+from .chains import linearized, verified_sequences
+from .configs import fake_model_config
+from .fakes import FakeScriptedEngine
+
+AGENTS = "tests.generation.agents_for_tests"
+SCRIPT = Path(__file__).parent / "agent_scripts" / "scripted_agent.py"
+QUESTION = re.compile(r"What is (\d+) \+ (\d+)\?")
+
+
+def arithmetic_engine(tokenizer) -> FakeScriptedEngine:
+    """Calls the add tool when tools are offered and no tool answered yet; else answers the sum (a fake model)."""
+
+    def reply(request) -> str:
+        prompt = tokenizer.decode(list(request.prompt_token_ids))
+        asked = QUESTION.findall(prompt)
+        a, b = map(int, asked[-1]) if asked else (0, 0)
+        tool_answered = "<|im_start|>tool" in prompt
+        if "<tools>" in prompt and not tool_answered:
+            return f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
+        return f"The answer is {a + b}."
+
+    return FakeScriptedEngine(tokenizer, reply=reply)
+
+
+@pytest.fixture
+def tasks_file(tmp_path) -> Path:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"a": i + 2, "b": 3 * i + 1}) + "\n" for i in range(4)))
+    return path
+
+
+def run_agents(tmp_path, engine, environment: str, options: dict, **overrides):
+    shape = {"num_tasks": 2, "group_size": 2, "shards": 1} | overrides
+    config = fake_model_config(environment=environment, environment_options=options, **shape)
+    batch = Batch.open(str(tmp_path / "runs"), config.batch_id)
+    plan_batch(batch, config)
+    summary = generate_shard(batch, 0, engine=engine, run=asyncio.run, progress=False)
+    return batch, summary
+
+
+def staged_manifests(batch: Batch):
+    """rollout id -> (receipt, [(call record, staged delta)] in call order) of every rollout of shard 0."""
+    ledger = LedgerReader(batch.store, 0)
+    reader = StagedReader(batch.store, segment_sha256=ledger.segment_sha256)
+    out = {}
+    for bundle in ledger.rollouts():
+        keys = [(c.staging_key, CommitCoordinates(c.staging_segment, c.staging_row)) for c in bundle.manifest]
+        out[bundle.rollout_id] = (bundle.receipt, list(zip(bundle.manifest, reader.fetch_records(keys), strict=True)))
+    return out
+
+
+def gateway_notes(delta) -> dict:
+    return json.loads(delta.extras_json).get("gateway", {}) if delta.extras_json != "null" else {}
+
+
+def test_a_tool_using_agent_is_captured_token_exactly_with_its_tool_call_spliced(tmp_path, tokenizer, tasks_file):
+    engine = arithmetic_engine(tokenizer)
+    options = {"function": f"{AGENTS}:tool_agent", "tasks": str(tasks_file)}
+    batch, summary = run_agents(tmp_path, engine, "agent_callable", options)
+    assert (summary.rollouts, summary.ok, summary.calls) == (4, 4, 8)
+    chains = verified_sequences(batch.store, 0)
+    for receipt, calls in staged_manifests(batch).values():
+        assert receipt.reward == 1.0 and receipt.terminal_selection == "declared"
+        (first, first_delta), (second, _) = calls
+        assert "<tool_call>" in engine.results[first.call_id].text and gateway_notes(first_delta) == {}
+        assert second.parent_call_id == first.call_id  # the tool result extends the tool call: a child
+        request = next(r for r in engine.requests if r.request_id == second.call_id)
+        parent = next(r for r in engine.requests if r.request_id == first.call_id)
+        sampled = [*parent.prompt_token_ids, *engine.results[first.call_id].token_ids]
+        assert list(request.prompt_token_ids[: len(sampled)]) == sampled
+        exact = np.array([*request.prompt_token_ids, *engine.results[second.call_id].token_ids])
+        assert np.array_equal(linearized(chains[receipt.rollout_id]), exact)
+
+
+def test_a_retried_call_is_a_sibling_or_a_retry_root_and_never_the_terminal(tmp_path, tokenizer, tasks_file):
+    options = {"function": f"{AGENTS}:retrying_agent", "tasks": str(tasks_file)}
+    batch, summary = run_agents(tmp_path, arithmetic_engine(tokenizer), "agent_callable", options)
+    assert summary.ok == 4
+    for receipt, calls in staged_manifests(batch).values():
+        records = [record for record, _ in calls]
+        assert [gateway_notes(delta).get("root_reason") for _, delta in calls] == [None, "retry", None, None]
+        assert [r.parent_call_id for r in records] == [None, None, records[1].call_id, records[1].call_id]
+        assert receipt.terminal_call_id == records[3].call_id  # named by the response id the agent reported
+        assert receipt.terminal_selection == "declared"
+
+
+def test_a_sub_agent_is_its_own_root_and_the_main_history_stays_one_chain(tmp_path, tokenizer, tasks_file):
+    options = {"function": f"{AGENTS}:sub_agent", "tasks": str(tasks_file)}
+    batch, summary = run_agents(tmp_path, arithmetic_engine(tokenizer), "agent_callable", options)
+    assert summary.ok == 4
+    for receipt, calls in staged_manifests(batch).values():
+        records = [record for record, _ in calls]
+        assert [gateway_notes(delta).get("root_reason") for _, delta in calls] == [None, "sub_agent", None]
+        assert [r.parent_call_id for r in records] == [None, None, records[0].call_id]
+        assert receipt.terminal_call_id == records[2].call_id
+
+
+def test_a_compacted_history_is_a_new_root_with_its_reason(tmp_path, tokenizer, tasks_file):
+    options = {"function": f"{AGENTS}:compacting_agent", "tasks": str(tasks_file)}
+    batch, summary = run_agents(tmp_path, arithmetic_engine(tokenizer), "agent_callable", options)
+    assert summary.ok == 4
+    for receipt, calls in staged_manifests(batch).values():
+        records = [record for record, _ in calls]
+        assert [gateway_notes(delta).get("root_reason") for _, delta in calls] == [None, None, "compacted_history"]
+        assert records[1].parent_call_id == records[0].call_id and records[2].parent_call_id is None
+        assert receipt.terminal_call_id == records[2].call_id and receipt.reward == 1.0
+
+
+def test_an_agent_command_that_crashes_hangs_or_gives_no_reward_fails_only_its_rollout(tmp_path, tokenizer):
+    behaviors = ["answer", "crash", "hang", "no_reward"]
+    tasks = tmp_path / "behaviors.jsonl"
+    tasks.write_text("".join(json.dumps({"a": 2, "b": 3, "behavior": b}) + "\n" for b in behaviors))
+    options = {"command": [sys.executable, str(SCRIPT)], "tasks": str(tasks), "timeout_s": 6}
+    batch, summary = run_agents(
+        tmp_path, arithmetic_engine(tokenizer), "agent_command", options, num_tasks=4, group_size=1
+    )
+    plan = {p.rollout_id: json.loads(p.task_json)["behavior"] for p in batch.shard_plan(0)}
+    receipts = {plan[rollout]: receipt for rollout, (receipt, _) in staged_manifests(batch).items()}
+    assert receipts["answer"].status == "ok" and receipts["answer"].reward == 1.0
+    expected = {"crash": "agent_exit", "hang": "agent_timeout", "no_reward": "agent_no_reward"}
+    for behavior, reason in expected.items():
+        assert (receipts[behavior].status, receipts[behavior].failure_reason) == ("failed", reason), behavior
+    assert "the agent's tool crashed" in json.loads(receipts["crash"].reward_info)["error"]
+    assert summary.ok == 1 and summary.failed == 3
