@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from examples.callable_agent import solve
+
 ADD_TOOL = {
     "type": "function",
     "function": {
@@ -89,3 +91,58 @@ async def compacting_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
     summary = [messages[0], {"role": "user", "content": f"Summary so far: {messages[1]['content']}"}]
     final = await client.chat.completions.create(model="policy", messages=summary)
     return scored(task, final.choices[0].message.content)
+
+
+# The agents of the e2e batch on the real model (tests/generation/test_agents_e2e.py), one shape per task.
+KEYS_SEEN: dict[str, str] = {}  # key -> base URL of every rollout that ran in this process: one agent misuses another's
+
+
+async def streaming_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """Two turns, each answer read as server-sent events."""
+    messages = question(task)
+    text = ""
+    for follow_up in ("Are you sure?", None):
+        stream = await client.chat.completions.create(model="policy", messages=messages, stream=True)
+        text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
+        messages.append({"role": "assistant", "content": text})
+        if follow_up:
+            messages.append({"role": "user", "content": follow_up})
+    return scored(task, text)
+
+
+async def crossing_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """First calls with another rollout's key (refused with 401), then with its own."""
+    import asyncio
+
+    import openai
+
+    for _ in range(200):  # until another rollout's agent has started
+        other = next((key for key, url in KEYS_SEEN.items() if url != str(client.base_url)), None)
+        if other is not None:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("no other rollout's key to misuse")
+    try:
+        await client.with_options(api_key=other).chat.completions.create(model="policy", messages=question(task))
+        raise AssertionError("a call with another rollout's key was answered")
+    except openai.AuthenticationError:
+        pass
+    return await tool_agent(client, task)
+
+
+SHAPES = {
+    "tools": tool_agent,
+    "streaming": streaming_agent,
+    "retry": retrying_agent,
+    "sub_agent": sub_agent,
+    "compacted": compacting_agent,
+    "crossed_key": crossing_agent,
+    "agents_sdk": solve,
+}
+
+
+async def any_shape(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """The agent of the task's ``shape`` (a key of :data:`SHAPES`)."""
+    KEYS_SEEN.setdefault(client.api_key, str(client.base_url))
+    return await SHAPES[task["shape"]](client, task)

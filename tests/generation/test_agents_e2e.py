@@ -1,0 +1,85 @@
+"""Agents on the REAL model: one batch of a different agent shape per rollout, through finalize and both suites.
+
+The agents (``agents_for_tests.py``) use the official ``openai`` client and the OpenAI Agents
+SDK against the capture gateway of a generate attempt on the shared in-process vLLM engine:
+multi-turn with tools, streaming, a retried call, a sub-agent, a compacted history, a call with
+another rollout's key. Every chain is checked token by token, then the batch is finalized,
+validated by the lineage and dataset suites, and published.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from tasks.batch import Batch
+from tasks.engines.base import SamplingSettings
+from tasks.finalize.stage import FinalizeOptions
+from tasks.generate import generate_shard
+from tasks.pipeline import finalize_and_publish
+from tasks.plan import plan_batch
+
+from .agents_for_tests import SHAPES
+from .chains import linearized, verified_sequences
+from .configs import bundled_model_config
+from .test_agent_rollouts import gateway_notes, staged_manifests
+from .test_server_batches_e2e import dataset_rows
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def test_every_agent_shape_on_the_real_model_is_captured_exactly_and_published(vllm_engine, tmp_path):
+    engine, loop = vllm_engine
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"shape": shape, "a": 2 + i, "b": 3}) + "\n" for i, shape in enumerate(SHAPES)))
+    config = bundled_model_config(
+        batch_id="b-agents",
+        environment="agent_callable",
+        environment_options={"function": "tests.generation.agents_for_tests:any_shape", "tasks": str(tasks)},
+        num_tasks=len(SHAPES),
+        group_size=1,
+        max_turns=8,
+        max_in_flight=len(SHAPES),
+        sampling=SamplingSettings(temperature=0.8, max_tokens=24),
+    )
+    root = str(tmp_path / "runs")
+    batch = Batch.open(root, config.batch_id)
+    plan_batch(batch, config)
+    summary = generate_shard(batch, 0, engine=engine, run=loop.run, progress=False)
+    shapes = {p.rollout_id: json.loads(p.task_json)["shape"] for p in batch.shard_plan(0)}
+    rollouts = {shapes[rollout]: calls for rollout, calls in staged_manifests(batch).items()}
+    receipts = {shape: receipt for shape, (receipt, _) in rollouts.items()}
+    assert summary.ok == len(SHAPES), {s: (r.status, r.failure_reason, r.reward_info) for s, r in receipts.items()}
+
+    chains = verified_sequences(batch.store, 0)
+    for shape, (receipt, calls) in rollouts.items():
+        records = {record.call_id: record for record, _ in calls}
+        chain = chains[receipt.rollout_id]
+        assert chain[-1].call_id == receipt.terminal_call_id, shape
+        for parent, child in itertools.pairwise(chain):  # children reuse their parent's exact tokens
+            assert records[child.call_id].prev_len == records[parent.call_id].cum_len, shape
+        assert linearized(chain).size == records[receipt.terminal_call_id].cum_len
+
+    def reasons(shape: str) -> list[str | None]:
+        return [gateway_notes(delta).get("root_reason") for _, delta in rollouts[shape][1]]
+
+    assert reasons("retry") == [None, "retry", None, None]
+    assert receipts["retry"].terminal_call_id == rollouts["retry"][1][3][0].call_id  # not the abandoned sibling
+    assert reasons("sub_agent") == [None, "sub_agent", None]
+    assert reasons("compacted") == [None, None, "compacted_history"]
+    streamed = [record for record, _ in rollouts["streaming"][1]]
+    assert len(streamed) == 2 and streamed[1].parent_call_id == streamed[0].call_id
+    refused = json.loads(receipts["crossed_key"].reward_info)["refused_requests"]
+    assert len(refused) == 1 and refused[0].startswith("401 invalid_api_key") and "another rollout" in refused[0]
+    tools_root = rollouts["tools"][1][0][1]
+    assert "<tools>" in engine.tokenizer.decode(tools_root.token_ids_delta[tools_root.token_mask_delta == 0])
+
+    published = finalize_and_publish(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))
+    assert published.published is not None and set(published.suites) == {"lineage", "dataset"}
+    rows = dataset_rows(root, config.batch_id)
+    assert set(rows) == set(shapes) and all(row["sample_mask"] == 1 for row in rows.values())
+    for rollout, row in rows.items():  # each row is its terminal's chain, token for token
+        assert np.array_equal(row["input_ids"], linearized(chains[rollout])), shapes[rollout]
