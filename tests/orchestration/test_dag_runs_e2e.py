@@ -9,6 +9,7 @@ publishes nothing. Airflow retrying a generate task killed midway: ``test_crash_
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -22,6 +23,7 @@ from tasks.orchestration.storage_location import storage_location
 from .conftest import server_connection
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+EXAMPLES = Path(__file__).parents[2] / "examples"
 SMALL = {"num_tasks": 2, "group_size": 2, "shards": 1, "max_turns": 3, "max_tokens": 16}
 
 
@@ -102,7 +104,8 @@ def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
     airflow_db, s3_endpoint, s3_bucket, monkeypatch, vllm_server
 ):
     """``rollout_batch_on_servers`` with its form's engine defaults: the servers come from its connection, and
-    generate runs in the default pool (it loads no model)."""
+    generate runs in the default pool (it loads no model). Its environment is an agent command from the form
+    (``examples/command_agent.py``): the agent calls the model through the attempt's capture gateway."""
     on_servers = local_airflow.dag_bag("rollout_batch_on_servers.py").dags["rollout_batch_on_servers"]
     monkeypatch.setenv(*server_connection(vllm_server))
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
@@ -114,7 +117,17 @@ def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
         "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
     }
     monkeypatch.setenv("AIRFLOW_CONN_LEDGER_S3", json.dumps(connection))
-    conf = {**SMALL, "storage_url": f"{s3_bucket}/runs", "storage_conn_id": "ledger_s3"}
+    agent = {
+        "command": [sys.executable, str(EXAMPLES / "command_agent.py")],
+        "tasks": str(EXAMPLES / "arithmetic_tasks.jsonl"),
+    }
+    conf = {
+        **SMALL,
+        "environment": "agent_command",
+        "environment_options": agent,
+        "storage_url": f"{s3_bucket}/runs",
+        "storage_conn_id": "ledger_s3",
+    }
     dag_run = on_servers.test(run_conf=conf)
     tasks = states(dag_run)
     assert tasks.pop("review") == "skipped" and set(tasks.values()) == {"success"}  # both suites passed
@@ -125,6 +138,7 @@ def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
     assert "testing" not in json.dumps(dag_run.conf) and "testing" not in str(batch.config.to_json())
     assert batch.config.engine.options == {"urls": [vllm_server.url]}
     assert vllm_server.key not in json.dumps(batch.config.to_json())
+    assert batch.config.environment == "agent_command" and len(batch.config.environment_options["sha256"]) == 64
 
 
 def test_a_failing_suite_fails_the_run_with_its_report_in_the_log_and_publishes_nothing(
