@@ -30,6 +30,11 @@ from tasks.ids import ID_PATTERN, MAX_ID_LENGTH
 from tasks.models.reference import BUNDLED_REFERENCE
 
 ON_INVALID = ("mask", "drop")
+MESSAGE_GRAPHS = ("splice", "independent")  # how agents' calls are prompted (tasks/capture/graph.py)
+MESSAGE_GRAPH_LABELS = {
+    "splice": "splice: a call that extends an earlier one continues its exact tokens",
+    "independent": "independent: every call renders its whole history afresh",
+}
 ADVANTAGES = ("grpo", "dr_grpo", "rloo")
 ON_INVALID_LABELS = {"mask": "mask: keep as a masked row", "drop": "drop: leave the row out"}
 ADVANTAGE_LABELS = {
@@ -163,6 +168,12 @@ class BatchFields(BaseModel):
         title="Environment options",
         description="options of the environment as a JSON object, e.g. guess_number's lo/hi",
         json_schema_extra={"section": "Environment"},
+    )
+    message_graph: Annotated[Literal[MESSAGE_GRAPHS], InConfig("message_graph")] = Field(  # type: ignore[valid-type]
+        "splice",
+        title="Agent calls",
+        description="agent environments: how a call whose history extends an earlier call's is prompted",
+        json_schema_extra={"section": "Environment", "values_display": MESSAGE_GRAPH_LABELS},
     )
     model: Annotated[str, InConfig("model.reference")] = Field(
         BUNDLED_REFERENCE,

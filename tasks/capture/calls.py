@@ -16,9 +16,10 @@ attempt, and the retry re-runs the rollout.
 With ``capture=False`` the same path runs minus staging and ledger (the overhead benchmark).
 
 A rollout's calls form a chain by default: each call must extend the previous one's conversation
-(else ``history_diverged``). With ``RolloutCapture.graph`` (the gateway's agents), each call's
-parent is the earlier call its history extends (:mod:`tasks.capture.graph`), and a call that
-extends none is a new root whose reason is staged in its extras (``{"gateway": {"root_reason"}}``).
+(else ``history_diverged``). With ``RolloutCapture.message_graph`` (the gateway's agents) set to
+``splice``, each call's parent is the earlier call its history extends (:mod:`tasks.capture.graph`),
+and a call that extends none is a new root whose reason is staged in its extras
+(``{"gateway": {"root_reason": ...}}``); with ``independent`` every call is a root.
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ from typing import Any
 import numpy as np
 
 from tasks import ids
-from tasks.capture.graph import CanonicalMessage, canonical_conversation, find_parent, root_reason
+from tasks.capture.graph import (
+    INDEPENDENT,
+    CanonicalMessage,
+    canonical_conversation,
+    find_parent,
+    root_reason,
+)
 from tasks.capture.prefix_cache import (
     Admission,
     ChainPrefixCache,
@@ -95,7 +102,7 @@ class RolloutCapture:
     rollout_id: str
     attempt: int
     seed: int
-    graph: bool = False  # parents found by matching histories (the gateway), not the previous call
+    message_graph: str | None = None  # the gateway's: splice or independent; None: the previous call is the parent
     next_ordinal: int = 0
     parent: ParentLink | None = None  # the latest call
     links: list[ParentLink] = field(default_factory=list)  # every call, when ``graph``
@@ -211,13 +218,16 @@ class CallCapture:
         captured = self.capture and rollout.poisoned_reason is None
         history = canonical_conversation(messages)
         notes: dict[str, Any] = {}
-        if rollout.graph:
+        parent = rollout.parent
+        if rollout.message_graph == INDEPENDENT:
+            parent = None
+            if rollout.next_ordinal > 1:
+                notes["root_reason"] = INDEPENDENT
+        elif rollout.message_graph is not None:
             parent = find_parent(rollout.links, history)
             reason = None if parent is not None else root_reason(rollout.links, history)
             if reason is not None:
                 notes["root_reason"] = reason
-        else:
-            parent = rollout.parent
         try:
             parent_tokens = await self._parent_tokens(call_id, parent, history, captured)
             rendered = messages if shape.rendered is None else shape.rendered
@@ -262,7 +272,7 @@ class CallCapture:
     @staticmethod
     def _linked(rollout: RolloutCapture, link: ParentLink) -> None:
         rollout.parent = link
-        if rollout.graph:
+        if rollout.message_graph is not None:
             rollout.links.append(link)
 
     async def _parent_tokens(

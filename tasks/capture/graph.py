@@ -8,7 +8,9 @@ the parent's exact tokens (the splice). Any other request starts a new root, and
 * ``retry``: the same messages as an earlier root call (a call the client sent again);
 * ``sub_agent``: a first message no earlier call began with (another agent, its own history);
 * ``compacted_history``: fewer messages than the longest earlier conversation (summarized or cut);
-* ``history_rewritten``: anything else (earlier messages edited).
+* ``history_rewritten``: anything else (earlier messages edited);
+* ``independent``: every call after the first, under the batch's ``message_graph: independent``
+  (each call's prompt is its whole history rendered afresh, as a plain server would prompt it).
 
 Messages are compared in a canonical form (:func:`canonical_message`), so that what a client
 sends back as an earlier reply (``content: null`` beside tool calls, arguments as a JSON string
@@ -25,7 +27,8 @@ RETRY = "retry"
 SUB_AGENT = "sub_agent"
 COMPACTED_HISTORY = "compacted_history"
 HISTORY_REWRITTEN = "history_rewritten"
-ROOT_REASONS = (RETRY, SUB_AGENT, COMPACTED_HISTORY, HISTORY_REWRITTEN)
+INDEPENDENT = "independent"
+ROOT_REASONS = (RETRY, SUB_AGENT, COMPACTED_HISTORY, HISTORY_REWRITTEN, INDEPENDENT)
 
 CanonicalMessage = tuple[Any, ...]
 

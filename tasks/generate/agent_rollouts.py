@@ -129,7 +129,11 @@ async def run_agent_rollout(
     Raises the attempt's fatal error (the engine died, storage is unavailable) instead of a receipt.
     """
     state = RolloutCapture(
-        batch_id=config.batch_id, rollout_id=planned.rollout_id, attempt=attempt, seed=planned.seed, graph=True
+        batch_id=config.batch_id,
+        rollout_id=planned.rollout_id,
+        attempt=attempt,
+        seed=planned.seed,
+        message_graph=config.message_graph,
     )
     answer = calls.answer(state)
     route = gateway.open(planned.rollout_id, sampling=config.sampling, max_calls=config.max_turns, answer=answer)

@@ -147,3 +147,20 @@ def test_an_agent_command_that_crashes_hangs_or_gives_no_reward_fails_only_its_r
         assert (receipts[behavior].status, receipts[behavior].failure_reason) == ("failed", reason), behavior
     assert "the agent's tool crashed" in json.loads(receipts["crash"].reward_info)["error"]
     assert summary.ok == 1 and summary.failed == 3
+
+
+def test_under_an_independent_message_graph_every_call_is_a_root_prompted_by_its_whole_history(
+    tmp_path, tokenizer, tasks_file
+):
+    engine = arithmetic_engine(tokenizer)
+    options = {"function": f"{AGENTS}:tool_agent", "tasks": str(tasks_file)}
+    batch, summary = run_agents(tmp_path, engine, "agent_callable", options, message_graph="independent")
+    assert summary.ok == 4
+    assert batch.config.message_graph == "independent"
+    for receipt, calls in staged_manifests(batch).values():
+        assert [record.parent_call_id for record, _ in calls] == [None, None]
+        assert [gateway_notes(delta).get("root_reason") for _, delta in calls] == [None, "independent"]
+        second = calls[1][0]
+        request = next(r for r in engine.requests if r.request_id == second.call_id)
+        assert np.array_equal(calls[1][1].token_ids_delta[: len(request.prompt_token_ids)], request.prompt_token_ids)
+        assert receipt.terminal_call_id == second.call_id and receipt.reward == 1.0

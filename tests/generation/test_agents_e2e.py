@@ -83,3 +83,30 @@ def test_every_agent_shape_on_the_real_model_is_captured_exactly_and_published(v
     assert set(rows) == set(shapes) and all(row["sample_mask"] == 1 for row in rows.values())
     for rollout, row in rows.items():  # each row is its terminal's chain, token for token
         assert np.array_equal(row["input_ids"], linearized(chains[rollout])), shapes[rollout]
+
+
+def test_an_independent_message_graph_on_the_real_model_prompts_each_call_afresh_and_is_published(
+    vllm_engine, tmp_path
+):
+    engine, loop = vllm_engine
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"shape": "streaming", "a": i, "b": 5}) + "\n" for i in range(2)))
+    config = bundled_model_config(
+        batch_id="b-independent",
+        environment="agent_callable",
+        environment_options={"function": "tests.generation.agents_for_tests:any_shape", "tasks": str(tasks)},
+        num_tasks=2,
+        group_size=1,
+        message_graph="independent",
+        sampling=SamplingSettings(temperature=0.8, max_tokens=16),
+    )
+    root = str(tmp_path / "runs")
+    batch = Batch.open(root, config.batch_id)
+    plan_batch(batch, config)
+    assert generate_shard(batch, 0, engine=engine, run=loop.run, progress=False).ok == 2
+    for receipt, calls in staged_manifests(batch).values():
+        assert [record.parent_call_id for record, _ in calls] == [None, None]
+        assert [gateway_notes(delta).get("root_reason") for _, delta in calls] == [None, "independent"]
+        assert receipt.terminal_call_id == calls[1][0].call_id
+    published = finalize_and_publish(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))
+    assert published.published is not None and set(published.suites) == {"lineage", "dataset"}
