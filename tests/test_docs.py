@@ -64,3 +64,13 @@ def test_architecture_doc_maps_every_layer_and_every_cited_section_exists():
         p.stem for p in (root / "tasks").glob("*.py") if p.stem != "__init__"
     }
     assert not packages - {m.removeprefix("tasks.") for m in modules}, "a tasks module is in no import layer"
+
+
+def test_agents_doc_lists_every_agent_failure_root_reason_and_refused_field():
+    from tasks.capture.graph import ROOT_REASONS
+    from tasks.environments.agents import AGENT_FAILURES
+    from tasks.gateway.protocol import REFUSED_FIELDS
+
+    text = (DOCS / "agents.md").read_text()
+    names = [*AGENT_FAILURES, *ROOT_REASONS, *REFUSED_FIELDS]
+    assert not [name for name in names if f"`{name}`" not in text], "docs/agents.md is missing some"

@@ -159,19 +159,16 @@ async def run_agent_rollout(
     if calls.fatal.done():
         raise calls.fatal.result()
     refusals = [f"{r.status} {r.code}: {r.message}" for r in route.refusals]
-    outcome = None
-    if result is not None:
-        info = {**result.info, **({"refused_requests": refusals} if refusals else {})}
-        outcome = Turn.finish(result.reward, **info)
     receipt = receipt_of(
         planned,
         state,
         attempt,
-        outcome,
+        None if result is None else Turn.finish(result.reward, **result.info),
         None if failure is None else f"{failure.reason}: {failure.detail}",
         error_reason=failure.reason if failure is not None else "",
         witnesses=_witnesses(state, result),
         poisoning_wins=True,
+        notes={"refused_requests": refusals} if refusals else None,
     )
     return receipt, state
 

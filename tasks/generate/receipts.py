@@ -9,8 +9,9 @@ or the agent's named failure), a poisoned capture or a missing terminal or rewar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tasks.capture.calls import RolloutCapture
 from tasks.capture.terminal import attribute_terminal
@@ -52,14 +53,16 @@ def receipt_of(
     error_reason: str = ENVIRONMENT_ERROR,
     witnesses: Witnesses | None = None,
     poisoning_wins: bool = False,
+    notes: Mapping[str, Any] | None = None,
 ) -> Receipt:
     """The rollout's final word; without ``witnesses`` the declared terminal is the episode's last captured call.
 
     ``error`` fails the rollout with ``error_reason``; with ``poisoning_wins`` a poisoned capture
-    is the reason instead (an agent often fails because one of its calls was refused).
+    is the reason instead (an agent often fails because one of its calls was refused). ``notes``
+    join the reward info whatever the outcome (the gateway's refusals).
     """
     reward = outcome.reward if outcome is not None else None
-    info = dict(outcome.reward_info) if outcome is not None else {}
+    info = {**(outcome.reward_info if outcome is not None else {}), **(notes or {})}
     if error is not None:
         info["error"] = error
     common = {
