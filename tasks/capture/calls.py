@@ -181,15 +181,19 @@ class CallCapture:
         ledger: LedgerWriter | None,
         prefix_cache: ChainPrefixCache | None,
         capture: bool = True,
-        render_off_loop: bool = False,
+        render_executor: concurrent.futures.Executor | None = None,
     ) -> None:
-        """``render_off_loop``: render and tokenize prompts in a thread (the gateway's loop serves HTTP)."""
+        """``render_executor``: render and tokenize prompts there, off the loop (whose loop serves HTTP).
+
+        One thread is enough and safest: a Hugging Face fast tokenizer must not encode in two
+        threads at once, and the GIL would serialize the work anyway.
+        """
         if capture and (staging is None or ledger is None or prefix_cache is None):
             raise ValueError("capture needs a staging writer, a ledger writer and a prefix cache")
         self.engine = engine
         self.sampling = sampling
         self.capture = capture
-        self.render_off_loop = render_off_loop
+        self._render_executor = render_executor
         self._staging = staging
         self._ledger = ledger
         self._cache = prefix_cache
@@ -231,8 +235,10 @@ class CallCapture:
         try:
             parent_tokens = await self._parent_tokens(call_id, parent, history, captured)
             rendered = messages if shape.rendered is None else shape.rendered
-            if self.render_off_loop:
-                prompt = await asyncio.to_thread(self._prompt, call_id, rendered, parent_tokens, shape.tools)
+            if self._render_executor is not None:
+                prompt = await asyncio.get_running_loop().run_in_executor(
+                    self._render_executor, self._prompt, call_id, rendered, parent_tokens, shape.tools
+                )
             else:
                 prompt = self._prompt(call_id, rendered, parent_tokens, shape.tools)
             completion, admission = await self._generate(call_id, prompt, seed, rollout.rollout_id, shape.max_tokens)

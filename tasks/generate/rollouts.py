@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tasks.capture.calls import CallCapture, RolloutCapture
@@ -70,6 +71,8 @@ async def run_rollouts(
     agent = batch.environment if isinstance(batch.environment, Agent) else None
     reader = StagedReader(batch.store)
     cache = ChainPrefixCache()
+    # An agent's calls arrive over HTTP on this loop: their prompts are rendered in one thread of their own.
+    renderer = ThreadPoolExecutor(1, thread_name_prefix="render") if agent is not None else None
     capture = CallCapture(
         engine=await engine.get(),
         sampling=config.sampling,
@@ -77,7 +80,7 @@ async def run_rollouts(
         ledger=ledger,
         prefix_cache=cache,
         capture=batch.capture,
-        render_off_loop=agent is not None,
+        render_executor=renderer,
     )
     cache.set_source(
         f"{config.batch_id}/shard-{shard}/attempt-{attempt}",
@@ -110,6 +113,8 @@ async def run_rollouts(
         finally:
             heartbeat.cancel()
             progress.close()
+            if renderer is not None:
+                renderer.shutdown(wait=False, cancel_futures=True)
     return finished
 
 
