@@ -8,6 +8,7 @@ message-graph shape is checked call by call in a second or two.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import re
 import sys
@@ -40,7 +41,7 @@ def arithmetic_engine(tokenizer) -> FakeScriptedEngine:
         asked = QUESTION.findall(prompt)
         a, b = map(int, asked[-1]) if asked else (0, 0)
         tool_answered = "<|im_start|>tool" in prompt
-        if "<tools>" in prompt and not tool_answered:
+        if ("<tools>" in prompt or "TOOLS:" in prompt) and not tool_answered:
             return f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
         return f"The answer is {a + b}."
 
@@ -164,3 +165,20 @@ def test_under_an_independent_message_graph_every_call_is_a_root_prompted_by_its
         request = next(r for r in engine.requests if r.request_id == second.call_id)
         assert np.array_equal(calls[1][1].token_ids_delta[: len(request.prompt_token_ids)], request.prompt_token_ids)
         assert receipt.terminal_call_id == second.call_id and receipt.reward == 1.0
+
+
+def test_a_chat_template_that_renders_tools_gets_them_and_no_fallback(tmp_path, tokenizer, tasks_file):
+    """A template that renders ``tools`` itself (the bundled one plus a tools block) is handed the request's tools."""
+    renders_tools = copy.deepcopy(tokenizer)
+    block = "{% if tools %}{{ '<|im_start|>system\\nTOOLS: ' + (tools | tojson) + '<|im_end|>\\n' }}{% endif %}"
+    renders_tools.chat_template = block + tokenizer.chat_template
+    engine = arithmetic_engine(renders_tools)
+    options = {"function": f"{AGENTS}:tool_agent", "tasks": str(tasks_file)}
+    batch, summary = run_agents(tmp_path, engine, "agent_callable", options)
+    assert summary.ok == 4
+    for receipt, calls in staged_manifests(batch).values():
+        (first, _), (second, _) = calls
+        request = next(r for r in engine.requests if r.request_id == first.call_id)
+        prompt = renders_tools.decode(list(request.prompt_token_ids))
+        assert 'TOOLS: [{"type": "function"' in prompt and "<tools>" not in prompt
+        assert second.parent_call_id == first.call_id and receipt.reward == 1.0
