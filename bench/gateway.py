@@ -65,6 +65,7 @@ from tests.generation.fakes import DelegatingEngine, FakeScriptedEngine
 SEED = 1234
 TICK_SECONDS = 0.005
 WARMUP_AGENTS = 16
+DIRECT_CALLS = 32
 ENGINE_OPTIONS = {"max_model_len": 2048}
 TOPICS = ("rivers", "bread", "clocks", "bees", "glass", "maps", "tea", "bridges", "salt", "owls", "ink", "kites")
 FOLLOW_UPS = ("Tell me one more fact about it.", "Now sum it all up in one sentence.", "Say it again, shorter.")
@@ -155,7 +156,8 @@ class TimedEngine(DelegatingEngine):
 
 @dataclass
 class Watchdog:
-    """Ticks every :data:`TICK_SECONDS` on the loop it runs on; ``longest``: the latest a tick ran (the longest stall)."""
+    """Ticks every :data:`TICK_SECONDS` on the loop it runs on; ``longest``: the latest a tick ran (the longest
+    stall)."""
 
     longest: float = 0.0
     lateness: list[float] = field(default_factory=list)
@@ -216,52 +218,79 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:8.1f} ms"
 
 
+def direct_calls(engine: TimedEngine, tokenizer: Any, sampling: SamplingSettings, count: int) -> np.ndarray:
+    """Seconds of ``count`` engine calls one after another, straight to the engine: no gateway, no load."""
+    prompt = tuple(tokenizer.encode(first_messages(task_rows(1, 1)[0])[-1]["content"]))
+
+    async def calls() -> None:
+        for index in range(count):
+            await engine.generate(GenerationRequest(f"direct-{index}", prompt, sampling, seed=index))
+
+    asyncio.run(calls())
+    return np.array(list(engine.seconds.values()))
+
+
+def percentiles(values: np.ndarray) -> np.ndarray:
+    return np.percentile(values, [50, 99]) if values.size else np.full(2, np.nan)
+
+
 def load_part(args: argparse.Namespace) -> bool:
     from tasks.models.bundled import load_bundled_tokenizer
 
     tokenizer = load_bundled_tokenizer()
-    fake = FakeScriptedEngine(
-        tokenizer, reply=lambda r: f"Fact {r.seed % 1000}: it is {r.seed % 97} times older than you think.", record=False
-    )
+    fake = FakeScriptedEngine(tokenizer, reply=lambda r: f"Fact {r.seed % 1000}: it is {r.seed % 97} times older.")
     print(
         f"== load: {args.agents} agent rollouts at once, {args.calls} calls each, on a FAKE engine "
         f"({FakeScriptedEngine.name}: no inference, scripted replies, real tokenizer) that sleeps "
         f"{args.engine_ms:g} ms per call"
     )
     print("   overhead = latency the agent's client saw - time inside the engine, per call (joined by call id)")
-    model = ModelSpec(reference="fake-model")
     sampling = SamplingSettings(temperature=1.0, max_tokens=args.max_tokens)
-    shape = {"model": model, "sampling": sampling, "max_turns": args.calls, "group_size": 1}
-    results = {}
+    shape = {"model": ModelSpec(reference="fake-model"), "sampling": sampling, "max_turns": args.calls}
+    direct = direct_calls(TimedEngine(fake, args.engine_ms / 1000), tokenizer, sampling, DIRECT_CALLS)
+    runs = {}
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as root:
         for label, agents in (("warm-up", min(WARMUP_AGENTS, args.agents)), ("counted", args.agents)):
-            engine = TimedEngine(fake, args.engine_ms / 1000)
-            watchdog = Watchdog()
+            engine, watchdog = TimedEngine(fake, args.engine_ms / 1000), Watchdog()
             options = {"function": AGENT, "tasks": write_tasks(root, task_rows(agents, args.calls))}
-            planned = config(f"load-{label}", AgentCallable.name, options, num_tasks=agents, **shape)
+            planned = config(f"load-{label}", AgentCallable.name, options, num_tasks=agents, group_size=1, **shape)
             summary, seconds = run_shard(root, planned, engine, watchdog.runner(asyncio.run))
-            results[label] = (summary, seconds, engine, watchdog, dict(CLIENT_SECONDS), list(FAILED_REQUESTS))
-    cold, warm = results["warm-up"], results["counted"]
-    summary, seconds, engine, watchdog, client, failed = warm
+            runs[label] = (summary, seconds, engine, watchdog, dict(CLIENT_SECONDS), list(FAILED_REQUESTS))
+        # The same rollouts stepped in process by the environment protocol: the capture path without the gateway.
+        tasks = {"tasks": options["tasks"]}
+        stepped = config("load-protocol", ENVIRONMENT, tasks, num_tasks=agents, group_size=1, **shape)
+        protocol, protocol_seconds = run_shard(root, stepped, TimedEngine(fake, args.engine_ms / 1000), asyncio.run)
+    cold, (summary, seconds, engine, watchdog, client, failed) = runs["warm-up"], runs["counted"]
     joined = [(client[c], engine.seconds[c]) for c in client if c in engine.seconds]
     latency, inside = np.array([c for c, _ in joined]), np.array([e for _, e in joined])
     overhead = latency - inside
     print(
-        f"rollouts:               {summary.rollouts} ({summary.ok} ok, {summary.failed} failed, "
-        f"{summary.poisoned} poisoned) in {seconds:.2f}s"
+        f"rollouts:                 {summary.rollouts} ({summary.ok} ok, {summary.failed} failed, "
+        f"{summary.poisoned} poisoned) in {seconds:.2f}s: {summary.calls / seconds:.0f} calls/s"
     )
-    print(f"calls:                  {summary.calls} ({len(client)} answered, {len(joined)} joined to the engine's)")
-    print(f"failed requests:        {len(failed)}" + (f" (first: {failed[0]})" if failed else ""))
-    for name, values in (("client latency", latency), ("engine time", inside), ("gateway overhead", overhead)):
-        p50, p99 = np.percentile(values, [50, 99]) if values.size else (float("nan"),) * 2
-        print(f"{name + ':':23} p50 {ms(p50)}  p99 {ms(p99)}")
-    ratios = np.percentile(overhead, [50, 99]) / np.percentile(inside, [50, 99]) if joined else (float("nan"),) * 2
-    print(f"overhead ÷ engine time: p50 {ratios[0]:8.3f}     p99 {ratios[1]:8.3f}")
+    print(
+        f"same rollouts, protocol:  {protocol.rollouts} ({protocol.ok} ok) in {protocol_seconds:.2f}s: "
+        f"{protocol.calls / protocol_seconds:.0f} calls/s; gateway ÷ protocol calls/s = "
+        f"{(summary.calls / seconds) / (protocol.calls / protocol_seconds):.2f}"
+    )
+    print(f"calls:                    {summary.calls} ({len(client)} answered, {len(joined)} joined to the engine's)")
+    print(f"failed requests:          {len(failed)}" + (f" (first: {failed[0]})" if failed else ""))
+    for name, values in (
+        ("client latency", latency),
+        ("engine time", inside),
+        ("gateway overhead", overhead),
+        (f"direct engine call ({DIRECT_CALLS})", direct),
+    ):
+        p50, p99 = percentiles(values)
+        print(f"{name + ':':25} p50 {ms(p50)}  p99 {ms(p99)}")
+    for name, denominator in (("engine time", inside), ("direct call", direct)):
+        ratios = percentiles(overhead) / percentiles(denominator)
+        print(f"{'overhead ÷ ' + name + ':':25} p50 {ratios[0]:8.2f}     p99 {ratios[1]:8.2f}")
     late = np.array(watchdog.lateness)
     print(
-        f"event loop stall:       longest {ms(watchdog.longest)}  (ticks every {TICK_SECONDS * 1000:g} ms: "
-        f"p99 lateness {ms(float(np.percentile(late, 99)) if late.size else 0.0)}; cold first shard of the "
-        f"process, {cold[0].rollouts} rollouts: longest {ms(cold[3].longest).strip()})"
+        f"event loop stall:         longest {ms(watchdog.longest)}  (a tick every {TICK_SECONDS * 1000:g} ms: "
+        f"p99 lateness {ms(percentiles(late)[1]).strip()}; the process's first shard, {cold[0].rollouts} rollouts, "
+        f"imports included: longest {ms(cold[3].longest).strip()})"
     )
     ok = not failed and not cold[5] and summary.ok == summary.rollouts == args.agents and len(client) == summary.calls
     print(f"zero failed requests and rollouts: {'PASS' if ok else 'FAIL'}")
@@ -335,7 +364,8 @@ def vllm_part(args: argparse.Namespace) -> bool:
     all_ok = all(r.summary.ok == r.summary.rollouts == rollouts for r in runs)
     print()
     print(f"median generated tok/s: gateway {rates[True]:.1f}, protocol {rates[False]:.1f}")
-    print(f"median wall time:       gateway {median_seconds(runs, True):.2f}s, protocol {median_seconds(runs, False):.2f}s")
+    walls = {g: statistics.median(r.seconds for r in runs if r.gateway == g) for g in (True, False)}
+    print(f"median wall time:       gateway {walls[True]:.2f}s, protocol {walls[False]:.2f}s")
     print(f"same generated tokens in every run: {same_tokens}; identical prompts and samples: {same_samples}")
     print(f"every rollout ok in every run: {all_ok}")
     print(f"gateway ÷ protocol throughput = {rates[True] / rates[False]:.3f}")
@@ -344,10 +374,6 @@ def vllm_part(args: argparse.Namespace) -> bool:
 
 def mode(gateway: bool) -> str:
     return "gateway " if gateway else "protocol"
-
-
-def median_seconds(runs: list[Run], gateway: bool) -> float:
-    return statistics.median(r.seconds for r in runs if r.gateway == gateway)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -86,12 +86,29 @@ def test_load_bench_runs_a_small_batch_through_every_stage_and_prints_its_figure
     assert set(figures["seconds"]) == {"plan", "generate", "finalize", "validate_publish"}
 
 
+def test_gateway_bench_load_part_runs_agents_through_the_gateway_and_prints_every_figure(tmp_path: Path) -> None:
+    out = run_bench("gateway.py", "--part", "load", "--agents", "8", "--engine-ms", "5", tmp_path=tmp_path)
+    assert "FAKE engine" in out and "vLLM" not in out
+    lines = out.splitlines()
+    assert any(line.startswith("rollouts:") and "8 (8 ok, 0 failed, 0 poisoned)" in line for line in lines), out
+    assert any(line.startswith("calls:") and "24 (24 answered, 24 joined" in line for line in lines), out
+    assert re.search(r"^same rollouts, protocol: +8 \(8 ok\).*gateway ÷ protocol calls/s = [\d.]+$", out, re.M), out
+    assert "failed requests:          0" in lines
+    for figure in ("client latency", "engine time", "gateway overhead", "direct engine call", "overhead ÷ engine time"):
+        line = next(line for line in lines if line.startswith(figure))
+        assert re.search(r"p50 +[\d.]+( ms)? +p99 +[\d.]+", line), line
+    assert any(line.startswith("overhead ÷ direct call:") for line in lines), out
+    assert re.search(r"^event loop stall: +longest +[\d.]+ ms", out, re.MULTILINE), out
+    assert "zero failed requests and rollouts: PASS" in out
+
+
 @pytest.mark.parametrize(
     ("script", "options"),
     [
         ("capture_overhead.py", ("--runs", "--tasks", "--max-turns", "--max-tokens", "--model")),
         ("server_exactness.py", ("--runs", "--prompts", "--max-tokens", "--concurrency", "--latency-calls")),
         ("megatron_capture_overhead.py", ("--engine", "--dtype", "--runs", "--tasks", "--flash-attn-standin")),
+        ("gateway.py", ("--part", "--agents", "--engine-ms", "--calls", "--runs", "--tasks", "--group-size")),
     ],
 )
 def test_engine_benches_parse_their_options(tmp_path: Path, script: str, options: tuple[str, ...]) -> None:

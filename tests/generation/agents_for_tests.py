@@ -131,6 +131,27 @@ async def crossing_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
     return await tool_agent(client, task)
 
 
+async def crashing_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """Makes a call, then its own code fails."""
+    await client.chat.completions.create(model="policy", messages=question(task))
+    raise RuntimeError("the agent's tool crashed")
+
+
+async def hanging_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """Makes a call, then waits forever (the batch's timeout_s ends it)."""
+    import asyncio
+
+    await client.chat.completions.create(model="policy", messages=question(task))
+    await asyncio.sleep(3600)
+    return {"reward": 1.0}
+
+
+async def silent_agent(client: Any, task: dict[str, Any]) -> None:
+    """Makes a call and returns no reward."""
+    await client.chat.completions.create(model="policy", messages=question(task))
+
+
+FAILING_SHAPES = {"crash": crashing_agent, "hang": hanging_agent, "no_reward": silent_agent}
 SHAPES = {
     "tools": tool_agent,
     "streaming": streaming_agent,
@@ -145,4 +166,4 @@ SHAPES = {
 async def any_shape(client: Any, task: dict[str, Any]) -> dict[str, Any]:
     """The agent of the task's ``shape`` (a key of :data:`SHAPES`)."""
     KEYS_SEEN.setdefault(client.api_key, str(client.base_url))
-    return await SHAPES[task["shape"]](client, task)
+    return await (SHAPES | FAILING_SHAPES)[task["shape"]](client, task)

@@ -3,8 +3,9 @@
 The agents (``agents_for_tests.py``) use the official ``openai`` client and the OpenAI Agents
 SDK against the capture gateway of a generate attempt on the shared in-process vLLM engine:
 multi-turn with tools, streaming, a retried call, a sub-agent, a compacted history, a call with
-another rollout's key. Every chain is checked token by token, then the batch is finalized,
-validated by the lineage and dataset suites, and published.
+another rollout's key, and agents that crash, hang or give no reward. Every chain is checked token
+by token, then the batch is finalized, validated by the lineage and dataset suites, and published
+(the failed rollouts masked with their reasons).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import numpy as np
 import pytest
 
 from tasks.batch import Batch
+from tasks.config import ValidationSpec
 from tasks.engines.base import SamplingSettings
 from tasks.finalize.stage import FinalizeOptions
 from tasks.generate import generate_shard
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import plan_batch
 
-from .agents_for_tests import SHAPES
+from .agents_for_tests import FAILING_SHAPES, SHAPES
 from .chains import linearized, verified_sequences
 from .configs import bundled_model_config
 from .test_agent_rollouts import gateway_notes, staged_manifests
@@ -34,28 +36,40 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def test_every_agent_shape_on_the_real_model_is_captured_exactly_and_published(vllm_engine, tmp_path):
     engine, loop = vllm_engine
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"shape": shape, "a": 2 + i, "b": 3}) + "\n" for i, shape in enumerate(SHAPES)))
+    shapes = [*SHAPES, *FAILING_SHAPES]
+    tasks.write_text("".join(json.dumps({"shape": shape, "a": 2 + i, "b": 3}) + "\n" for i, shape in enumerate(shapes)))
+    function = "tests.generation.agents_for_tests:any_shape"
     config = bundled_model_config(
         batch_id="b-agents",
         environment="agent_callable",
-        environment_options={"function": "tests.generation.agents_for_tests:any_shape", "tasks": str(tasks)},
-        num_tasks=len(SHAPES),
+        environment_options={"function": function, "tasks": str(tasks), "timeout_s": 60},
+        num_tasks=len(shapes),
         group_size=1,
         max_turns=8,
-        max_in_flight=len(SHAPES),
+        max_in_flight=len(shapes),
         sampling=SamplingSettings(temperature=0.8, max_tokens=24),
+        validation=ValidationSpec(max_invalid_row_rate=0.5, max_poisoned_rate=0.5),
     )
     root = str(tmp_path / "runs")
     batch = Batch.open(root, config.batch_id)
     plan_batch(batch, config)
     summary = generate_shard(batch, 0, engine=engine, run=loop.run, progress=False)
-    shapes = {p.rollout_id: json.loads(p.task_json)["shape"] for p in batch.shard_plan(0)}
-    rollouts = {shapes[rollout]: calls for rollout, calls in staged_manifests(batch).items()}
+    shape_of = {p.rollout_id: json.loads(p.task_json)["shape"] for p in batch.shard_plan(0)}
+    rollouts = {shape_of[rollout]: calls for rollout, calls in staged_manifests(batch).items()}
     receipts = {shape: receipt for shape, (receipt, _) in rollouts.items()}
     assert summary.ok == len(SHAPES), {s: (r.status, r.failure_reason, r.reward_info) for s, r in receipts.items()}
+    failures = {shape: (receipts[shape].status, receipts[shape].failure_reason) for shape in FAILING_SHAPES}
+    assert failures == {
+        "crash": ("failed", "agent_error"),
+        "hang": ("failed", "agent_timeout"),
+        "no_reward": ("failed", "agent_no_reward"),
+    }
+    assert "the agent's tool crashed" in json.loads(receipts["crash"].reward_info)["error"]
 
     chains = verified_sequences(batch.store, 0)
     for shape, (receipt, calls) in rollouts.items():
+        if shape in FAILING_SHAPES:
+            continue
         records = {record.call_id: record for record, _ in calls}
         chain = chains[receipt.rollout_id]
         assert chain[-1].call_id == receipt.terminal_call_id, shape
@@ -80,9 +94,12 @@ def test_every_agent_shape_on_the_real_model_is_captured_exactly_and_published(v
     published = finalize_and_publish(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))
     assert published.published is not None and set(published.suites) == {"lineage", "dataset"}
     rows = dataset_rows(root, config.batch_id)
-    assert set(rows) == set(shapes) and all(row["sample_mask"] == 1 for row in rows.values())
-    for rollout, row in rows.items():  # each row is its terminal's chain, token for token
-        assert np.array_equal(row["input_ids"], linearized(chains[rollout])), shapes[rollout]
+    assert set(rows) == set(shape_of)
+    for rollout, row in rows.items():  # each row is its terminal's chain, token for token, or masked with a reason
+        if shape_of[rollout] in FAILING_SHAPES:
+            assert (row["sample_mask"], row["mask_reason"]) == (0, "rollout_failed"), shape_of[rollout]
+        else:
+            assert row["sample_mask"] == 1 and np.array_equal(row["input_ids"], linearized(chains[rollout]))
 
 
 def test_an_independent_message_graph_on_the_real_model_prompts_each_call_afresh_and_is_published(
