@@ -23,10 +23,10 @@ from typing import Any
 from tasks.capture.calls import CONTEXT_LENGTH, CallCapture, CallShape, RolloutCapture
 from tasks.capture.terminal import fingerprint_content
 from tasks.config import BatchConfig
-from tasks.environments.agents import Agent, AgentDoor, AgentFailure, AgentResult
+from tasks.environments.agents import AGENT_ERROR, MAX_SHOWN_OUTPUT, Agent, AgentDoor, AgentFailure, AgentResult
 from tasks.environments.base import Message, Turn
 from tasks.errors import EngineDeadError, StorageUnavailableError
-from tasks.gateway.app import Reply, Rollouts
+from tasks.gateway.app import Answer, Reply, Rollouts
 from tasks.gateway.protocol import ChatRequest, GatewayError, invalid
 from tasks.gateway.tools import CALL_START, ToolCallReader, call_text, offer_tools
 from tasks.generate.progress import Progress
@@ -50,8 +50,8 @@ class GatewayCalls:
         self._reader: ToolCallReader | None = None
         self._reader_lock = asyncio.Lock()
 
-    def answer(self, state: RolloutCapture) -> Any:
-        """The :data:`tasks.gateway.app.Answer` of one rollout."""
+    def answer(self, state: RolloutCapture) -> Answer:
+        """What one rollout's route answers with."""
 
         async def answer(chat: ChatRequest) -> Reply:
             offered = chat.tools if chat.tool_choice == "auto" else []
@@ -145,9 +145,9 @@ async def run_agent_rollout(
         gateway.end(planned.rollout_id)
         if not episode.done():
             episode.cancel()
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await episode
-    if not episode.done() or episode.cancelled():
+    if calls.fatal.done():
         raise calls.fatal.result()
     result: AgentResult | None = None
     failure: AgentFailure | None = None
@@ -155,9 +155,10 @@ async def run_agent_rollout(
         result = episode.result()
     except AgentFailure as error:
         failure = error
-        log.warning("rollout %s: %s: %s", planned.rollout_id, error.reason, error.detail)
-    if calls.fatal.done():
-        raise calls.fatal.result()
+    except Exception as error:  # an agent class's own bug fails its rollout, never the attempt
+        failure = AgentFailure(AGENT_ERROR, f"{type(error).__name__}: {error}"[:MAX_SHOWN_OUTPUT])
+    if failure is not None:
+        log.warning("rollout %s: %s: %s", planned.rollout_id, failure.reason, failure.detail)
     refusals = [f"{r.status} {r.code}: {r.message}" for r in route.refusals]
     receipt = receipt_of(
         planned,
@@ -165,7 +166,7 @@ async def run_agent_rollout(
         attempt,
         None if result is None else Turn.finish(result.reward, **result.info),
         None if failure is None else f"{failure.reason}: {failure.detail}",
-        error_reason=failure.reason if failure is not None else "",
+        error_reason=failure.reason if failure is not None else AGENT_ERROR,
         witnesses=_witnesses(state, result),
         poisoning_wins=True,
         notes={"refused_requests": refusals} if refusals else None,

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from examples.callable_agent import solve
+from tasks.environments.agents import Agent, AgentDoor, AgentResult
 
 ADD_TOOL = {
     "type": "function",
@@ -167,3 +168,12 @@ async def any_shape(client: Any, task: dict[str, Any]) -> dict[str, Any]:
     """The agent of the task's ``shape`` (a key of :data:`SHAPES`)."""
     KEYS_SEEN.setdefault(client.api_key, str(client.base_url))
     return await (SHAPES | FAILING_SHAPES)[task["shape"]](client, task)
+
+
+class BrokenAgent(Agent):
+    """An agent class of a user's own whose episode has a bug (a KeyError), loaded by import path."""
+
+    name = "broken_agent"
+
+    async def episode(self, door: AgentDoor, task: dict[str, Any]) -> AgentResult:
+        return AgentResult(reward=task["no_such_key"])

@@ -182,3 +182,12 @@ def test_a_chat_template_that_renders_tools_gets_them_and_no_fallback(tmp_path, 
         prompt = renders_tools.decode(list(request.prompt_token_ids))
         assert 'TOOLS: [{"type": "function"' in prompt and "<tools>" not in prompt
         assert second.parent_call_id == first.call_id and receipt.reward == 1.0
+
+
+def test_a_bug_in_an_agent_class_fails_its_rollouts_not_the_attempt(tmp_path, tokenizer, tasks_file):
+    environment = f"{AGENTS}:BrokenAgent"
+    batch, summary = run_agents(tmp_path, arithmetic_engine(tokenizer), environment, {"tasks": str(tasks_file)})
+    assert (summary.rollouts, summary.failed) == (4, 4)
+    for receipt, _ in staged_manifests(batch).values():
+        assert (receipt.status, receipt.failure_reason) == ("failed", "agent_error")
+        assert "KeyError" in json.loads(receipt.reward_info)["error"]
