@@ -172,7 +172,8 @@ class BatchFields(BaseModel):
     message_graph: Annotated[Literal[MESSAGE_GRAPHS], InConfig("message_graph")] = Field(  # type: ignore[valid-type]
         "splice",
         title="Agent calls",
-        description="agent environments: how a call whose history extends an earlier call's is prompted",
+        description="agent environments: how a call whose history extends an earlier call's is prompted "
+        "(independent: every call is a training row of its own)",
         json_schema_extra={"section": "Environment", "values_display": MESSAGE_GRAPH_LABELS},
     )
     model: Annotated[str, InConfig("model.reference")] = Field(

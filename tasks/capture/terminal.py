@@ -140,15 +140,17 @@ def matching_call(records: Sequence[Any], field: str, value: str) -> str | None:
 def attribute_terminal(
     records: Iterable[Any],
     *,
-    declared_call_id: str | None = None,
+    declared_call_ids: Sequence[str] = (),
     response_id: str | None = None,
     content_fingerprint: str | None = None,
 ) -> TerminalAttribution:
     """The receipt's terminal call from every witness given, the heuristic when none answers.
 
-    A declared terminal that is not captured or is ambiguous ends attribution (no fallback).
-    Witnesses that answer must name the same call (else ``witness_disagreement``); the method
-    is the strongest witness that answered. Only when none answered does the heuristic run.
+    ``declared_call_ids`` holds one declaration per channel that made one (e.g. an agent's result
+    and the gateway's final-response header). A declared terminal that is not captured or is
+    ambiguous ends attribution (no fallback). Witnesses that answer must name the same call (else
+    ``witness_disagreement``); the method is the strongest witness that answered. Only when none
+    answered does the heuristic run.
     """
     rows = list(records)
     if response_id is not None and (not isinstance(response_id, str) or not response_id):
@@ -156,7 +158,7 @@ def attribute_terminal(
     if content_fingerprint is not None:
         check_hex_digest(content_fingerprint, field="content_fingerprint")
     answers: list[tuple[str, str]] = []
-    if declared_call_id is not None:
+    for declared_call_id in declared_call_ids:
         declared = declared_terminal(rows, declared_call_id)
         if declared.terminal_call_id is None:
             return TerminalAttribution(None, None, declared.reason)

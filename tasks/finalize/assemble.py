@@ -2,9 +2,11 @@
 
 :func:`assemble_rows` turns the verified rollouts of planned groups (a shard's, as columns) into
 one table of :class:`~tasks.records.dataset_row.DatasetRow` rows, built column by column so
-that every row satisfies the row's invariants by construction: with ``on_invalid = "mask"``
-exactly one row per planned rollout (invalid and missing ones masked, advantage 0), with
-``"drop"`` only the valid ones. Advantages are computed per group over its valid rows only
+that every row satisfies the row's invariants by construction: a row per chain of a planned
+rollout (one root→terminal; one per call under independent calls, each with the rollout's reward
+and advantage) and one row without tokens for a rollout without chains. With
+``on_invalid = "mask"`` every planned rollout has rows (invalid and missing ones masked,
+advantage 0), with ``"drop"`` only the valid ones. Advantages are computed per group over its valid rows only
 (:mod:`tasks.finalize.advantages`); a masked row never carries a nonzero advantage.
 """
 
@@ -31,7 +33,8 @@ class GroupStats:
 
     ``planned`` rollouts; ``valid`` of them trainable, ``missing`` without a receipt;
     ``invalid_reasons`` counts the reason of every non-trainable planned rollout (missing ones
-    as ``missing_receipt``); ``rows`` written; ``advantage_outcome`` is one of
+    as ``missing_receipt``); ``rows`` written (more than the rollouts under independent calls);
+    ``advantage_outcome`` is one of
     :data:`tasks.finalize.advantages.OUTCOMES` (``no_valid``: the group trains on nothing);
     ``weight_version`` is the minimum over valid rows (None without valid rows).
     """
@@ -50,7 +53,7 @@ class GroupStats:
 class AssembledRows:
     """The rows of consecutive planned groups as one table, and what assembling them found.
 
-    ``table`` has the :class:`DatasetRow` schema, rows ordered by group id then rollout id and
+    ``table`` has the :class:`DatasetRow` schema, rows ordered by group id, rollout id, then call and
     built column-wise so that every row satisfies :class:`DatasetRow`'s invariants by
     construction (``DatasetRow.from_table`` proves it record by record). ``groups`` has each group's stats
     in table order; ``receipts``, ``epoch_span_count`` and ``terminal_selections`` (method ->
@@ -75,7 +78,7 @@ def assemble_rows(
     """Rows of planned groups (group id -> its planned rollout ids) from their verified rollouts.
 
     ``group_size`` is the number of a group's planned rollouts. With ``on_invalid = "mask"``
-    every planned rollout gets a row, without a verified rollout it is invalid with reason
+    every planned rollout gets its rows, without a verified rollout it is invalid with reason
     ``missing_receipt``; with ``"drop"`` only valid rollouts do. Advantages are computed per
     group over its valid rows only. Raises ValueError when a verified rollout is of another
     batch or of an unplanned group, not planned in its group, or given twice: those are caller
@@ -91,6 +94,7 @@ def assemble_rows(
             raise ValueError(f"group {group_id}: planned rollout ids must be non-empty and distinct, got {ids}")
     entry_of = _entries_by_rollout(verified, batch_id, groups)
     versions = _per_chain(np.minimum, verified.linearized.weight_version, verified.linearized.call_starts)
+    chains_of = [range(c, c + n) for c, n in zip(verified.chain.tolist(), verified.chain_counts.tolist(), strict=True)]
     rows = _RowsBuilder(verified)
     stats = []
     for group_id, ids in groups.items():
@@ -106,9 +110,10 @@ def assemble_rows(
                 invalid[reason] += 1
                 if on_invalid == "drop":
                     continue
-            rows.add(entry, group_id, rollout_id, len(ids), advantage_of.get(rollout_id, 0.0), reason)
-            kept += 1
-        chains = [int(verified.chain[e]) for e in valid]
+            for chain in chains_of[entry] if entry is not None and chains_of[entry] else (-1,):
+                rows.add(entry, chain, group_id, rollout_id, len(ids), advantage_of.get(rollout_id, 0.0), reason)
+                kept += 1
+        chains = [c for e in valid for c in chains_of[e]]
         stats.append(
             GroupStats(
                 group_id=group_id,
@@ -164,13 +169,22 @@ class _RowsBuilder:
     def __init__(self, verified: VerifiedRollouts) -> None:
         self.verified = verified
         self.entries: list[int] = []
+        self.chains: list[int] = []
         self.fields: tuple[list, ...] = ([], [], [], [], [])
 
     def add(
-        self, entry: int | None, group_id: str, rollout_id: str, group_size: int, advantage: float, reason: str | None
+        self,
+        entry: int | None,
+        chain: int,
+        group_id: str,
+        rollout_id: str,
+        group_size: int,
+        advantage: float,
+        reason: str | None,
     ) -> None:
-        """A row of ``entry`` (None: a planned rollout without a verified rollout)."""
+        """A row of ``entry`` (None: a planned rollout without a verified rollout) over ``chain`` (-1: no tokens)."""
         self.entries.append(-1 if entry is None else entry)
+        self.chains.append(chain)
         values = (group_id, rollout_id, group_size, advantage if reason is None else 0.0, reason)
         for cells, value in zip(self.fields, values, strict=True):
             cells.append(value)
@@ -178,10 +192,8 @@ class _RowsBuilder:
     def table(self) -> pa.Table:
         verified = self.verified
         group_ids, rollout_ids, group_sizes, advantages, mask_reasons = self.fields
-        entries = np.array(self.entries, np.int64)
-        n = entries.size
-        chain = np.full(n, -1, np.int64)
-        chain[entries >= 0] = verified.chain[entries[entries >= 0]]
+        chain = np.array(self.chains, np.int64)
+        n = chain.size
         linearized = chain >= 0  # rows that keep their rollout's verified tokens
         tokens = verified.linearized.take(chain[linearized])
         ids_of = [e if e >= 0 else None for e in self.entries]

@@ -7,6 +7,7 @@ never existed, or beyond the rollout's call limit gets the status and OpenAI err
 expects (never one it retries: 401, 400 or 404), and the refusal is kept on the rollout. A
 checked request goes to the rollout's :data:`Answer` (the capture path), whose :class:`Reply`
 becomes a ``chat.completion`` or, with ``stream``, server-sent ``chat.completion.chunk`` events.
+A request may also name the rollout's scored response in :data:`FINAL_RESPONSE_HEADER`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from tasks.engines.base import SamplingSettings
 from tasks.gateway.protocol import ChatRequest, GatewayError, invalid, read_chat_request
 
 ROLLOUT_PATH = "/rollouts/{rollout_id}/v1"
+# A client that cannot return a response id with its result names its scored response here, on
+# any request of the rollout (a later request's value replaces an earlier one's).
+FINAL_RESPONSE_HEADER = "X-Final-Response-Id"
+MAX_RESPONSE_ID_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class RolloutRoute:
     answer: Answer
     calls: int = 0
     ended: bool = False
+    final_response_id: str | None = None
     refusals: list[Refusal] = field(default_factory=list)
 
 
@@ -115,6 +121,25 @@ class Rollouts:
         return route
 
 
+def _declare_final_response(route: RolloutRoute, request: Request) -> None:
+    """Keep the response id ``request``'s :data:`FINAL_RESPONSE_HEADER` names, if it has one."""
+    value = request.headers.get(FINAL_RESPONSE_HEADER)
+    if value is None:
+        return
+    value = value.strip()
+    if not value or len(value) > MAX_RESPONSE_ID_CHARS:
+        shown = value[:40] + ("..." if len(value) > 40 else "")
+        raise _recorded(
+            route,
+            invalid(
+                f"{FINAL_RESPONSE_HEADER} must name a response id of 1 to {MAX_RESPONSE_ID_CHARS} characters, "
+                f"got {shown!r}",
+                code="invalid_final_response_id",
+            ),
+        )
+    route.final_response_id = value
+
+
 def _recorded(route: RolloutRoute, error: GatewayError) -> GatewayError:
     route.refusals.append(Refusal(error.status, error.code, error.message))
     return error
@@ -130,12 +155,13 @@ def create_app(rollouts: Rollouts) -> FastAPI:
 
     @app.get(ROLLOUT_PATH + "/models")
     async def models(rollout_id: str, request: Request) -> dict[str, Any]:
-        rollouts.route(rollout_id, request.headers.get("authorization"))
+        _declare_final_response(rollouts.route(rollout_id, request.headers.get("authorization")), request)
         return {"object": "list", "data": [{"id": rollouts.model, "object": "model", "owned_by": "rollout-ledger"}]}
 
     @app.post(ROLLOUT_PATH + "/chat/completions", response_model=None)
     async def chat_completions(rollout_id: str, request: Request) -> JSONResponse | StreamingResponse:
         route = rollouts.route(rollout_id, request.headers.get("authorization"))
+        _declare_final_response(route, request)
         try:
             body = json.loads(await request.body())
         except ValueError:

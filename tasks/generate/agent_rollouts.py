@@ -167,22 +167,24 @@ async def run_agent_rollout(
         None if result is None else Turn.finish(result.reward, **result.info),
         None if failure is None else f"{failure.reason}: {failure.detail}",
         error_reason=failure.reason if failure is not None else AGENT_ERROR,
-        witnesses=_witnesses(state, result),
+        witnesses=_witnesses(state, result, route.final_response_id),
         poisoning_wins=True,
         notes={"refused_requests": refusals} if refusals else None,
     )
     return receipt, state
 
 
-def _witnesses(state: RolloutCapture, result: AgentResult | None) -> Witnesses:
-    """The scored call: the response the agent named, else its last call; its final output's text must agree.
+def _witnesses(state: RolloutCapture, result: AgentResult | None, header: str | None) -> Witnesses:
+    """The scored call: the response the agent named (in its result, the gateway's final-response
+    header, or both: they must agree), else its last call; its final output's text must agree.
 
     The final output is a witness only where its text is one call's alone (abstains otherwise);
     naming another call than the declared one is ``witness_disagreement``.
     """
-    declared = state.last_captured_call_id
-    if result is not None and result.response_id is not None:
-        declared = result.response_id.removeprefix("chatcmpl-")
+    named = (result.response_id if result is not None else None, header)
+    declared = tuple(response_id.removeprefix("chatcmpl-") for response_id in named if response_id is not None)
+    if not declared and state.last_captured_call_id is not None:
+        declared = (state.last_captured_call_id,)
     final_output = result.final_output if result is not None else None
     fingerprint = fingerprint_content(final_output) if final_output is not None else None
-    return Witnesses(declared_call_id=declared, content_fingerprint=fingerprint)
+    return Witnesses(declared_call_ids=declared, content_fingerprint=fingerprint)

@@ -37,9 +37,10 @@ def outcome_of(receipt: Receipt, manifest: Sequence[CallRecord]) -> RolloutOutco
 
 @dataclass(frozen=True)
 class Witnesses:
-    """What names the scored call, beyond the heuristic: a declared call id and the scored content's fingerprint."""
+    """What names the scored call, beyond the heuristic: declared call ids (one per channel that
+    declared one, all must agree) and the scored content's fingerprint."""
 
-    declared_call_id: str | None = None
+    declared_call_ids: tuple[str, ...] = ()
     content_fingerprint: str | None = None
 
 
@@ -78,10 +79,12 @@ def receipt_of(
         return Receipt(**common, **unfinished, status="failed", failure_reason=error_reason)
     if state.poisoned_reason is not None:
         return Receipt(**common, **unfinished, status="poisoned", failure_reason=state.poisoned_reason)
-    witnesses = witnesses or Witnesses(declared_call_id=state.last_captured_call_id)
+    if witnesses is None:
+        last = state.last_captured_call_id
+        witnesses = Witnesses(declared_call_ids=() if last is None else (last,))
     attribution = attribute_terminal(
         state.records,
-        declared_call_id=witnesses.declared_call_id,
+        declared_call_ids=witnesses.declared_call_ids,
         content_fingerprint=witnesses.content_fingerprint,
     )
     if attribution.terminal_call_id is None or reward is None:

@@ -13,9 +13,9 @@ profile (decoding a part whole allocated, and faulted in, hundreds of MB per par
   ``nonzero_carried_logprobs`` (loss_mask 0, logprob != 0, NaN included); the token counts are
   null for a row whose loss_mask and logprobs lengths differ (no token pairs them); and its
   scalars (sample_mask, mask_reason, advantage, ``advantage_finite``, reward, group_size);
-* ``groups``: per group its ``rows``, ``group_size`` and ``advantage_mean`` over its trainable
-  rows, null when fewer than two are trainable or their rewards are all equal (their advantages
-  are 0 by definition, :mod:`tasks.finalize.advantages`);
+* ``groups``: per group its ``rollouts`` (with rows), ``group_size`` and ``advantage_mean`` over
+  its trainable rollouts, null when fewer than two are trainable or their rewards are all equal
+  (their advantages are 0 by definition, :mod:`tasks.finalize.advantages`);
 * ``rollouts``: every planned rollout of the dataset's shards, ``trainable`` when a row of it has sample_mask 1.
 """
 
@@ -125,20 +125,32 @@ def _token_counts(part: pa.Table) -> dict[str, np.ndarray]:
 
 
 def group_profile(rows: pa.Table) -> pa.Table:
-    """One row per group of the row profile: rows, group_size, and the mean advantage of its trainable rows."""
-    sizes = rows.group_by("group_id", use_threads=False).aggregate([("rollout_id", "count"), ("group_size", "max")])
-    trainable = rows.filter(pc.equal(rows["sample_mask"], 1)).group_by("group_id", use_threads=False)
-    signal = trainable.aggregate([("advantage", "mean"), ("advantage", "count"), ("reward", "min"), ("reward", "max")])
+    """One row per group of the row profile: its rollouts, group_size, and the mean advantage of its trainable rollouts.
+
+    Rows are collapsed to rollouts first (a rollout of independent calls has a row per call, all
+    with its reward and advantage), so every rollout counts once.
+    """
+    per_rollout = rows.group_by(["group_id", "rollout_id"], use_threads=False).aggregate(
+        [("sample_mask", "max"), ("advantage", "mean"), ("reward", "min"), ("group_size", "max")]
+    )
+    sizes = per_rollout.group_by("group_id", use_threads=False).aggregate(
+        [("rollout_id", "count"), ("group_size_max", "max")]
+    )
+    trainable = per_rollout.filter(pc.equal(per_rollout["sample_mask_max"], 1)).group_by("group_id", use_threads=False)
+    signal = trainable.aggregate(
+        [("advantage_mean", "mean"), ("advantage_mean", "count"), ("reward_min", "min"), ("reward_min", "max")]
+    )
     found = pc.index_in(sizes["group_id"], value_set=signal["group_id"])
     checked = pc.and_(
-        pc.greater_equal(signal["advantage_count"], 2), pc.not_equal(signal["reward_min"], signal["reward_max"])
+        pc.greater_equal(signal["advantage_mean_count"], 2),
+        pc.not_equal(signal["reward_min_min"], signal["reward_min_max"]),
     )
-    mean = pc.take(pc.if_else(checked, signal["advantage_mean"], pa.scalar(None, pa.float64())), found)
+    mean = pc.take(pc.if_else(checked, signal["advantage_mean_mean"], pa.scalar(None, pa.float64())), found)
     return pa.table(
         {
             "group_id": sizes["group_id"],
-            "rows": sizes["rollout_id_count"],
-            "group_size": sizes["group_size_max"],
+            "rollouts": sizes["rollout_id_count"],
+            "group_size": sizes["group_size_max_max"],
             "advantage_mean": mean,
         }
     )

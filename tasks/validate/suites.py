@@ -277,7 +277,7 @@ def lineage_suite(thresholds: ValidationSpec, *, weight_version: int) -> SuiteSp
 DATASET_TABLES = (
     TableSpec("shards", "shard", "one row per planned shard: in the staged dataset?"),
     TableSpec("rows", "rollout_id", "one row per dataset row: list lengths, token counts, flags, scalars"),
-    TableSpec("groups", "group_id", "one row per group: rows, group_size, mean advantage of its trainable rows"),
+    TableSpec("groups", "group_id", "one row per group: rollouts with rows, group_size, mean advantage"),
     TableSpec("rollouts", "rollout_id", "one row per planned rollout of the dataset's shards: trainable?"),
 )
 
@@ -287,22 +287,22 @@ def dataset_suite(thresholds: ValidationSpec, *, on_invalid: str) -> SuiteSpec:
     t = thresholds
     check_choice(on_invalid, ON_INVALID, field="on_invalid")
     if on_invalid == "mask":
-        group_rows = ExpectationSpec(
-            name="group_rows_equal_group_size",
+        group_rollouts = ExpectationSpec(
+            name="group_rollouts_equal_group_size",
             table="groups",
             expectation="expect_column_pair_values_to_be_equal",
-            kwargs={"column_A": "rows", "column_B": "group_size"},
+            kwargs={"column_A": "rollouts", "column_B": "group_size"},
             severity="fail",
-            rule="With on_invalid mask, every group has exactly group_size rows.",
+            rule="With on_invalid mask, every group has rows of exactly group_size rollouts.",
         )
     else:
-        group_rows = ExpectationSpec(
-            name="group_rows_within_group_size",
+        group_rollouts = ExpectationSpec(
+            name="group_rollouts_within_group_size",
             table="groups",
             expectation="expect_column_pair_values_a_to_be_greater_than_b",
-            kwargs={"column_A": "group_size", "column_B": "rows", "or_equal": True},
+            kwargs={"column_A": "group_size", "column_B": "rollouts", "or_equal": True},
             severity="fail",
-            rule="With on_invalid drop, no group has more than group_size rows.",
+            rule="With on_invalid drop, no group has rows of more than group_size rollouts.",
         )
     specs = [
         ExpectationSpec(
@@ -378,7 +378,7 @@ def dataset_suite(thresholds: ValidationSpec, *, on_invalid: str) -> SuiteSpec:
             severity="fail",
             rule="sample_mask is 1 with a null mask_reason, or 0 with a mask_reason.",
         ),
-        group_rows,
+        group_rollouts,
         ExpectationSpec(
             name="group_advantage_mean_near_zero",
             table="groups",
@@ -389,8 +389,8 @@ def dataset_suite(thresholds: ValidationSpec, *, on_invalid: str) -> SuiteSpec:
                 "max_value": t.max_group_advantage_mean,
             },
             severity="fail",
-            rule="The advantages of a group's trainable rows average to 0 within max_group_advantage_mean "
-            "(groups with one trainable row or equal rewards are not checked: their advantages are 0).",
+            rule="The advantages of a group's trainable rollouts average to 0 within max_group_advantage_mean "
+            "(groups with one trainable rollout or equal rewards are not checked: their advantages are 0).",
             threshold_field="max_group_advantage_mean",
             threshold=t.max_group_advantage_mean,
         ),

@@ -124,24 +124,33 @@ def _scored_manifest() -> list[Row]:
 
 
 def test_declared_terminal_is_authoritative() -> None:
-    assert attribute_terminal(_scored_manifest(), declared_call_id="c1") == TerminalAttribution(
+    assert attribute_terminal(_scored_manifest(), declared_call_ids=("c1",)) == TerminalAttribution(
         "c1", "declared", "selected"
     )
 
 
+def test_declarations_from_two_channels_must_name_the_same_call() -> None:
+    rows = _scored_manifest()
+    assert attribute_terminal(rows, declared_call_ids=("c1", "c1")) == TerminalAttribution("c1", "declared", "selected")
+    assert attribute_terminal(rows, declared_call_ids=("c1", "c2")) == TerminalAttribution(
+        None, None, "witness_disagreement"
+    )
+    assert attribute_terminal(rows, declared_call_ids=("c1", "c9")).reason == "declared_terminal_not_captured"
+
+
 def test_declared_terminal_not_captured_does_not_fall_back() -> None:
-    result = attribute_terminal(_scored_manifest(), declared_call_id="c9", response_id="resp-2")
+    result = attribute_terminal(_scored_manifest(), declared_call_ids=("c9",), response_id="resp-2")
     assert result == TerminalAttribution(None, None, "declared_terminal_not_captured")
 
 
 def test_declared_terminal_with_differing_rows_is_declared_ambiguous() -> None:
     rows = [*_scored_manifest(), Row("c2", "c0", 7.0)]
-    assert attribute_terminal(rows, declared_call_id="c2") == TerminalAttribution(None, None, "declared_ambiguous")
+    assert attribute_terminal(rows, declared_call_ids=("c2",)) == TerminalAttribution(None, None, "declared_ambiguous")
 
 
 def test_declared_terminal_with_identical_repeated_rows_is_selected() -> None:
     rows = _scored_manifest()
-    assert attribute_terminal([*rows, rows[2]], declared_call_id="c2").terminal_call_id == "c2"
+    assert attribute_terminal([*rows, rows[2]], declared_call_ids=("c2",)).terminal_call_id == "c2"
 
 
 def test_response_id_names_the_scored_call() -> None:
@@ -171,7 +180,7 @@ def test_content_shared_by_two_calls_abstains_instead_of_guessing() -> None:
 def test_witnesses_naming_different_calls_disagree() -> None:
     rows = _scored_manifest()
     expected = TerminalAttribution(None, None, "witness_disagreement")
-    assert attribute_terminal(rows, declared_call_id="c2", response_id="resp-1") == expected
+    assert attribute_terminal(rows, declared_call_ids=("c2",), response_id="resp-1") == expected
     assert (
         attribute_terminal(rows, response_id="resp-2", content_fingerprint=fingerprint_content("answer 0")) == expected
     )
@@ -180,7 +189,7 @@ def test_witnesses_naming_different_calls_disagree() -> None:
 def test_agreeing_witnesses_report_the_strongest_method() -> None:
     rows = _scored_manifest()
     content = fingerprint_content("answer 2")
-    both = attribute_terminal(rows, declared_call_id="c2", response_id="resp-2", content_fingerprint=content)
+    both = attribute_terminal(rows, declared_call_ids=("c2",), response_id="resp-2", content_fingerprint=content)
     assert both == TerminalAttribution("c2", "declared", "selected")
     assert attribute_terminal(rows, response_id="resp-2", content_fingerprint=content).selection_method == "response_id"
 
@@ -249,7 +258,7 @@ def test_real_call_records_work_with_every_method() -> None:
     records = _call_records()
     leaf = records[-1].call_id
     assert select_terminal_call(records) == TerminalSelection(leaf, "selected")
-    assert attribute_terminal(records, declared_call_id=leaf).selection_method == "declared"
+    assert attribute_terminal(records, declared_call_ids=(leaf,)).selection_method == "declared"
     assert attribute_terminal(records, response_id="chatcmpl-1") == TerminalAttribution(
         records[1].call_id, "response_id", "selected"
     )
@@ -259,9 +268,9 @@ def test_real_call_records_work_with_every_method() -> None:
 def test_real_call_records_repeated_with_a_difference_are_declared_ambiguous() -> None:
     records = _call_records()
     leaf = records[-1]
-    assert attribute_terminal([*records, leaf], declared_call_id=leaf.call_id).terminal_call_id == leaf.call_id
+    assert attribute_terminal([*records, leaf], declared_call_ids=(leaf.call_id,)).terminal_call_id == leaf.call_id
     moved = dataclasses.replace(leaf, staging_row=leaf.staging_row + 10)
-    result = attribute_terminal([*records, moved], declared_call_id=leaf.call_id)
+    result = attribute_terminal([*records, moved], declared_call_ids=(leaf.call_id,))
     assert result == TerminalAttribution(None, None, "declared_ambiguous")
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from tasks.capture import terminal
 from tasks.finalize import reasons as r
-from tasks.finalize.verify.chains import shard_chains
+from tasks.finalize.verify.chains import ShardChains, shard_chains
 from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.storage.ledger_reader import LedgerTables
 
@@ -126,7 +126,45 @@ def test_every_manifest_gets_the_chain_or_reason_the_contract_gives() -> None:
     call_ids = tables.calls.column("call_id").to_pylist()
     for i, (name, manifest) in enumerate(zip(shapes, manifests, strict=True)):
         reason, positions = EXPECTED[name]
-        chain = [call_ids[row] for row in found.rows[found.starts[i] : found.starts[i + 1]]]
+        chain = [call_ids[row] for row in found.receipt_rows(i)]
         assert (found.reasons[i], chain) == (reason, [manifest[k].call_id for k in positions]), name
         assert found.manifest_sizes[i] == len(manifest), name
         assert found.failures[i] == ((poisoned,) if name == "sibling_retry_declared" else ()), name
+
+
+def independent_calls(index: int, calls: int = 3) -> Manifest:
+    """A gateway agent's rollout under independent calls: every call a root of its own."""
+    rollout_id = f"r{index:06d}-00"
+    return [
+        dataclasses.replace(
+            build_chain([(2, 1)], rollout_id=rollout_id, first_id=100 * index + 10 * k).records[0],
+            call_id=f"{rollout_id}.a00.c{k:03d}",
+            staging_row=10 * index + k,
+        )
+        for k in range(calls)
+    ]
+
+
+def test_independent_calls_are_one_chain_each_and_only_when_the_batch_says_so() -> None:
+    roots, linear = independent_calls(1), rollout(2)
+    receipts = [receipt(roots, 0), receipt(linear, 1)]
+    ledger_order = interleaved([roots, linear], random.Random(1))
+    tables = LedgerTables(
+        calls=CallRecord.to_table(ledger_order),
+        call_attempts=np.zeros(len(ledger_order), np.int64),
+        failures=FailureRow.to_table([]),
+        failure_attempts=np.zeros(0, np.int64),
+        receipts=Receipt.to_table(receipts),
+    )
+    call_ids = tables.calls.column("call_id").to_pylist()
+
+    def chains_of(found: ShardChains, i: int) -> list[list[str]]:
+        lo, hi = found.receipt_starts[i], found.receipt_starts[i + 1]
+        return [[call_ids[r] for r in found.rows[found.starts[k] : found.starts[k + 1]]] for k in range(lo, hi)]
+
+    independent = shard_chains(tables, receipts, independent=True)
+    assert chains_of(independent, 0) == [[call.call_id] for call in roots]  # ledger order
+    assert chains_of(independent, 1) == [[call.call_id for call in linear]]  # a linked rollout keeps its chain
+    assert independent.reasons == [None, None]
+    # the default message graph trains the declared terminal's chain: the last root alone
+    assert chains_of(shard_chains(tables, receipts), 0) == [[roots[-1].call_id]]

@@ -113,6 +113,7 @@ def columns_of(batch_id: str, rollouts: Sequence[VerifiedRollout]) -> VerifiedRo
         terminal_selections=[v.terminal_selection for v in rollouts],
         epoch_span_counts=np.array([v.epoch_span_count for v in rollouts], np.int64),
         chain=chain,
+        chain_counts=(chain >= 0).astype(np.int64),
         linearized=Linearized(
             input_ids=np.concatenate([np.zeros(0, np.int32), *(v.input_ids for v in linearized)]),
             loss_mask=np.concatenate([np.zeros(0, np.uint8), *(v.loss_mask for v in linearized)]),

@@ -167,3 +167,21 @@ def test_calls_beyond_the_limit_an_ended_rollout_and_an_unknown_one_are_refused(
             await stranger.models.list()
 
     assert len(run(check)) == 3
+
+
+def test_the_final_response_header_is_kept_latest_first_and_a_bad_one_refused():
+    async def check(clients, rollouts, url):
+        messages = [{"role": "user", "content": "x"}]
+        first = await clients["r1"].chat.completions.create(model="m", messages=messages)
+        header = {"X-Final-Response-Id": first.id}
+        await clients["r1"].chat.completions.create(model="m", messages=messages, extra_headers=header)
+        await clients["r2"].models.list(extra_headers={"X-Final-Response-Id": "chatcmpl-c9"})
+        await clients["r2"].models.list(extra_headers={"X-Final-Response-Id": "chatcmpl-c10"})
+        with pytest.raises(openai.BadRequestError) as refused:
+            await clients["r2"].models.list(extra_headers={"X-Final-Response-Id": "x" * 257})
+        assert refused.value.code == "invalid_final_response_id"
+        r1, r2 = rollouts.end("r1"), rollouts.end("r2")
+        assert (r1.final_response_id, r2.final_response_id) == ("chatcmpl-c1", "chatcmpl-c10")
+        assert [r.code for r in r2.refusals] == ["invalid_final_response_id"]
+
+    assert len(run(check)) == 2

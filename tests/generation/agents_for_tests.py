@@ -94,6 +94,20 @@ async def compacting_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
     return scored(task, final.choices[0].message.content)
 
 
+async def header_declaring_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """Asks twice, then names its first answer as the scored one in the gateway's final-response header.
+
+    With an odd ``a`` its result names the second answer as well: the two declarations disagree.
+    """
+    messages = question(task)
+    first = await client.chat.completions.create(model="policy", messages=messages)
+    messages += [as_history(first.choices[0].message), {"role": "user", "content": "Are you sure?"}]
+    second = await client.chat.completions.create(model="policy", messages=messages)
+    await client.models.list(extra_headers={"X-Final-Response-Id": first.id})
+    result = scored(task, first.choices[0].message.content)
+    return result | {"response_id": second.id} if task["a"] % 2 else result
+
+
 # The agents of the e2e batch on the real model (tests/generation/test_agents_e2e.py), one shape per task.
 KEYS_SEEN: dict[str, str] = {}  # key -> base URL of every rollout that ran in this process: one agent misuses another's
 

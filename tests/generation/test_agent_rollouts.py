@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import json
 import re
 import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
+from tasks import layout
 from tasks.batch import Batch
+from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.plan import plan_batch
 from tasks.storage.ledger_reader import LedgerReader
@@ -165,6 +169,30 @@ def test_under_an_independent_message_graph_every_call_is_a_root_prompted_by_its
         request = next(r for r in engine.requests if r.request_id == second.call_id)
         assert np.array_equal(calls[1][1].token_ids_delta[: len(request.prompt_token_ids)], request.prompt_token_ids)
         assert receipt.terminal_call_id == second.call_id and receipt.reward == 1.0
+    finalize_batch(batch, FinalizeOptions(audit=False))
+    rows = pq.read_table(batch.store.full_path(layout.dataset_part(0))).to_pylist()
+    staged = sorted(staged_manifests(batch).items())
+    calls = [(rollout, record.call_id) for rollout, (_, manifest) in staged for record, _ in manifest]
+    assert [(row["rollout_id"], row["call_spans"][0]["call_id"]) for row in rows] == calls  # a row per call
+    for rollout, group in itertools.groupby(rows, key=lambda row: row["rollout_id"]):
+        assert len({(row["reward"], row["advantage"], row["sample_mask"]) for row in group}) == 1, rollout
+
+
+def test_the_final_response_header_names_the_scored_call_and_must_agree_with_the_result(
+    tmp_path, tokenizer, tasks_file
+):
+    options = {"function": f"{AGENTS}:header_declaring_agent", "tasks": str(tasks_file)}
+    batch, summary = run_agents(tmp_path, arithmetic_engine(tokenizer), "agent_callable", options)
+    plan = {p.rollout_id: json.loads(p.task_json)["a"] for p in batch.shard_plan(0)}
+    outcomes = {}
+    for rollout_id, (receipt, calls) in staged_manifests(batch).items():
+        first = calls[0][0].call_id
+        outcomes[plan[rollout_id] % 2] = outcomes.get(plan[rollout_id] % 2, set()) | {
+            (receipt.status, receipt.terminal_call_id == first, receipt.failure_reason)
+        }
+    # header only: the first call is scored, not the last; header and result naming two calls: poisoned
+    assert outcomes == {0: {("ok", True, None)}, 1: {("poisoned", False, "witness_disagreement")}}
+    assert summary.ok == 2
 
 
 def test_a_chat_template_that_renders_tools_gets_them_and_no_fallback(tmp_path, tokenizer, tasks_file):

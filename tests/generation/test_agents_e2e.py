@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from tasks.batch import Batch
@@ -121,9 +123,20 @@ def test_an_independent_message_graph_on_the_real_model_prompts_each_call_afresh
     batch = Batch.open(root, config.batch_id)
     plan_batch(batch, config)
     assert generate_shard(batch, 0, engine=engine, run=loop.run, progress=False).ok == 2
-    for receipt, calls in staged_manifests(batch).values():
+    staged = staged_manifests(batch)
+    for receipt, calls in staged.values():
         assert [record.parent_call_id for record, _ in calls] == [None, None]
         assert [gateway_notes(delta).get("root_reason") for _, delta in calls] == [None, "independent"]
         assert receipt.terminal_call_id == calls[1][0].call_id
     published = finalize_and_publish(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))
     assert published.published is not None and set(published.suites) == {"lineage", "dataset"}
+    # one trainable row per call, in ledger order, each exactly its call's staged tokens
+    store = Batch.open(root, config.batch_id).store
+    parts = sorted(Path(store.full_path("dataset")).glob("part-*.parquet"))
+    rows = [row for part in parts for row in pq.read_table(part).to_pylist()]
+    expected = [(rollout, delta) for rollout, (_, calls) in sorted(staged.items()) for _, delta in calls]
+    assert [(row["rollout_id"], row["call_spans"][0]["call_id"]) for row in rows] == [
+        (rollout, delta.call_id) for rollout, delta in expected
+    ]
+    for row, (_, delta) in zip(rows, expected, strict=True):
+        assert row["sample_mask"] == 1 and row["num_turns"] == 1 and row["input_ids"] == delta.token_ids_delta.tolist()

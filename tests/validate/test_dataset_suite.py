@@ -19,7 +19,7 @@ from tasks.errors import SchemaMismatchError, SegmentChecksumMismatchError
 from tasks.records.dataset_row import DatasetRow
 from tasks.storage.dataset_manifest import read_staged_marker
 from tasks.validate import SuiteOutcome, dataset_profile, validate_dataset
-from tasks.validate.dataset_profile import part_batches, profile_dataset, row_profile
+from tasks.validate.dataset_profile import group_profile, part_batches, profile_dataset, row_profile
 from tasks.validate.gx_run import run_gx_suite
 from tasks.validate.suites import dataset_suite
 from tests.local_batch import LocalBatch, copy_batch
@@ -35,7 +35,7 @@ EXPECTED = {
     "carried_logprobs_zero": {"r000002-01"},
     "rewards_within_bounds": {"r000002-02"},
     "advantages_finite": {"r000003-00"},
-    "group_rows_equal_group_size": {"g000003"},
+    "group_rollouts_equal_group_size": {"g000003"},
     "group_advantage_mean_near_zero": {"g000004"},
     "masked_rows_have_zero_advantage": {"r000005-00"},
     "mask_reason_iff_masked": {"r000005-01"},
@@ -97,13 +97,13 @@ def test_drop_mode_refuses_a_group_with_more_rows_than_planned(finalized_batch, 
     store, config = finalized_batch.store, finalized_batch.config
     tables = profile_dataset(finalized_batch.handle, read_staged_marker(store))
     groups = tables["groups"].to_pylist()
-    groups[1]["rows"] = config.group_size + 1
+    groups[1]["rollouts"] = config.group_size + 1
     tables["groups"] = pa.Table.from_pylist(groups, schema=tables["groups"].schema)
     results = run_gx_suite(
         dataset_suite(ValidationSpec(), on_invalid="drop"), tables, site_dir=tmp_path / "docs", run_name="run-000"
     )
-    assert {name for name, r in results.items() if not r.success} == {"group_rows_within_group_size"}
-    assert results["group_rows_within_group_size"].examples == (groups[1]["group_id"],)
+    assert {name for name, r in results.items() if not r.success} == {"group_rollouts_within_group_size"}
+    assert results["group_rollouts_within_group_size"].examples == (groups[1]["group_id"],)
 
 
 def test_the_profile_is_the_same_whatever_the_batch_size(finalized_batch, monkeypatch):
@@ -162,3 +162,24 @@ def test_row_profile_counts_tokens_per_row_and_leaves_unpaired_rows_unmeasured()
     assert profile["positive_sampled_logprobs"] == [0, 1, None, 0]
     assert profile["nonzero_carried_logprobs"] == [0, 1, None, 0]
     assert profile["advantage_finite"] == [True, False, True, True]
+
+
+def test_a_group_counts_rollouts_once_however_many_rows_each_has():
+    """Under independent calls a rollout has a row per call, each with the rollout's reward and advantage."""
+    rows = pa.table(
+        {
+            "group_id": ["g0"] * 5 + ["g1"],
+            "rollout_id": ["r0", "r0", "r0", "r1", "r2", "r3"],
+            "sample_mask": [1, 1, 1, 1, 0, 1],
+            "advantage": [1.0, 1.0, 1.0, -1.0, 0.0, 0.0],
+            "reward": [1.0, 1.0, 1.0, 0.0, 0.0, 1.0],
+            "group_size": [3, 3, 3, 3, 3, 3],
+        }
+    )
+    groups = group_profile(rows).sort_by("group_id").to_pylist()
+    # g0: three rollouts with rows; its trainable rollouts' advantages (1, -1) average 0 however
+    # many rows r0 has; g1's single trainable rollout leaves the mean unchecked
+    assert groups == [
+        {"group_id": "g0", "rollouts": 3, "group_size": 3, "advantage_mean": 0.0},
+        {"group_id": "g1", "rollouts": 1, "group_size": 3, "advantage_mean": None},
+    ]

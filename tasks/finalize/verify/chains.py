@@ -6,6 +6,10 @@ manifest that cannot give a trustworthy chain has a named reason, in this order:
 ids, shared staging coordinates, terminal re-attribution, then a cycle or a missing parent on
 the walk (:func:`_walk_chain`).
 
+Under ``message_graph: independent`` a rollout whose calls are all roots (a gateway agent's: no
+call's tokens depend on another's) has one chain per call instead, in ledger order, each the call
+alone: every call is its own training row. Its manifest passes the same checks first.
+
 Nearly every manifest is a plain linear chain in ledger order: the first call is the root, each
 later call's parent is the call before it, call ids and staging coordinates are distinct, and the
 declared (not heuristic) terminal is the last call. Then every check above passes and the chain
@@ -40,10 +44,12 @@ class _Chain:
 
 @dataclass(frozen=True)
 class ShardChains:
-    """Per receipt (in the order given): its manifest's size, its failure rows, and its chain or why none.
+    """Per receipt (in the order given): its manifest's size, its failure rows, and its chains or why none.
 
     ``rows`` lists the calls-table rows of every chain, chain after chain, each root→terminal;
-    receipt ``i``'s chain is ``rows[starts[i]:starts[i + 1]]``, empty exactly when ``reasons[i]`` is set.
+    chain ``k`` is ``rows[starts[k]:starts[k + 1]]`` (never empty). Receipt ``i`` has chains
+    ``receipt_starts[i]:receipt_starts[i + 1]``: none exactly when ``reasons[i]`` is set, one
+    (root→terminal), or one per call (independent calls, see the module docstring).
     """
 
     manifest_sizes: list[int]
@@ -51,26 +57,44 @@ class ShardChains:
     reasons: list[str | None]
     rows: np.ndarray
     starts: np.ndarray
+    receipt_starts: np.ndarray
+
+    def receipt_rows(self, receipt: int) -> np.ndarray:
+        """The calls-table rows of every chain of ``receipt``."""
+        lo, hi = self.receipt_starts[receipt], self.receipt_starts[receipt + 1]
+        return self.rows[self.starts[lo] : self.starts[hi]]
 
 
-def shard_chains(tables: LedgerTables, receipts: Sequence[Receipt]) -> ShardChains:
-    """The chain of each receipt's rollout from the shard's ledger tables (see the module docstring)."""
+def shard_chains(tables: LedgerTables, receipts: Sequence[Receipt], *, independent: bool = False) -> ShardChains:
+    """The chains of each receipt's rollout from the shard's ledger tables (see the module docstring).
+
+    ``independent``: the batch's ``message_graph`` is ``independent``.
+    """
     manifest, manifest_starts = _manifests(tables.calls, tables.call_attempts, receipts)
     sizes = np.diff(manifest_starts)
     linear = _linear_manifests(take_rows(tables.calls, manifest), manifest_starts, receipts)
     chains: list[np.ndarray] = []
+    counts: list[int] = []
     reasons: list[str | None] = []
     for i, receipt in enumerate(receipts):
         rows = manifest[manifest_starts[i] : manifest_starts[i + 1]]
         if linear[i]:
             chains.append(rows)
+            counts.append(1)
             reasons.append(None)
             continue
         records = CallRecord.from_checked_table(tables.calls.take(pa.array(rows, pa.int64())))
         chain = _walk_chain(receipt, records)
-        row_of = {id(record): row for record, row in zip(records, rows.tolist(), strict=True)}
-        chains.append(np.array([row_of[id(call)] for call in chain.calls], np.int64))
         reasons.append(chain.reason)
+        if chain.reason is not None:
+            counts.append(0)
+        elif independent and all(call.parent_call_id is None for call in records):
+            chains.extend(rows[k : k + 1] for k in range(rows.size))
+            counts.append(rows.size)
+        else:
+            row_of = {id(record): row for record, row in zip(records, rows.tolist(), strict=True)}
+            chains.append(np.array([row_of[id(call)] for call in chain.calls], np.int64))
+            counts.append(1)
     failure_rows, failure_starts = _manifests(tables.failures, tables.failure_attempts, receipts)
     failure_records = FailureRow.from_checked_table(tables.failures.take(pa.array(failure_rows, pa.int64())))
     return ShardChains(
@@ -79,6 +103,7 @@ def shard_chains(tables: LedgerTables, receipts: Sequence[Receipt]) -> ShardChai
         reasons=reasons,
         rows=np.concatenate([np.zeros(0, np.int64), *chains]),
         starts=offsets([c.size for c in chains]),
+        receipt_starts=offsets(counts),
     )
 
 

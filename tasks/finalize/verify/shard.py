@@ -31,10 +31,11 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.batch import Batch
+from tasks.capture.graph import INDEPENDENT
 from tasks.config import BatchConfig
 from tasks.errors import StorageIntegrityError, UncommittedShardError
 from tasks.finalize import reasons as r
-from tasks.finalize.ragged import gather, take_rows
+from tasks.finalize.ragged import gather, owners, take_rows
 from tasks.finalize.verify.chains import ShardChains, shard_chains
 from tasks.finalize.verify.fetch import fetch_chains
 from tasks.finalize.verify.guards import rollout_verdict
@@ -82,22 +83,40 @@ def prepare_ledger(
     is read once.
     """
     receipts = Receipt.from_checked_table(tables.receipts)
-    chains = shard_chains(tables, receipts)
-    chained = np.array([i for i, reason in enumerate(chains.reasons) if reason is None], np.int64)
-    rows, starts = gather(chains.starts, chained)
-    calls = take_rows(tables.calls, chains.rows[rows])
-    fetched = fetch_chains(reader, calls, starts)
-    picked, picked_starts = gather(starts, fetched.fetched)
+    chains = shard_chains(tables, receipts, independent=config.message_graph == INDEPENDENT)
+    calls = take_rows(tables.calls, chains.rows)
+    fetched = fetch_chains(reader, calls, chains.starts)
+    picked, picked_starts = gather(chains.starts, fetched.fetched)
+    chain_receipt = owners(chains.receipt_starts)
+    unfetched: dict[int, str] = {}
+    for k in sorted(fetched.failed):  # a receipt's first chain that cannot be read names its reason
+        unfetched.setdefault(int(chain_receipt[k]), fetched.failed[k])
     read = _LedgerRead(
         tables=tables,
         receipts=receipts,
         batch_id=ledger_batch_id,
         chains=chains,
-        unfetched={int(chained[k]): reason for k, reason in fetched.failed.items()},
-        fetched=chained[fetched.fetched],
+        unfetched=unfetched,
+        fetched=fetched.fetched,
         staged=ChainRows.of(take_rows(calls, picked), fetched.table, np.diff(picked_starts)),
     )
     return PreparedShard(config=config, shard=shard, plan=plan, read=read)
+
+
+def _combined(verdicts: list[int | str]) -> int | str:
+    """A rollout's chains' verdicts as one: the first reason, else its first linearized chain.
+
+    Chains of one rollout are verified in order, so when all pass they are linearized
+    consecutively. No chain at all (its manifest gave none) reads as ``missing_staging_row``.
+    """
+    if not verdicts:
+        return r.MISSING_STAGING_ROW
+    reasons = [v for v in verdicts if isinstance(v, str)]
+    if reasons:
+        return reasons[0]
+    if verdicts != list(range(verdicts[0], verdicts[0] + len(verdicts))):
+        raise AssertionError(f"a rollout's chains were linearized out of order: {verdicts}")
+    return verdicts[0]
 
 
 @dataclass(frozen=True)
@@ -105,8 +124,8 @@ class _LedgerRead:
     """What a trustworthy ledger gives: its tables and receipts, every receipt's chain and the chains' staged rows.
 
     ``batch_id`` is the batch the shard marker commits; ``unfetched`` maps a receipt (by index)
-    to the storage reason its chain's rows cannot be read; ``staged`` holds the rows of the
-    ``fetched`` receipts' chains, in that order.
+    to the storage reason its chains' rows cannot be read; ``staged`` holds the rows of the
+    ``fetched`` chains (indices into ``chains``), in that order.
     """
 
     tables: LedgerTables
@@ -147,8 +166,7 @@ class PreparedShard:
             return results.build(Linearized.empty())
         chains, receipts = read.chains, read.receipts
         verdicts = read.staged.verify(config)
-        staged: dict[int, int | str] = dict(read.unfetched)
-        staged.update(zip(read.fetched.tolist(), verdicts.verdicts, strict=True))
+        chain_verdicts = dict(zip(read.fetched.tolist(), verdicts.verdicts, strict=True))
         index = {receipt.rollout_id: i for i, receipt in enumerate(receipts)}
         call_ids = read.tables.calls.column("call_id")
         shard_reason = None if read.batch_id == config.batch_id else r.wrong("batch_id")
@@ -158,10 +176,11 @@ class PreparedShard:
                 results.add(planned.group_id, planned.rollout_id, None, r.MISSING_RECEIPT, None)
                 continue
             receipt = receipts[i]
+            own = range(int(chains.receipt_starts[i]), int(chains.receipt_starts[i + 1]))
+            staged = read.unfetched.get(i) or _combined([chain_verdicts[k] for k in own])
 
             def chain_call_ids(i: int = i) -> set[str]:
-                rows = chains.rows[chains.starts[i] : chains.starts[i + 1]]
-                return set(call_ids.take(pa.array(rows)).to_pylist())
+                return set(call_ids.take(pa.array(chains.receipt_rows(i))).to_pylist())
 
             reason, chain = rollout_verdict(
                 receipt,
@@ -169,15 +188,16 @@ class PreparedShard:
                 chains.reasons[i],
                 chains.failures[i],
                 chain_call_ids,
-                staged.get(i, r.MISSING_STAGING_ROW),
+                staged,
             )
             group_id = receipt.group_id
             guard = shard_reason or (r.INVALID_RECEIPT if group_id != planned.group_id else None)
             if guard is not None:
                 group_id, reason = planned.group_id, guard
-            epoch_spans = int(verdicts.epoch_span_counts[chain]) if chain >= 0 else 0
+            count = len(own) if chain >= 0 else 0
+            epoch_spans = int(verdicts.epoch_span_counts[chain : chain + count].sum())
             selection = receipt.terminal_selection
-            results.add(group_id, receipt.rollout_id, receipt.reward, reason, selection, chain, epoch_spans)
+            results.add(group_id, receipt.rollout_id, receipt.reward, reason, selection, chain, count, epoch_spans)
         unplanned = sorted(set(index) - {planned.rollout_id for planned in self.plan})
         if unplanned:
             log.warning("shard %d commits receipts of unplanned rollouts, not verified: %s", self.shard, unplanned[:10])

@@ -85,9 +85,10 @@ class Linearized:
 class VerifiedRollouts:
     """The verdicts of many rollouts (entry ``i`` per rollout) over their linearized chains.
 
-    ``chain[i]`` is the rollout's chain in ``linearized`` (-1: not linearized, no tokens);
-    ``reasons[i]`` is None exactly when it is trainable; ``epoch_span_counts[i]`` counts the
-    calls of its chain that spanned a refit.
+    ``chain[i]`` is the rollout's first chain in ``linearized`` (-1: not linearized, no tokens)
+    and ``chain_counts[i]`` how many consecutive chains are its (0 without; 1 root→terminal; one
+    per call under independent calls); ``reasons[i]`` is None exactly when it is trainable;
+    ``epoch_span_counts[i]`` counts the calls of its chains that spanned a refit.
     """
 
     batch_id: str
@@ -98,6 +99,7 @@ class VerifiedRollouts:
     terminal_selections: list[str | None]
     epoch_span_counts: np.ndarray
     chain: np.ndarray
+    chain_counts: np.ndarray
     linearized: Linearized
 
     def __len__(self) -> int:
@@ -109,7 +111,7 @@ class VerdictsBuilder:
 
     def __init__(self, batch_id: str) -> None:
         self.batch_id = batch_id
-        self._fields: tuple[list, ...] = ([], [], [], [], [], [], [])
+        self._fields: tuple[list, ...] = ([], [], [], [], [], [], [], [])
 
     def add(
         self,
@@ -119,15 +121,17 @@ class VerdictsBuilder:
         reason: str | None,
         terminal_selection: str | None,
         chain: int = -1,
+        chain_count: int = 0,
         epoch_spans: int = 0,
     ) -> None:
-        """One rollout's verdict; ``chain`` indexes the linearized chains given to :meth:`build` (-1: none)."""
-        values = (group_id, rollout_id, reward, reason, terminal_selection, chain, epoch_spans)
+        """One rollout's verdict; its chains are ``chain_count`` of the linearized chains given to
+        :meth:`build`, from ``chain``."""
+        values = (group_id, rollout_id, reward, reason, terminal_selection, chain, chain_count, epoch_spans)
         for cells, value in zip(self._fields, values, strict=True):
             cells.append(value)
 
     def build(self, linearized: Linearized) -> VerifiedRollouts:
-        group_ids, rollout_ids, rewards, reasons, selections, chains, epoch_spans = self._fields
+        group_ids, rollout_ids, rewards, reasons, selections, chains, counts, epoch_spans = self._fields
         return VerifiedRollouts(
             batch_id=self.batch_id,
             group_ids=group_ids,
@@ -137,5 +141,6 @@ class VerdictsBuilder:
             terminal_selections=selections,
             epoch_span_counts=np.array(epoch_spans, np.int64),
             chain=np.array(chains, np.int64),
+            chain_counts=np.array(counts, np.int64),
             linearized=linearized,
         )
