@@ -22,6 +22,7 @@ from tasks import layout
 from tasks.config import BatchConfig
 from tasks.errors import ConfigError, MalformedReviewError, MalformedSummaryError
 from tasks.records.planned import PlannedRollout
+from tasks.records.profile_metrics import ProfileMetrics
 from tasks.records.review import ReviewDecision
 from tasks.records.suite_summary import SUITES, SuiteSummary
 from tasks.schema import read_parquet_bytes
@@ -149,6 +150,15 @@ class Batch:
                 )
             return summary
         return None
+
+    def suite_profile(self, summary: SuiteSummary) -> ProfileMetrics | None:
+        """The profile numbers of the run ``summary`` completed (None: a run from before they were written)."""
+        path = layout.suite_profile(summary.suite, summary.run)
+        try:
+            data = self.store.read_bytes(path)
+        except FileNotFoundError:
+            return None
+        return ProfileMetrics.from_json(data, source=self.url_of(path))
 
     def suite_summaries(self) -> dict[str, SuiteSummary]:
         """Each suite's current summary, for the suites that have completed a run."""

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.batch import Batch
 from tasks.batch_fields import (
@@ -49,6 +49,9 @@ from tasks.errors import (
 )
 from tasks.records.suite_summary import SUITES
 from tasks.storage.options import aws_variables_read, is_s3_url, storage_options_from_env
+
+if TYPE_CHECKING:
+    from tasks.lineage.emit import LineageSink
 
 QUIET_LIBRARIES = ("great_expectations", "httpx")
 log = logging.getLogger("rollout_ledger")
@@ -271,12 +274,30 @@ def _batch(args: argparse.Namespace) -> Batch:
     return Batch.open(args.root, args.batch_id, storage_options_from_env(args.root, os.environ))
 
 
+def _lineage() -> LineageSink:
+    """Where this command's task runs report their lineage (nothing unless OpenLineage is configured)."""
+    from tasks.lineage.emit import sink_from_environment
+
+    return sink_from_environment()
+
+
+def _say_lineage(sink: LineageSink) -> None:
+    describe = getattr(sink, "describe", None)
+    if describe is not None:
+        _say(describe())
+
+
 def _plan(args: argparse.Namespace) -> int:
+    from tasks.lineage.datasets import plan_lineage
     from tasks.plan import plan_from_values
 
     values = {"batch_id": args.batch_id, **_plan_values(args)}
     check_values(values, source="plan flags")  # a bad flag is named before storage is touched
-    summary = plan_from_values(_batch(args), values, source="plan flags")
+    batch, lineage = _batch(args), _lineage()
+    with lineage.task("plan", batch) as run:
+        summary = plan_from_values(batch, values, source="plan flags")
+        run.report(lambda: plan_lineage(batch))
+    _say_lineage(lineage)
     verb = "planned" if summary.created else "already planned (same config)"
     planned = summary.config
     print(
@@ -295,6 +316,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from tasks.generate import generate_shards
+    from tasks.lineage.datasets import TaskLineage, generate_lineage
 
     if args.model is not None:
         raise ConfigError(
@@ -303,13 +325,16 @@ def _generate(args: argparse.Namespace) -> int:
         )
     batch = _batch(args)
     shards = list(range(batch.config.shards)) if args.all_shards else args.shard
-    summaries = generate_shards(
-        batch,
-        shards,
-        progress=False if args.no_progress else None,
-        try_number=args.try_number,
-        on_engine_start=_engine_notice(args),
-    )
+    lineage = _lineage()
+    with lineage.task("generate", batch) as run:
+        summaries = generate_shards(
+            batch,
+            shards,
+            progress=False if args.no_progress else None,
+            try_number=args.try_number,
+            on_engine_start=_engine_notice(args),
+        )
+        run.report(lambda: TaskLineage.merged(generate_lineage(batch, shard) for shard in shards))
     for summary in summaries:
         signal = summary.signal
         _say(
@@ -324,6 +349,7 @@ def _generate(args: argparse.Namespace) -> int:
         )
         for line in signal.describe() if signal is not None else ():
             _say(f"  {line}")
+    _say_lineage(lineage)
     print(json.dumps([_summary_json(s) for s in summaries], indent=2))
     return EXIT_OK
 
@@ -366,9 +392,14 @@ def _finalize(args: argparse.Namespace) -> int:
     options = FinalizeOptions(
         on_invalid=args.on_invalid, advantage=args.advantage, allow_partial=args.allow_partial, audit=args.audit
     )
-    batch = _batch(args)
+    batch, lineage = _batch(args), _lineage()
     thresholds = thresholds_with(batch, _options(args.threshold, "--threshold"))
-    result = finalize_and_publish(batch, options, thresholds=thresholds, publish=not args.no_publish)
+    try:
+        result = finalize_and_publish(
+            batch, options, thresholds=thresholds, publish=not args.no_publish, lineage=lineage
+        )
+    finally:
+        _say_lineage(lineage)
     marker = result.staged.marker
     metrics = batch.dataset_metrics(marker)
     _say(f"dataset {result.staged.url}/dataset: {marker.rows} rows, {marker.trainable_rows} trainable")
@@ -403,17 +434,18 @@ def _finalize(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from tasks.pipeline import describe_failure, run_suite, thresholds_with
+    from tasks.pipeline import describe_failure, thresholds_with, validate_suite
 
-    batch = _batch(args)
+    batch, lineage = _batch(args), _lineage()
     thresholds = thresholds_with(batch, _options(args.threshold, "--threshold"))
     suites = SUITES if args.suite == "all" else (args.suite,)
     outcomes = {}
     for suite in suites:
-        outcomes[suite] = outcome = run_suite(suite, batch, thresholds=thresholds)
+        outcomes[suite] = outcome = validate_suite(suite, batch, thresholds=thresholds, lineage=lineage)
         _say(f"{suite} suite: {outcome.status} (report: {outcome.report_url})")
         if outcome.status == "failed":
             _say(f"  {describe_failure(suite, outcome)}")
+    _say_lineage(lineage)
     print(json.dumps({suite: outcome.status for suite, outcome in outcomes.items()}, indent=2))
     return EXIT_FAILED if any(o.status == "failed" for o in outcomes.values()) else EXIT_OK
 
@@ -421,22 +453,29 @@ def _validate(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import getpass
 
+    from tasks.lineage.datasets import publish_lineage, review_lineage
     from tasks.pipeline import decide_and_report, publish_and_report
     from tasks.records.review import PUBLISH, REJECT, new_decision
 
-    batch = _batch(args)
+    batch, lineage = _batch(args), _lineage()
     choice = PUBLISH if args.approve else REJECT if args.reject else None
     if choice is None and (args.reason is not None or args.by is not None):
         raise ReviewInputError("--reason and --by go with --approve or --reject")
     review = None
     if choice is not None:
         wanted = new_decision(args.batch_id, choice, args.reason, decided_by=args.by or getpass.getuser(), via="cli")
-        review = decide_and_report(batch, wanted)
+        with lineage.task("review", batch) as run:
+            review = decide_and_report(batch, wanted)
+            run.report(lambda: review_lineage(batch))
         _say(f"review: {review.describe()}" + ("" if review == wanted else " (decided before: that decision stands)"))
         if not review.approved:
+            _say_lineage(lineage)
             print(json.dumps({"batch_id": args.batch_id, "published": False, "review": asdict(review)}))
             return EXIT_OK
-    published = publish_and_report(batch)
+    with lineage.task("publish", batch) as run:
+        published = publish_and_report(batch)
+        run.report(lambda: publish_lineage(batch))
+    _say_lineage(lineage)
     verb = "published" if published.created else "already published"
     _say(f"{verb}: {published.url}/dataset ({published.marker.rows} rows)")
     review = published.marker.review
@@ -470,9 +509,16 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from tasks.lineage.datasets import sweep_lineage
+    from tasks.lineage.emit import NO_LINEAGE
     from tasks.storage.sweep import sweep_orphans
 
-    report = sweep_orphans(_batch(args).store, args.shard, dry_run=args.dry_run)
+    batch = _batch(args)
+    lineage: LineageSink = NO_LINEAGE if args.dry_run else _lineage()
+    with lineage.task("sweep_orphans", batch) as run:
+        report = sweep_orphans(batch.store, args.shard, dry_run=args.dry_run)
+        run.report(lambda: sweep_lineage(batch, shards=[args.shard]))
+    _say_lineage(lineage)
     verb = "would delete" if args.dry_run else "deleted"
     for path in report.orphans:
         print(f"{verb} {path}")

@@ -16,6 +16,7 @@ REPORTS_INDEX = f"{REPORTS_DIR}/index.html"  # the overview page, rewritten afte
 REVIEW_RECORD = f"{REPORTS_DIR}/review.json"  # the review decision, created once
 CLAIM_NAME = "_CLAIM.json"
 SUITE_SUMMARY_NAME = "summary.json"  # a suite run is complete once its summary exists
+SUITE_PROFILE_NAME = "profile.json"  # the run's profile in numbers, written before its summary
 SUITE_REPORT_NAME = "index.html"  # a suite run's Data Docs index
 _ATTEMPT_IN_PATH = re.compile(r"/attempt-(\d+)/")
 _SUITE_NAME = re.compile(r"[a-z]+")
@@ -108,6 +109,10 @@ def suite_run_number(path: str, suite: str) -> int | None:
 def suite_run_dir(suite: str, run: str) -> str:
     """``reports/{suite}/{run}``: one run's claim, Data Docs and summary."""
     return f"{suite_dir(suite)}/{run}"
+
+
+def suite_profile(suite: str, run: str) -> str:
+    return f"{suite_run_dir(suite, run)}/{SUITE_PROFILE_NAME}"
 
 
 def suite_run_claim(suite: str, run: str) -> str:

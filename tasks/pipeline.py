@@ -10,6 +10,7 @@ page ``reports/index.html`` is rewritten after each suite, each decision and pub
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from tasks.config import ValidationSpec
 from tasks.errors import ConfigError, ValidationFailedError
 from tasks.finalize.dataset_writer import StagedDataset
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
+from tasks.lineage.datasets import finalize_lineage, publish_lineage, suite_lineage
+from tasks.lineage.emit import NO_LINEAGE, LineageSink
 from tasks.publish import PublishedBatch, publish_batch, record_decision
 from tasks.records.review import ReviewDecision
 from tasks.validate.stage import SuiteOutcome
@@ -64,14 +67,22 @@ def finalize_and_publish(
     *,
     thresholds: ValidationSpec | None = None,
     publish: bool = True,
+    lineage: LineageSink = NO_LINEAGE,
 ) -> PipelineResult:
-    """Lineage suite, build, dataset suite, publish; with ``publish=False``, lineage suite and build only."""
-    suites = {"lineage": _passed("lineage", batch, thresholds)}
-    staged = finalize_batch(batch, options)
+    """Lineage suite, build, dataset suite, publish; with ``publish=False``, lineage suite and build only.
+
+    Each step is a task run of ``lineage`` (the DAG's task ids), reporting its datasets.
+    """
+    suites = {"lineage": _passed("lineage", batch, thresholds, lineage)}
+    with lineage.task("finalize", batch) as run:
+        staged = finalize_batch(batch, options)
+        run.report(lambda: finalize_lineage(batch))
     if not publish:
         return PipelineResult(staged=staged, suites=suites, published=None)
-    suites["dataset"] = _passed("dataset", batch, thresholds)
-    published = publish_and_report(batch)
+    suites["dataset"] = _passed("dataset", batch, thresholds, lineage)
+    with lineage.task("publish", batch) as run:
+        published = publish_and_report(batch)
+        run.report(lambda: publish_lineage(batch))
     return PipelineResult(staged=staged, suites=suites, published=published)
 
 
@@ -96,8 +107,24 @@ def decide_and_report(batch: Batch, decision: ReviewDecision) -> ReviewDecision:
     return recorded
 
 
-def _passed(suite: str, batch: Batch, thresholds: ValidationSpec | None) -> SuiteOutcome:
-    outcome = run_suite(suite, batch, thresholds=thresholds)
+def validate_suite(
+    suite: str, batch: Batch, *, thresholds: ValidationSpec | None = None, lineage: LineageSink = NO_LINEAGE
+) -> SuiteOutcome:
+    """Run ``suite`` as a task run of ``lineage`` and return its outcome, failed or not.
+
+    The run reports the suite's assertions, failed ones included, and ends in FAIL when the suite
+    failed the batch, as the DAG's task does.
+    """
+    with contextlib.suppress(ValidationFailedError), lineage.task(f"validate_{suite}", batch) as run:
+        outcome = run_suite(suite, batch, thresholds=thresholds)
+        run.report(lambda: suite_lineage(batch, outcome.summary))
+        if outcome.status == "failed":
+            raise ValidationFailedError(describe_failure(suite, outcome))  # the run's FAIL, suppressed here
+    return outcome
+
+
+def _passed(suite: str, batch: Batch, thresholds: ValidationSpec | None, lineage: LineageSink) -> SuiteOutcome:
+    outcome = validate_suite(suite, batch, thresholds=thresholds, lineage=lineage)
     if outcome.status == "failed":
         raise ValidationFailedError(describe_failure(suite, outcome))
     return outcome

@@ -29,10 +29,13 @@ def airflow_environment(home: Path, *, storage_url: str | None = None, gpu_slots
     """Variables that point Airflow at ``home`` (SQLite DB, logs) and this checkout's dags and plugins.
 
     Parallelism 2 fits this project's 2-core machines; the simple auth manager gets the
-    :data:`LOGIN` user from a passwords file in ``home``.
+    :data:`LOGIN` user from a passwords file in ``home``; OpenLineage events go to
+    :func:`lineage_events_file` (docs/lineage.md).
     """
     home = home.resolve()
+    transport = {"type": "file", "log_file_path": str(lineage_events_file(home)), "append": True}
     return {
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(transport),
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS_FOLDER),
@@ -45,6 +48,11 @@ def airflow_environment(home: Path, *, storage_url: str | None = None, gpu_slots
         "GX_ANALYTICS_ENABLED": "False",
         STORAGE_URL_VARIABLE: storage_url or f"file://{home.parent / 'runs'}",
     }
+
+
+def lineage_events_file(home: Path) -> Path:
+    """Where the local Airflow's OpenLineage file transport appends its events, one JSON object per line."""
+    return home.resolve() / "openlineage-events.jsonl"
 
 
 def prepare(home: Path, environ: Mapping[str, str]) -> None:

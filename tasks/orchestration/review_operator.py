@@ -46,7 +46,7 @@ class BatchReviewOperator(HITLOperator):
         request = steps.review_request(params, run)
         if request.decision is not None:
             self.log.info("batch %s was decided before: %s", request.batch_id, request.decision.describe())
-            return steps.follow_decision(request.decision)
+            return steps.follow_decision(params, run, request.decision)
         if request.published:
             raise AirflowSkipException(f"batch {request.batch_id} is already published")
         if not request.needed:

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from tasks.batch_fields import BatchFields
 from tasks.ids import MAX_ID_LENGTH
+from tasks.orchestration.lineage_report import report_lineage
 from tasks.orchestration.storage_location import StorageLocation, check_storage_url, storage_location
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ def engine_servers(params: Mapping[str, Any]) -> ServerConnection | None:
 def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:
     """Plan the batch the params describe and return its shard numbers (the same config again is a no-op)."""
     from tasks.env_vars import scoped_environ
+    from tasks.lineage.datasets import plan_lineage
     from tasks.plan import plan_from_values
 
     batch = run_batch(params, run)
@@ -111,6 +113,7 @@ def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:
             values = servers.batch_values(values)
         with scoped_environ(**(servers.environment() if servers else {})):  # plan asks the servers what they serve
             summary = plan_from_values(batch, values, source="batch form")
+    report_lineage(lambda: plan_lineage(batch))
     log.info(
         "%s batch %s: %d rollouts in %d shards at %s",
         "planned" if summary.created else "already planned (same config)",
@@ -124,6 +127,7 @@ def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:
 
 def generate(params: Mapping[str, Any], run: DagRunRef, shard: int, *, try_number: int) -> dict[str, Any]:
     """Generate one shard in a child process (a retry is a new attempt that adopts the last one's receipts)."""
+    from tasks.lineage.datasets import generate_lineage
     from tasks.orchestration.generate_process import GenerateCommand, GenerateProcessError, run_generate
 
     servers = engine_servers(params)
@@ -140,6 +144,7 @@ def generate(params: Mapping[str, Any], run: DagRunRef, shard: int, *, try_numbe
         if exc.permanent:
             _fail(str(exc), exc)
         raise
+    report_lineage(lambda: generate_lineage(run_batch(params, run), shard))
     return {
         k: summary[k] for k in ("shard", "attempt", "ok", "poisoned", "failed", "adopted", "calls", "generated_tokens")
     }
@@ -147,11 +152,13 @@ def generate(params: Mapping[str, Any], run: DagRunRef, shard: int, *, try_numbe
 
 def validate(suite: str, params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     """Run one suite; a suite that fails the batch fails the task with the failing expectations and the report."""
+    from tasks.lineage.datasets import suite_lineage
     from tasks.pipeline import describe_failure, run_suite
 
     batch = run_batch(params, run)
     with _permanent(f"validate {suite}", batch.root_url):
         outcome = run_suite(suite, batch)
+    report_lineage(lambda: suite_lineage(batch, outcome.summary))  # a failed suite's run carries its assertions
     if outcome.status == "failed":
         _fail(describe_failure(suite, outcome))
     log.info("%s suite: %s; report: %s", suite, outcome.status, outcome.report_url)
@@ -161,10 +168,12 @@ def validate(suite: str, params: Mapping[str, Any], run: DagRunRef) -> dict[str,
 def finalize(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     """Build the staged dataset (verify, linearize, advantages, audit); a no-op once it exists."""
     from tasks.finalize.stage import finalize_batch
+    from tasks.lineage.datasets import finalize_lineage
 
     batch = run_batch(params, run)
     with _permanent("finalize", batch.root_url):
         staged = finalize_batch(batch)
+    report_lineage(lambda: finalize_lineage(batch))
     marker = staged.marker
     log.info(
         "staged %d rows (%d trainable) in %d parts at %s/dataset",
@@ -228,12 +237,15 @@ def decide(params: Mapping[str, Any], run: DagRunRef, decision: ReviewDecision) 
         recorded = decide_and_report(batch, decision)
     if recorded != decision:
         log.info("the batch was decided before this answer; following that decision")
-    return follow_decision(recorded)
+    return follow_decision(params, run, recorded)
 
 
-def follow_decision(decision: ReviewDecision) -> dict[str, Any]:
-    """The review task's result for an approval; a rejection fails the task (publish never runs)."""
+def follow_decision(params: Mapping[str, Any], run: DagRunRef, decision: ReviewDecision) -> dict[str, Any]:
+    """Report the review's lineage; the task's result for an approval (a rejection fails the task: no publish)."""
     from tasks.layout import REVIEW_RECORD
+    from tasks.lineage.datasets import review_lineage
+
+    report_lineage(lambda: review_lineage(run_batch(params, run)))
 
     if not decision.approved:
         _fail(
@@ -252,11 +264,13 @@ def follow_decision(decision: ReviewDecision) -> dict[str, Any]:
 
 def publish(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     """Commit the dataset validation and any review let through; return the Asset event's extra (URI, counts, ...)."""
+    from tasks.lineage.datasets import publish_lineage
     from tasks.pipeline import publish_and_report
 
     batch = run_batch(params, run)
     with _permanent("publish", batch.root_url):
         published = publish_and_report(batch, require_review=bool(params.get("require_review")))
+    report_lineage(lambda: publish_lineage(batch))
     marker = published.marker
     log.info("published %s/dataset (%d rows)", published.url, marker.rows)
     return {
@@ -297,6 +311,7 @@ def published_dataset(event: Mapping[str, Any]) -> dict[str, Any]:
 
 def sweep(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
     """Delete the orphans of every committed shard (a shard without a marker is left for its retry)."""
+    from tasks.lineage.datasets import sweep_lineage
     from tasks.storage.sweep import sweep_orphans
 
     batch = run_batch(params, run)
@@ -306,6 +321,7 @@ def sweep(params: Mapping[str, Any], run: DagRunRef) -> dict[str, Any]:
             uncommitted.append(shard)
             continue
         swept += len(sweep_orphans(batch.store, shard).deleted)
+    report_lineage(lambda: sweep_lineage(batch))
     log.info("deleted %d orphan object(s); uncommitted shards left alone: %s", swept, uncommitted or "none")
     return {"deleted": swept, "uncommitted_shards": uncommitted}
 

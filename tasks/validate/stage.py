@@ -3,7 +3,8 @@
 Each stage reads what the batch's markers commit, profiles it with Arrow
 (:mod:`~tasks.validate.lineage_profile`, :mod:`~tasks.validate.dataset_profile`), runs its suite with
 Great Expectations (:mod:`~tasks.validate.gx_run`) and writes a run directory on the batch's storage
-(:mod:`~tasks.validate.suite_runs`): the Data Docs first, ``summary.json`` last. Re-running a stage
+(:mod:`~tasks.validate.suite_runs`): the Data Docs first, then ``profile.json`` (the profile in
+numbers), ``summary.json`` last. Re-running a stage
 with the same inputs and thresholds returns the current summary without running again.
 """
 
@@ -29,6 +30,7 @@ from tasks.storage.objects import sha256_hex
 from tasks.validate.dataset_profile import profile_dataset
 from tasks.validate.gx_run import run_gx_suite
 from tasks.validate.lineage_profile import lineage_inputs, profile_lineage
+from tasks.validate.profile_stats import profile_metrics
 from tasks.validate.suite_runs import claim_run
 from tasks.validate.suites import SuiteSpec, dataset_suite, lineage_suite
 from tasks.validate.summary import build_summary
@@ -128,6 +130,8 @@ def _run(
         run_key=run_key,
         inputs=inputs,
     )
+    metrics = profile_metrics(suite.name, tables).to_json()
+    store.write_once(layout.suite_profile(suite.name, run), metrics.encode("utf-8"))
     store.write_once(layout.suite_summary(suite.name, run), summary.to_json().encode("utf-8"))
     return _outcome(batch, summary, created=True)
 

@@ -101,7 +101,7 @@ def test_a_recorded_rejection_fails_the_review_and_the_publish_steps_without_ret
     request = steps.review_request({**params, "review_timeout_hours": 24}, RUN)
     assert (request.decision, request.needed, request.body) == (rejection, (), "")
     with pytest.raises(AirflowFailException, match=r"batch b1 was rejected: reject by alice \(cli\)"):
-        steps.follow_decision(request.decision)
+        steps.follow_decision(params, RUN, request.decision)
     with pytest.raises(AirflowFailException, match="a rejected batch is never published"):
         steps.publish(params, RUN)
 
