@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import attr
 import pyarrow as pa
@@ -47,6 +47,9 @@ class ProvenanceDatasetFacet(DatasetFacet):
     engine: str
     codeVersion: str
     weightVersions: list[int] | None = attr.field(default=None)
+
+    # the model's hashes are not secrets: Airflow's masker would hide ``tokenizer_sha256`` (it has "token")
+    _additional_skip_redact: ClassVar[list[str]] = ["model"]
 
     @staticmethod
     def _get_schema() -> str:

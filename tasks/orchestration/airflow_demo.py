@@ -122,7 +122,17 @@ def report(dag_run: Any, conf: dict[str, Any], *, seconds: float) -> int:
         print("the run did not succeed: the failed task's log above says why", file=sys.stderr)
         return 1
     print_summary(batch_summary(run_batch(params, dag_run), wall_seconds=seconds))
+    print(lineage_line(dag_run))
     return 0
+
+
+def lineage_line(dag_run: Any) -> str:
+    """How many OpenLineage events the run's tasks wrote to the local Airflow's events file, and their size."""
+    home = Path(os.environ["AIRFLOW_HOME"])
+    events = local_airflow.task_lineage_events(home, dag_run.dag_id, dag_run.run_id)
+    size = sum(len(json.dumps(event)) + 1 for event in events)
+    where = local_airflow.lineage_events_file(home)
+    return f"lineage: {len(events)} OpenLineage events of its tasks ({size / 1024:.0f} KiB) in {where}"
 
 
 if __name__ == "__main__":

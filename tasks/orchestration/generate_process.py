@@ -44,6 +44,9 @@ class GenerateProcessError(RuntimeError):
         self.permanent = returncode in PERMANENT_EXIT_CODES
 
 
+LINEAGE_OFF = "OPENLINEAGE_DISABLED"
+
+
 @dataclass(frozen=True)
 class GenerateCommand:
     """One shard's generate run: what the child is told (credentials go in its environment, not its argv)."""
@@ -60,8 +63,10 @@ class GenerateCommand:
         return argv + ([] if self.try_number is None else ["--try-number", str(self.try_number)])
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The child's variables: ``base`` with the run's storage and secrets, and lineage off (the task
+        reports generate's datasets itself, in its own OpenLineage run)."""
         env = {k: v for k, v in base.items() if k != STORAGE_OPTIONS_VARIABLE}
-        return {**env, **self.location.environment(), **self.secrets}
+        return {**env, **self.location.environment(), **self.secrets, LINEAGE_OFF: "true"}
 
 
 def generate_python(environ: Mapping[str, str] = os.environ) -> str:

@@ -55,6 +55,18 @@ def lineage_events_file(home: Path) -> Path:
     return home.resolve() / "openlineage-events.jsonl"
 
 
+def task_lineage_events(home: Path, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+    """The OpenLineage events of DAG run ``run_id``'s tasks in :func:`lineage_events_file`, in the order written."""
+    path = lineage_events_file(home)
+    events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [
+        event
+        for event in events
+        if event["run"]["facets"].get("airflow", {}).get("dagRun", {}).get("run_id") == run_id
+        and event["job"]["name"].startswith(f"{dag_id}.")
+    ]
+
+
 def prepare(home: Path, environ: Mapping[str, str]) -> None:
     """Create ``home``, the login's passwords file, the metadata DB (``airflow db migrate``) and the ``gpu`` pool."""
     home.mkdir(parents=True, exist_ok=True)

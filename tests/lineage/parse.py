@@ -2,9 +2,11 @@
 
 The client serializes (``Serde``) but has no parser: :func:`parse_event` rebuilds a
 ``RunEvent`` from its JSON, field by field, through the attrs classes' declared types. Each facet
-becomes the facet class whose ``_schemaURL`` it carries: the client's generated facets, the Airflow
-provider's and this project's. A facet of any other schema, a missing field or an unknown one
-raises, so an event that parses is made of known classes only.
+becomes the facet class whose ``_schemaURL`` it carries: one of the client's generated facets or
+this project's. A facet that declares only a base schema of the spec (the Airflow provider's
+``airflow``, ``airflowState``... say ``#/$defs/RunFacet``) becomes that base class with its fields
+as additional properties, the client's way of carrying custom facets. A facet of any other schema,
+a missing field or an unknown one raises, so an event that parses is made of known classes only.
 """
 
 from __future__ import annotations
@@ -27,18 +29,26 @@ from tasks.lineage.facets import ProvenanceDatasetFacet
 
 @cache
 def facet_classes() -> dict[str, type[BaseFacet]]:
-    """Every known facet class by its ``_schemaURL``."""
-    for module in pkgutil.iter_modules(generated.__path__):
-        importlib.import_module(f"{generated.__name__}.{module.name}")
-    importlib.import_module("airflow.providers.openlineage.plugins.facets")
+    """Every facet class of the client's generated modules and of this project, by its ``_schemaURL``."""
     found: dict[str, type[BaseFacet]] = {}
-    pending = list(BaseFacet.__subclasses__())
-    while pending:
-        cls = pending.pop()
-        pending.extend(cls.__subclasses__())
-        found.setdefault(cls._get_schema(), cls)
+    for module in pkgutil.iter_modules(generated.__path__):
+        loaded = importlib.import_module(f"{generated.__name__}.{module.name}")
+        for value in vars(loaded).values():
+            if isinstance(value, type) and issubclass(value, BaseFacet) and value.__module__ == loaded.__name__:
+                found[value._get_schema()] = value
     found[ProvenanceDatasetFacet._get_schema()] = ProvenanceDatasetFacet
     return found
+
+
+def _facet(value: dict[str, Any], where: str) -> BaseFacet:
+    schema_url = value.get("_schemaURL", "")
+    cls = facet_classes().get(schema_url)
+    if cls is None:
+        raise ValueError(f"{where}: no client class has the facet schema {schema_url!r}")
+    if cls.__module__ != f"{generated.__name__}.base":
+        return _attrs(cls, value, where)
+    extra = {k: v for k, v in value.items() if k not in ("_producer", "_schemaURL")}  # a custom facet on a base schema
+    return cls(producer=value["_producer"]).with_additional_properties(**extra)
 
 
 def parse_event(data: dict[str, Any]) -> RunEvent:
@@ -62,10 +72,7 @@ def _build(hint: Any, value: Any, where: str) -> Any:
         _, item = typing.get_args(hint)
         return {k: _build(item, v, f"{where}.{k}") for k, v in value.items()}
     if isinstance(hint, type) and issubclass(hint, BaseFacet):
-        cls = facet_classes().get(value.get("_schemaURL"))
-        if cls is None:
-            raise ValueError(f"{where}: no client class has the facet schema {value.get('_schemaURL')!r}")
-        return _attrs(cls, value, where)
+        return _facet(value, where)
     if isinstance(hint, type) and issubclass(hint, Enum):
         return hint(value)
     if attr.has(hint):
@@ -77,7 +84,7 @@ def _attrs(cls: type, value: dict[str, Any], where: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name.lstrip("_"): f for f in attr.fields(cls)}
     unknown = sorted(set(value) - {f.name for f in attr.fields(cls)} - set(fields))
-    if unknown and not _open(cls):
+    if unknown:
         raise ValueError(f"{where}: {cls.__name__} has no field(s) {unknown}")
     kwargs = {}
     for name, field in fields.items():
@@ -91,8 +98,3 @@ def _attrs(cls: type, value: dict[str, Any], where: str) -> Any:
                 hints[field.name], value[key], f"{where}.{key}"
             )
     return cls(**kwargs)
-
-
-def _open(cls: type) -> bool:
-    """The Airflow provider's facets hold free-form maps; the spec's own classes are closed."""
-    return not cls.__module__.startswith("openlineage.") and cls is not ProvenanceDatasetFacet

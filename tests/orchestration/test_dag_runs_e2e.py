@@ -2,8 +2,9 @@
 
 A run with params from the run conf publishes its dataset and the asset event; a run of
 ``rollout_batch_on_servers`` reaches the server and the moto S3 server only through Airflow
-connections, its generate in the default pool; a failing suite fails the run and
-publishes nothing. Airflow retrying a generate task killed midway: ``test_crash_trials_e2e.py``.
+connections, its generate in the default pool; a failing suite fails the run, publishes
+nothing, and its lineage carries the failed assertion. Airflow retrying a generate task killed
+midway: ``test_crash_trials_e2e.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tasks.orchestration import local_airflow, steps
 from tasks.orchestration.storage_location import storage_location
 
 from .conftest import server_connection
+from .lineage_events import reported, task_events, task_runs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -171,3 +173,10 @@ def test_a_failing_suite_fails_the_run_with_its_report_in_the_log_and_publishes_
     assert batch.suite_summary("dataset").status == "failed"
     failure = next(r.getMessage() for r in caplog.records if "the dataset suite failed the batch" in r.getMessage())
     assert "rewards_within_bounds" in failure and f"report: {store.url}/reports/dataset/run-000/index.html" in failure
+    events = task_events(dag_run)  # its lineage: the failed assertion, in a run that ends in FAIL
+    (suite_run,) = reported(events, "validate_dataset")
+    (dataset,) = suite_run["inputs"]
+    assertions = dataset["inputFacets"]["dataQualityAssertions"]["assertions"]
+    assert [(a["name"], a["column"]) for a in assertions if not a["success"]] == [("rewards_within_bounds", "reward")]
+    run_states = [e["eventType"] for e in task_runs(events)[suite_run["run"]["runId"]]]
+    assert run_states == ["START", "RUNNING", "FAIL"]

@@ -35,6 +35,7 @@ def test_the_child_gets_the_storage_options_in_its_environment_only():
     ]
     env = command.environment({"ROLLOUT_LEDGER_STORAGE_OPTIONS": "stale", "PATH": "/bin"})
     assert env["PATH"] == "/bin" and '"secret": "s"' in env["ROLLOUT_LEDGER_STORAGE_OPTIONS"]
+    assert env["OPENLINEAGE_DISABLED"] == "true"  # the task reports generate's lineage, never the child too
 
 
 @pytest.fixture
