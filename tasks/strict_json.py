@@ -65,6 +65,18 @@ def load_dataclass(
         raise error(f"{source}: {exc}") from None
 
 
+def dump_document(record: Any) -> str:
+    """A dataclass record as a JSON document: its fields in declaration order, two-space indent, trailing newline."""
+    return json.dumps(dataclasses.asdict(record), indent=2, allow_nan=False) + "\n"
+
+
+def load_document(cls: type[T], text: str | bytes, *, source: str, error: type[Exception]) -> T:
+    """The record of ``cls`` a JSON document holds, every field named (nested ones too); ``error`` otherwise."""
+    return load_dataclass(
+        cls, parse_json(text, source=source, error=error), source=source, error=error, require_all=True
+    )
+
+
 def parse_json(text: str | bytes, *, source: str, error: type[Exception] = ValueError) -> Any:
     """The parsed JSON document ``text``; text that is not JSON raises ``error`` naming ``source``."""
     try:

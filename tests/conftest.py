@@ -48,12 +48,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     A session fixture starts once per worker, so every test of the in-process engine runs on one
     worker (the ``vllm_engine`` group) and every other test of the test run's vLLM server on one
     worker (``vllm_server``). A test of both (the server's exactness against the in-process engine)
-    is in the first: its worker also starts the server; the second group is the longer one. The
-    other tests go wherever a worker is free.
+    is in the first, so its worker starts the server too: the server's tests in a module that also
+    tests the in-process engine run there as well, which evens out the two groups (the second is
+    the longer one). The other tests go wherever a worker is free.
     """
+    engine_modules = {item.module for item in items if "vllm_engine" in getattr(item, "fixturenames", ())}
     for item in items:
         names = getattr(item, "fixturenames", ())
         group = next((name for name in ("vllm_engine", "vllm_server") if name in names), None)
+        if group == "vllm_server" and item.module in engine_modules:
+            group = "vllm_engine"
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 

@@ -184,11 +184,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("backend", ["local", "s3"])
-def test_plan_and_generate_commit_a_shard_the_reader_accepts(backend, tmp_path, request, vllm_server):
-    """On local disk and on S3, with the test run's vLLM server (the in-process engine's CLI runs are the
-    interruption tests')."""
-    root = str(tmp_path / "runs") if backend == "local" else f"{request.getfixturevalue('s3_bucket')}/runs"
+def test_plan_and_generate_commit_a_shard_the_reader_accepts(s3_bucket, vllm_server):
+    """On S3, with the test run's vLLM server (the CLI on local disk: the agent CLI test and the in-process
+    engine's interruption tests)."""
+    backend, root = "s3", f"{s3_bucket}/runs"
     options = vllm_server.engine_options()
     engine = ("--engine", "vllm_server", *(f"--engine-option={key}={json.dumps(v)}" for key, v in options.items()))
     planned = run_cli(*plan_args(root, f"b-cli-{backend}"), *engine)

@@ -99,13 +99,12 @@ def suite_lineage(batch: Batch, summary: SuiteSummary) -> TaskLineage:
         specs = lineage_suite(summary.thresholds, weight_version=batch.config.weight_version).expectations
         assertions = facets.assertions(summary, specs)
         inputs = []
-        for shard in _committed(batch):
-            marker = batch.shard_marker(shard)
-            ledger = [f for f in marker.files if f.kind in layout.LEDGER_KINDS] if marker else []
+        for shard, marker in _committed(batch).items():
+            ledger = [f for f in marker.files if f.kind in layout.LEDGER_KINDS]
             checked: dict[str, InputDatasetFacet] = {"dataQualityAssertions": assertions}
             if profile is not None:
-                size = sum(f.size for f in ledger)
-                checked["dataQualityMetrics"] = facets.metrics(profile, "calls", size=size, files=len(ledger))
+                size, rows = sum(f.size for f in ledger), marker.counts.calls
+                checked["dataQualityMetrics"] = facets.metrics(profile, rows=rows, size=size, files=len(ledger))
             inputs.append(_input(shard_ledger(batch, shard), input_facets=checked))
     else:
         manifest = batch.staged_dataset()
@@ -114,7 +113,7 @@ def suite_lineage(batch: Batch, summary: SuiteSummary) -> TaskLineage:
         checked = {"dataQualityAssertions": facets.assertions(summary, specs)}
         if profile is not None and manifest is not None:
             size, files = sum(p.size for p in manifest.parts), len(manifest.parts)
-            checked["dataQualityMetrics"] = facets.metrics(profile, "rows", size=size, files=files)
+            checked["dataQualityMetrics"] = facets.metrics(profile, rows=manifest.rows, size=size, files=files)
         inputs = [_input(_dataset_name(batch), input_facets=checked)]
     report = OutputDataset(*batch_object(batch, layout.suite_dir(summary.suite)))
     return TaskLineage(inputs=tuple(inputs), outputs=(report,))
@@ -145,7 +144,7 @@ def sweep_lineage(batch: Batch, shards: Iterable[int] | None = None) -> TaskLine
     """The sweep reads the ledger and staged segments of each committed shard of ``shards`` (default: all),
     deleting what no marker names."""
     committed = _committed(batch)
-    shards = committed if shards is None else [s for s in shards if s in committed]
+    shards = list(committed) if shards is None else [s for s in shards if s in committed]
     return TaskLineage(inputs=tuple(_input(name(batch, s)) for s in shards for name in (shard_ledger, shard_staging)))
 
 
@@ -188,8 +187,10 @@ def _staging_statistics(marker: ShardMarker | None) -> OutputDatasetFacet | None
     return facets.output_statistics(rows=marker.counts.staged_rows, size=sum(f.size for f in files), files=len(files))
 
 
-def _committed(batch: Batch) -> list[int]:
-    return [shard for shard in range(batch.config.shards) if batch.shard_marker(shard) is not None]
+def _committed(batch: Batch) -> dict[int, ShardMarker]:
+    """The commit marker of every committed shard, by shard."""
+    markers = {shard: batch.shard_marker(shard) for shard in range(batch.config.shards)}
+    return {shard: marker for shard, marker in markers.items() if marker is not None}
 
 
 def _plan_name(batch: Batch) -> DatasetName:

@@ -143,13 +143,13 @@ def _column(spec: ExpectationSpec) -> str | None:
 
 
 def metrics(
-    profile: ProfileMetrics, table: str, *, size: int | None = None, files: int | None = None
+    profile: ProfileMetrics, *, rows: int, size: int, files: int
 ) -> data_quality_metrics_input_dataset.DataQualityMetricsInputDatasetFacet:
-    """The suite's profile as data quality metrics: ``table``'s rows, and every profiled column as ``table.column``."""
-    main = profile.table(table)
+    """The suite's profile as data quality metrics: every profiled column as ``table.column``, with the
+    dataset's own ``rows``, bytes and files."""
     return data_quality_metrics_input_dataset.DataQualityMetricsInputDatasetFacet(
         columnMetrics={f"{t.name}.{c}": stats for t in profile.tables for c, stats in _columns(t).items()},
-        rowCount=None if main is None else main.rows,
+        rowCount=rows,
         bytes=size,
         fileCount=files,
     )

@@ -9,14 +9,12 @@ Lineage events carry it as OpenLineage data quality metrics (docs/lineage.md).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Self
 
 from tasks.checks import check_finite, check_int, check_text
 from tasks.errors import MalformedSummaryError
-from tasks.strict_json import load_dataclass, parse_json
+from tasks.strict_json import dump_document, load_document
 
 
 @dataclass(frozen=True)
@@ -67,9 +65,8 @@ class ProfileMetrics:
         return next((t for t in self.tables if t.name == name), None)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, allow_nan=False) + "\n"
+        return dump_document(self)
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str) -> Self:
-        raw = parse_json(text, source=source, error=MalformedSummaryError)
-        return load_dataclass(cls, raw, source=source, error=MalformedSummaryError, require_all=True)
+        return load_document(cls, text, source=source, error=MalformedSummaryError)

@@ -9,14 +9,13 @@ missing or inconsistent field raises :class:`MalformedSummaryError` naming it.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any, Self
 
 from tasks.checks import check_choice, check_finite, check_int, check_text, is_hex_digest, is_number
 from tasks.config import ValidationSpec
 from tasks.errors import MalformedSummaryError
-from tasks.strict_json import load_dataclass, parse_json
+from tasks.strict_json import dump_document, load_document
 
 LINEAGE, DATASET = "lineage", "dataset"
 SUITES = (LINEAGE, DATASET)  # the validation suites, in the order they run
@@ -118,12 +117,11 @@ class SuiteSummary:
 
     def to_json(self) -> str:
         """The summary as JSON, fields in the documented order, two-space indent, trailing newline."""
-        return json.dumps(dataclasses.asdict(self), indent=2, allow_nan=False) + "\n"
+        return dump_document(self)
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str) -> Self:
-        raw = parse_json(text, source=source, error=MalformedSummaryError)
-        return load_dataclass(cls, raw, source=source, error=MalformedSummaryError, require_all=True)
+        return load_document(cls, text, source=source, error=MalformedSummaryError)
 
 
 def status_of(failed: int, warned: int) -> str:

@@ -31,6 +31,7 @@ from tasks.lineage.naming import model, name_of_url
 from tasks.plan import plan_batch
 from tasks.records.dataset_row import DatasetRow
 
+from .graph import descendants
 from .openlineage_schemas import validate_event
 from .parse import parse_event
 
@@ -110,23 +111,9 @@ def test_each_task_is_one_run_started_reported_and_completed_under_the_batch(cli
 
 def test_the_events_connect_the_model_and_the_prompt_file_to_the_dataset(cli_run):
     batch, events, prompts = cli_run
-    edges: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
-    for event in events:
-        for source in event["inputs"]:
-            for target in event["outputs"]:
-                edges[source["namespace"], source["name"]].add((target["namespace"], target["name"]))
     dataset = tuple(name_of_url(batch.store.full_path("dataset")))
-
-    def reaches(start: tuple[str, str]) -> bool:
-        seen, frontier = {start}, [start]
-        while frontier:
-            for nxt in edges[frontier.pop()] - seen:
-                seen.add(nxt)
-                frontier.append(nxt)
-        return dataset in seen
-
-    assert reaches(tuple(model(batch.config.model.reference)))
-    assert reaches(("file", str(prompts)))
+    assert dataset in descendants(events, tuple(model(batch.config.model.reference)))
+    assert dataset in descendants(events, ("file", str(prompts)))
 
 
 def test_the_dataset_carries_its_schema_counts_and_provenance(cli_run):

@@ -20,6 +20,7 @@ from tasks import layout
 from tasks.batch import Batch
 from tasks.orchestration import local_airflow, steps
 from tasks.orchestration.storage_location import storage_location
+from tests.lineage.graph import descendants
 
 from .conftest import server_connection
 from .lineage_events import reported, task_events, task_runs
@@ -140,6 +141,8 @@ def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
     assert "testing" not in json.dumps(dag_run.conf) and "testing" not in str(batch.config.to_json())
     assert batch.config.engine.options == {"urls": [vllm_server.url]}
     assert vllm_server.key not in json.dumps(batch.config.to_json())
+    dataset = (s3_bucket, f"runs/batches/{batch.batch_id}/dataset")
+    assert dataset in descendants(task_events(dag_run), ("file", agent["tasks"]))  # task file -> dataset, on S3
     assert batch.config.environment == "agent_command" and len(batch.config.environment_options["sha256"]) == 64
 
 

@@ -8,8 +8,6 @@ and stable across tries; and the datasets connect the model to the published dat
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import pytest
 
 from tasks import layout
@@ -17,6 +15,7 @@ from tasks.batch import Batch
 from tasks.lineage import facets
 from tasks.lineage.naming import batch_object, model
 from tasks.orchestration import steps
+from tests.lineage.graph import descendants
 from tests.lineage.openlineage_schemas import validate_event
 from tests.lineage.parse import parse_event
 
@@ -55,17 +54,9 @@ def test_every_task_that_ran_reports_its_datasets_in_its_own_run(published):
 
 def test_the_published_dataset_descends_from_the_model_with_its_provenance(published):
     batch, events = published
-    edges = defaultdict(set)
-    for event in events:
-        for source in event["inputs"]:
-            edges[source["namespace"], source["name"]].update((d["namespace"], d["name"]) for d in event["outputs"])
-    dataset = tuple(batch_object(batch, layout.DATASET_DIR))
-    seen, frontier = set(), [tuple(model(batch.config.model.reference))]
-    while frontier:
-        for nxt in edges[frontier.pop()] - seen:
-            seen.add(nxt)
-            frontier.append(nxt)
-    assert dataset in seen
+    assert tuple(batch_object(batch, layout.DATASET_DIR)) in descendants(
+        events, tuple(model(batch.config.model.reference))
+    )
     (output,) = reported(events, "publish")[0]["outputs"]
     provenance = output["facets"][facets.PROVENANCE_FACET]
     assert provenance["batchId"] == batch.batch_id and provenance["weightVersions"] == [3]
