@@ -27,7 +27,15 @@ from tasks import layout
 from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.lineage import facets
-from tasks.lineage.naming import DatasetName, batch_object, model, name_of_url, shard_ledger, shard_staging
+from tasks.lineage.naming import (
+    DatasetName,
+    batch_object,
+    model,
+    name_of_url,
+    server,
+    shard_ledger,
+    shard_staging,
+)
 from tasks.records.dataset_row import DatasetRow
 from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.records.planned import PlannedRollout
@@ -162,9 +170,13 @@ def _dataset(batch: Batch, manifest: DatasetMarker | None) -> tuple[OutputDatase
 
 
 def _sources(config: BatchConfig) -> tuple[InputDataset, ...]:
-    """The model and, when the environment reads one, the task or prompt file, each with its sha256."""
+    """The model (and the servers the engine calls for it), and the task or prompt file the environment
+    reads, if any, each with the sha256 the plan pinned."""
     weights = config.model.weights_sha256
     sources = [_input(model(config.model.reference), {"version": facets.version(weights)} if weights else {})]
+    engine = config.engine.options
+    served = engine.get("served_model") or config.model.reference
+    sources += [_input(server(url, served)) for url in engine.get("urls") or () if isinstance(url, str)]
     options = config.environment_options
     for option in TASK_FILE_OPTIONS:
         if isinstance(options.get(option), str):

@@ -7,7 +7,8 @@ retried task names the same datasets; a shard's ledger and staged segments are e
 (the shard's folder), never one per object.
 
 The model is its batch-config reference: a folder is a local file dataset; the bundled model is
-``("rollout-ledger", "bundled:<name>")`` (it has no path every worker shares).
+``("rollout-ledger", "bundled:<name>")`` (it has no path every worker shares). A server that serves
+it is ``("http://host:port", model name)``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ def shard_ledger(batch: Batch, shard: int) -> DatasetName:
 
 def shard_staging(batch: Batch, shard: int) -> DatasetName:
     return batch_object(batch, layout.staging_shard_dir(shard))
+
+
+def server(url: str, model_name: str) -> DatasetName:
+    """A model as an inference server at ``url`` serves it."""
+    parts = urlsplit(url)
+    return DatasetName(f"{parts.scheme.lower()}://{parts.netloc}", model_name)
 
 
 def model(reference: str) -> DatasetName:

@@ -12,7 +12,7 @@ import pytest
 from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
 from tasks.lineage import facets
-from tasks.lineage.naming import DatasetName, model, name_of_url, shard_ledger
+from tasks.lineage.naming import DatasetName, model, name_of_url, server, shard_ledger
 
 SCHEMA = Path(__file__).parents[2] / "docs" / "lineage" / "provenance-facet.json"
 
@@ -36,6 +36,7 @@ def test_a_relative_path_is_made_absolute_and_the_bundled_model_has_its_own_name
     assert name_of_url("runs/x") == DatasetName("file", os.path.abspath("runs/x"))
     assert model("bundled:smollm2-135m-instruct") == DatasetName("rollout-ledger", "bundled:smollm2-135m-instruct")
     assert model("/models/qwen") == DatasetName("file", "/models/qwen")
+    assert server("http://10.0.0.5:8000/", "qwen") == DatasetName("http://10.0.0.5:8000", "qwen")
 
 
 def test_a_shards_ledger_is_its_folder_whatever_the_attempt(tmp_path):

@@ -54,9 +54,11 @@ def test_every_task_that_ran_reports_its_datasets_in_its_own_run(published):
 
 def test_the_published_dataset_descends_from_the_model_with_its_provenance(published):
     batch, events = published
-    assert tuple(batch_object(batch, layout.DATASET_DIR)) in descendants(
-        events, tuple(model(batch.config.model.reference))
-    )
+    dataset = tuple(batch_object(batch, layout.DATASET_DIR))
+    assert dataset in descendants(events, tuple(model(batch.config.model.reference)))
+    (url,) = batch.config.engine.options["urls"]  # the server that served it feeds the plan and generate
+    (plan,) = reported(events, "plan")
+    assert url in {d["namespace"] for d in plan["inputs"]}
     (output,) = reported(events, "publish")[0]["outputs"]
     provenance = output["facets"][facets.PROVENANCE_FACET]
     assert provenance["batchId"] == batch.batch_id and provenance["weightVersions"] == [3]
