@@ -282,9 +282,9 @@ def _lineage() -> LineageSink:
 
 
 def _say_lineage(sink: LineageSink) -> None:
-    describe = getattr(sink, "describe", None)
-    if describe is not None:
-        _say(describe())
+    said = sink.describe()
+    if said is not None:
+        _say(said)
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -49,9 +49,11 @@ class LineageRun(Protocol):
 
 
 class LineageSink(Protocol):
-    """Where task runs report their lineage."""
+    """Where task runs report their lineage; ``describe`` says what was sent (None: nothing is)."""
 
     def task(self, task_id: str, batch: Batch) -> AbstractContextManager[LineageRun]: ...
+
+    def describe(self) -> str | None: ...
 
 
 class _Silent:
@@ -67,6 +69,9 @@ class NoLineage:
     @contextmanager
     def task(self, task_id: str, batch: Batch) -> Iterator[LineageRun]:
         yield _Silent()
+
+    def describe(self) -> str | None:
+        return None
 
 
 NO_LINEAGE = NoLineage()

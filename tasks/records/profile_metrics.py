@@ -61,9 +61,6 @@ class ProfileMetrics:
     suite: str
     tables: tuple[TableStats, ...]
 
-    def table(self, name: str) -> TableStats | None:
-        return next((t for t in self.tables if t.name == name), None)
-
     def to_json(self) -> str:
         return dump_document(self)
 
