@@ -33,6 +33,7 @@ from tasks.batch_fields import (
     field_default,
     plan_flag,
 )
+from tasks.environments.declared import Runnables
 from tasks.errors import (
     EXIT_FAILED,
     EXIT_OK,
@@ -101,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--try-number", type=int, default=None, help="the orchestrator's try number, recorded in the attempt claim"
     )
     generate.add_argument("--model", default=None, help="refused: the model is fixed at plan time (see plan --model)")
+    generate.add_argument(
+        "--declared-only",
+        action="store_true",
+        help="run only a built-in game or an entry of the environment registry (what a triggered batch's "
+        "workers run: docs/security.md)",
+    )
 
     finalize = command(
         "finalize", "validate the ledger, build the GRPO dataset, validate it, and publish it if both suites pass"
@@ -333,6 +340,7 @@ def _generate(args: argparse.Namespace) -> int:
             progress=False if args.no_progress else None,
             try_number=args.try_number,
             on_engine_start=_engine_notice(args),
+            runnables=Runnables.triggered() if args.declared_only else Runnables.operator(),
         )
         run.report(lambda: TaskLineage.merged(generate_lineage(batch, shard) for shard in shards))
     for summary in summaries:

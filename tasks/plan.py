@@ -20,7 +20,8 @@ from tasks import ids, layout
 from tasks.batch import Batch
 from tasks.batch_fields import check_values
 from tasks.config import BatchConfig, config_from_values
-from tasks.environments.prompts_file import PromptsFile
+from tasks.environments.declared import Runnables
+from tasks.environments.prompts_file import PromptsFile, is_prompt_file
 from tasks.environments.registry import AnyEnvironment, load_environment
 from tasks.errors import ConfigError, ObjectConflictError, PlanConflictError
 from tasks.records.ledger import canonical_json
@@ -59,17 +60,18 @@ def plan_rollouts(config: BatchConfig, tasks: list[dict], shard: int) -> list[Pl
     ]
 
 
-def plan_batch(batch: Batch, config: BatchConfig) -> PlanSummary:
+def plan_batch(batch: Batch, config: BatchConfig, *, runnables: Runnables | None = None) -> PlanSummary:
     """Write ``plan/batch.json`` and every ``plan/shard-K.parquet`` of ``batch`` for ``config`` (of the same id).
 
-    The environment is loaded first and the config records what it resolved to (a prompt file as
-    a URI with its sha256, every option with its default filled in), so a typo or an unreadable
-    file is refused before anything is written and every worker runs the same environment.
+    ``runnables`` says what the environment may be (default: the operator's). The environment is
+    loaded first and the config records what it resolved to (a prompt file as a URI with its
+    sha256, every option with its default filled in), so a typo or an unreadable file is refused
+    before anything is written and every worker runs the same environment.
     """
     if config.batch_id != batch.batch_id:
         raise ConfigError(f"the config is of batch {config.batch_id!r}, not of {batch.batch_id!r}")
     store = batch.store
-    environment = load_environment(config.environment, config.environment_options)
+    environment = load_environment(config.environment, config.environment_options, runnables=runnables)
     config = pin_environment(config, environment)
     try:
         tasks = environment.make_tasks(config.num_tasks, config.seed)
@@ -100,7 +102,9 @@ def plan_batch(batch: Batch, config: BatchConfig) -> PlanSummary:
     )
 
 
-def plan_from_values(batch: Batch, values: Mapping[str, Any], *, source: str = "batch values") -> PlanSummary:
+def plan_from_values(
+    batch: Batch, values: Mapping[str, Any], *, source: str = "batch values", runnables: Runnables | None = None
+) -> PlanSummary:
     """Plan the batch the batch fields' ``values`` describe (the rest take their defaults) in ``batch``.
 
     The one way from values to a planned batch, for the plan command, the DAG's plan task and the
@@ -108,23 +112,26 @@ def plan_from_values(batch: Batch, values: Mapping[str, Any], *, source: str = "
     the model reference, hash the model, judge how the engine's weights are known to be it (a
     server engine asks its servers: :func:`tasks.engines.registry.planned_weights`), build the
     config (:func:`tasks.config.config_from_values`) and plan it (:func:`plan_batch`). Run and
-    storage fields among ``values`` are left out.
+    storage fields among ``values`` are left out. ``runnables`` says what the environment may be
+    (a triggered batch: :meth:`Runnables.triggered`); a spec it refuses is named before anything else.
     """
     from tasks.engines.registry import planned_weights
     from tasks.models.provenance import model_provenance
     from tasks.models.reference import model_reference, resolve_model_reference
 
     fields = check_values(values, source=source)
+    (runnables or Runnables.operator()).check_named(fields.environment)
     reference = model_reference(fields.model)
     folder = resolve_model_reference(reference)
     facts = {**model_provenance(folder), "weights": planned_weights(fields.engine, fields.engine_options, folder)}
     config = config_from_values({**values, "model": reference}, batch_id=batch.batch_id, model=facts, source=source)
-    return plan_batch(batch, config)
+    return plan_batch(batch, config, runnables=runnables)
 
 
 def pin_environment(config: BatchConfig, environment: AnyEnvironment) -> BatchConfig:
     """``config`` with the environment as resolved: a prompt file by URI, options as the instance reports them."""
-    spec = environment.options()["path"] if isinstance(environment, PromptsFile) else config.environment
+    by_path = isinstance(environment, PromptsFile) and is_prompt_file(config.environment)  # not a registry name
+    spec = environment.options()["path"] if by_path else config.environment
     return dataclasses.replace(config, environment=spec, environment_options=environment.options())
 
 

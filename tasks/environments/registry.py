@@ -1,9 +1,12 @@
-"""Loading an environment from the batch config's spec: a built-in name, ``pkg.module:Class``, or a prompt file.
+"""Loading an environment from the batch config's spec: a registry name, a built-in name, ``pkg.module:Class``, or a
+prompt file.
 
-Resolution order: a spec ending in ``.parquet`` / ``.jsonl`` / ``.json`` is a prompt file (its
-path becomes the ``path`` option); a spec containing ``:`` is an import path whose attribute
-must be an :class:`Environment` or :class:`~tasks.environments.agents.Agent` subclass; anything
-else must be a built-in name (the games, and the agents ``agent_command`` and ``agent_callable``). Every failure
+Resolution order: a name of the deployment's registry (:mod:`tasks.environments.declared`) is its
+entry; without ``Runnables.direct`` nothing but that and the built-in games loads. Then a spec
+ending in ``.parquet`` / ``.jsonl`` / ``.json`` is a prompt file (its path becomes the ``path``
+option); a spec containing ``:`` is an import path whose attribute must be an
+:class:`Environment` or :class:`~tasks.environments.agents.Agent` subclass; anything else must be
+a built-in name (the games, and the agents ``agent_command`` and ``agent_callable``). Every failure
 is an :class:`EnvironmentLoadError` whose ``reason`` is one of :data:`tasks.errors.ENVIRONMENT_LOAD_REASONS`.
 """
 
@@ -17,6 +20,7 @@ from tasks.environments.agents import Agent, AgentCallable, AgentCommand
 from tasks.environments.arithmetic import Arithmetic
 from tasks.environments.base import Environment
 from tasks.environments.calculator import Calculator
+from tasks.environments.declared import Runnables
 from tasks.environments.guess_number import GuessNumber
 from tasks.environments.imports import ImportPathError, import_object
 from tasks.environments.pinned_file import recorded_path
@@ -68,8 +72,34 @@ def environment_class(spec: str) -> type[Environment] | type[Agent]:
     return BUILTIN_ENVIRONMENTS[spec]
 
 
-def load_environment(spec: str, options: Mapping[str, Any] | None = None) -> AnyEnvironment:
-    """Build the environment ``spec`` names with ``options`` (for a prompt file, ``path`` defaults to ``spec``)."""
+def load_environment(
+    spec: str, options: Mapping[str, Any] | None = None, *, runnables: Runnables | None = None
+) -> AnyEnvironment:
+    """Build the environment ``spec`` names with ``options`` (for a prompt file, ``path`` defaults to ``spec``).
+
+    ``runnables`` (default: the operator's, :meth:`Runnables.operator`) says what may load. A
+    registry name takes the options a trigger may set from ``options`` and the rest from its entry;
+    ``options`` that hold more (a batch's recorded ones) must equal what the entry resolves to now.
+    """
+    runnables = runnables or Runnables.operator()
+    runnables.check_named(spec)
+    if spec in runnables.registry:
+        return _declared(spec, dict(options or {}), runnables)
+    return _built(spec, options)
+
+
+def _declared(name: str, options: dict[str, Any], runnables: Runnables) -> AnyEnvironment:
+    registry = runnables.registry
+    opened = registry.trigger_set(name, options)
+    environment = _built(registry.kind_of(name), registry.options_for(name, opened))
+    now = environment.options()  # options beyond the trigger's (a batch's recorded ones) must equal the entry's
+    differ = sorted(k for k in options if k not in registry.entries[name].trigger_options and options[k] != now.get(k))
+    if differ:
+        raise registry.refuse_fixed(name, differ)
+    return environment
+
+
+def _built(spec: str, options: Mapping[str, Any] | None) -> AnyEnvironment:
     cls = environment_class(spec)
     options = dict(options or {})
     if is_prompt_file(spec) and recorded_path(str(options.setdefault("path", spec))) != recorded_path(spec):

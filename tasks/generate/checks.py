@@ -16,6 +16,7 @@ from pathlib import Path
 from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.engines.base import Engine
+from tasks.environments.declared import Runnables
 from tasks.environments.registry import AnyEnvironment, load_environment
 from tasks.errors import ConfigError, ModelMismatchError
 from tasks.generate.summary import ShardSummary
@@ -44,7 +45,9 @@ class CheckedBatch:
     summaries: dict[int, ShardSummary] = field(default_factory=dict)
 
 
-def check_before_engine(batch: Batch, shards: Sequence[int], *, own_engine: bool) -> CheckedBatch:
+def check_before_engine(
+    batch: Batch, shards: Sequence[int], *, own_engine: bool, runnables: Runnables | None = None
+) -> CheckedBatch:
     """Everything that can be checked without an engine; a clear error before minutes of engine start."""
     from tasks.models.reference import check_provenance, resolve_model_reference
 
@@ -61,7 +64,7 @@ def check_before_engine(batch: Batch, shards: Sequence[int], *, own_engine: bool
             committed[shard] = marker
         else:
             plans[shard] = batch.shard_plan(shard)
-    environment = load_environment(config.environment, config.environment_options)
+    environment = load_environment(config.environment, config.environment_options, runnables=runnables)
     work = CheckedBatch(store=batch.store, config=config, environment=environment, plans=plans, committed=committed)
     if own_engine and plans:
         folder = resolve_model_reference(config.model.reference)

@@ -15,6 +15,7 @@ from typing import Any
 
 from tasks.batch import Batch
 from tasks.engines.base import Engine
+from tasks.environments.declared import Runnables
 from tasks.errors import GenerateInterrupted
 from tasks.generate.attempt import run_shards
 from tasks.generate.checks import CheckedBatch, check_before_engine, check_engine_version
@@ -40,6 +41,7 @@ def generate_shards(
     progress: bool | None = None,
     try_number: int | None = None,
     on_engine_start: Callable[[float], contextlib.AbstractContextManager[Any]] | None = None,
+    runnables: Runnables | None = None,
 ) -> list[ShardSummary]:
     """Generate and commit ``shards`` of ``batch`` one after another on one engine; see :mod:`tasks.generate`.
 
@@ -49,9 +51,10 @@ def generate_shards(
     attempt first has a rollout to run (never, when earlier attempts receipted them all), and
     shut down before returning, on every path. ``on_engine_start(expected_seconds)`` wraps the
     engine's whole life (the CLI prints a notice and redirects engine output there).
-    ``try_number`` (the orchestrator's) is recorded in each attempt's claim.
+    ``try_number`` (the orchestrator's) is recorded in each attempt's claim. ``runnables`` says what
+    the batch's environment may be (a triggered batch's workers: :meth:`Runnables.triggered`).
     """
-    work = check_before_engine(batch, shards, own_engine=engine is None)
+    work = check_before_engine(batch, shards, own_engine=engine is None, runnables=runnables)
     work.try_number, work.capture, work.progress = try_number, capture, progress
     if all(shard in work.committed for shard in shards):
         return [ShardSummary.of_marker(work.committed[shard]) for shard in shards]

@@ -21,10 +21,31 @@ DEFAULT_REVIEW_TIMEOUT_HOURS = field_default("review_timeout_hours")  # the revi
 def form_fields(environ: Mapping[str, str] = os.environ) -> dict[str, dict[str, Any]]:
     """Field name -> ``default``, ``section``, ``title``, ``description`` and the JSON Schema keywords.
 
-    ``storage_url``'s default follows ``environ`` (:func:`tasks.batch_fields.default_storage_url`).
+    ``storage_url``'s default follows ``environ`` (:func:`tasks.batch_fields.default_storage_url`);
+    ``environment`` is a choice among what a trigger may run (:func:`environment_choices`).
     """
     defaults = field_defaults(environ)
-    return {name: {"default": defaults[name], **schema} for name, schema in json_schemas().items()}
+    fields = {name: {"default": defaults[name], **schema} for name, schema in json_schemas().items()}
+    suggested = {k: v for k, v in fields["environment"].items() if k != "examples"}  # the CLI's free-text hints
+    fields["environment"] = {**suggested, **environment_choices(environ)}
+    return fields
+
+
+def environment_choices(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The environment field's ``enum`` and labels: the built-in games and the deployment registry's entries."""
+    from tasks.environments.declared import Runnables, load_registry, registry_file
+
+    registry = load_registry(registry_file(environ))
+    names = Runnables(registry, direct=False).choices()
+    labels = {
+        name: f"{name}: {registry.entries[name].description}" if registry.entries[name].description else name
+        for name in registry.entries
+    }
+    return {
+        "enum": names,
+        "description": f"a built-in game, or an environment the deployment declared in {registry.path.name}",
+        "values_display": {name: labels.get(name, f"{name} (built-in)") for name in names},
+    }
 
 
 def form_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:

@@ -59,7 +59,7 @@ class GenerateCommand:
 
     def argv(self, python: str) -> list[str]:
         argv = [python, "-m", __name__, "generate", "--root", self.location.root_url, "--batch-id", self.batch_id]
-        argv += ["--shard", str(self.shard), "--no-progress"]
+        argv += ["--shard", str(self.shard), "--no-progress", "--declared-only"]  # a triggered batch
         return argv + ([] if self.try_number is None else ["--try-number", str(self.try_number)])
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:

@@ -102,6 +102,7 @@ def engine_servers(params: Mapping[str, Any]) -> ServerConnection | None:
 def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:
     """Plan the batch the params describe and return its shard numbers (the same config again is a no-op)."""
     from tasks.env_vars import scoped_environ
+    from tasks.environments.declared import Runnables
     from tasks.lineage.datasets import plan_lineage
     from tasks.plan import plan_from_values
 
@@ -112,7 +113,7 @@ def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:
         if servers is not None:
             values = servers.batch_values(values)
         with scoped_environ(**(servers.environment() if servers else {})):  # plan asks the servers what they serve
-            summary = plan_from_values(batch, values, source="batch form")
+            summary = plan_from_values(batch, values, source="batch form", runnables=Runnables.triggered())
     report_lineage(lambda: plan_lineage(batch))
     log.info(
         "%s batch %s: %d rollouts in %d shards at %s",
