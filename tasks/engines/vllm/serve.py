@@ -4,19 +4,25 @@ A thin launcher, not a second server: it runs vLLM's API server entry point with
 project's capture needs (``--logprobs-mode processed_logprobs``, the token-in/token-out endpoint
 ``--enable-scale-out``, the RL endpoints through ``VLLM_SERVER_DEV_MODE=1``) and the same
 defaults the in-process engine takes (:meth:`~tasks.engines.vllm.options.VllmOptions.engine_args`:
-float32, eager, whole prefills on CPU). The API key travels in ``VLLM_API_KEY``, never on a
-command line. The server runs in its own process group; :meth:`VllmServer.stop` ends the whole
-group (SIGTERM, then SIGKILL after a grace period) and returns only when no process of it is left.
+float32, eager, whole prefills on CPU). Every server has an API key, and every route but
+``/health`` requires it: vLLM's ``--middleware`` hook installs :class:`~.serve_auth.RequireKey`
+(vLLM's own key check leaves the RL endpoints and ``/metrics`` open). The key travels in
+``VLLM_API_KEY``, never on a command line; :func:`write_new_key` makes one (a file of mode 0600).
+The server runs in its own process group; :meth:`VllmServer.stop` ends the whole group (SIGTERM,
+then SIGKILL after a grace period) and returns only when no process of it is left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -30,7 +36,9 @@ import psutil
 
 from tasks.engines.vllm.engine import cpu_env_defaults
 from tasks.engines.vllm.options import VllmOptions
+from tasks.engines.vllm.serve_auth import KEY_ENV, MIDDLEWARE_PATH
 from tasks.errors import EngineError
+from tasks.models.bundled import cache_dir
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 READY_TIMEOUT_SECONDS = 600.0
@@ -41,6 +49,7 @@ LOG_TAIL_CHARS = 3000
 def server_argv(model_folder: Path, options: VllmOptions, *, host: str, port: int, on_cpu: bool) -> list[str]:
     """The command line of a vLLM server for ``model_folder`` with ``options`` (no secret in it)."""
     argv = [sys.executable, "-m", SERVER_MODULE, "--host", host, "--port", str(port), "--enable-scale-out"]
+    argv += ["--middleware", MIDDLEWARE_PATH]
     for key, value in options.engine_args(model_folder, on_cpu=on_cpu).items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -52,15 +61,46 @@ def server_argv(model_folder: Path, options: VllmOptions, *, host: str, port: in
     return argv
 
 
-def server_env(options: VllmOptions, *, api_key: str | None, on_cpu: bool) -> dict[str, str]:
+def server_env(options: VllmOptions, *, api_key: str, on_cpu: bool) -> dict[str, str]:
     """The server's environment: this one, the RL endpoints on, vLLM-CPU defaults where unset, the key."""
-    env = dict(os.environ) | {"VLLM_SERVER_DEV_MODE": "1"}
+    if not api_key:
+        raise ValueError("a vLLM server of rollout-ledger serve needs an API key")
+    env = dict(os.environ) | {"VLLM_SERVER_DEV_MODE": "1", KEY_ENV: api_key}
     if on_cpu:
         env |= cpu_env_defaults(options, env)
-    env.pop("VLLM_API_KEY", None)
-    if api_key:
-        env["VLLM_API_KEY"] = api_key
     return env
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only: ``localhost`` or a loopback address (any other name is not)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def generated_key_path(port: int) -> Path:
+    """Where ``serve`` without a key file keeps the key it made for ``port``: ``<cache>/serve/port-<port>.key``."""
+    return cache_dir() / "serve" / f"port-{port}.key"
+
+
+def write_new_key(path: Path) -> str:
+    """Write a new random key to ``path`` (mode 0600, replaced atomically: a reader sees the old or the new key) and
+    return it; a folder it creates is mode 0700."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(32)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mkstemp: mode 0600
+    try:
+        with os.fdopen(descriptor, "w") as file:
+            file.write(key + "\n")
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return key
 
 
 @dataclass
@@ -79,10 +119,12 @@ class VllmServer:
         *,
         host: str = "127.0.0.1",
         port: int = 8000,
-        api_key: str | None = None,
+        api_key: str,
         log_path: Path,
     ) -> VllmServer:
-        """Start the server in its own process group, its output to ``log_path``; returns at once."""
+        """Start the server in its own process group, its output to ``log_path``; returns at once.
+
+        Every route but ``/health`` requires ``api_key`` (an empty key is refused)."""
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
