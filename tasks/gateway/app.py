@@ -2,10 +2,21 @@
 
 ``POST /rollouts/{rollout_id}/v1/chat/completions`` and ``GET /rollouts/{rollout_id}/v1/models``
 answer the clients of the rollouts registered in a :class:`Rollouts`. Each rollout has its own
-random bearer key: a request without it, with another rollout's key, for a rollout that ended or
-never existed, or beyond the rollout's call limit gets the status and OpenAI error body a client
-expects (never one it retries: 401, 400 or 404), and the refusal is kept on the rollout. A
-checked request goes to the rollout's :data:`Answer` (the capture path), whose :class:`Reply`
+random bearer key. A request without it, with another rollout's key, or for a rollout id that
+does not exist gets the same 401 ``invalid_api_key`` (:data:`UNAUTHORIZED`: nothing in it tells a
+prober which ids are live); it is counted on the gateway (:attr:`Rollouts.auth_failures`), never
+kept on a rollout, since whoever sent it may not be that rollout's agent.
+
+A request with the rollout's key that the gateway refuses (the rollout ended, beyond its call
+limit, over the :class:`~tasks.gateway.limits.GatewayLimits`, outside the plan) gets the status
+and OpenAI error body a client expects, never one the ``openai`` client retries (400, 413), but
+one: a chat completion beyond the rollout's ``max_concurrent_requests`` gets 429
+``too_many_concurrent_requests`` with ``Retry-After``, which the client retries by default. That
+is deliberate: the refusal is transient (a call in flight ends soon), and the refused request
+never reached the capture path, so a retry records nothing twice. The first
+:data:`MAX_RECORDED_REFUSALS` refusals are kept on the rollout, the rest only counted.
+
+A checked request goes to the rollout's :data:`Answer` (the capture path), whose :class:`Reply`
 becomes a ``chat.completion`` or, with ``stream``, server-sent ``chat.completion.chunk`` events.
 A request may also name the rollout's scored response in :data:`FINAL_RESPONSE_HEADER`.
 """
@@ -24,6 +35,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tasks.engines.base import SamplingSettings
+from tasks.gateway.body import parse_json, read_body
+from tasks.gateway.limits import DEFAULT_LIMITS, GatewayLimits
 from tasks.gateway.protocol import ChatRequest, GatewayError, invalid, read_chat_request
 
 ROLLOUT_PATH = "/rollouts/{rollout_id}/v1"
@@ -31,6 +44,8 @@ ROLLOUT_PATH = "/rollouts/{rollout_id}/v1"
 # any request of the rollout (a later request's value replaces an earlier one's).
 FINAL_RESPONSE_HEADER = "X-Final-Response-Id"
 MAX_RESPONSE_ID_CHARS = 256
+MAX_RECORDED_REFUSALS = 32  # per rollout, kept for its receipt; later ones are only counted
+RETRY_AFTER_SECONDS = 1  # told to a client refused for too many concurrent requests
 
 
 @dataclass(frozen=True)
@@ -59,7 +74,10 @@ class Refusal:
 
 @dataclass
 class RolloutRoute:
-    """One rollout's door: its key, the plan's sampling, its call limit, its answer, and what it refused."""
+    """One rollout's door: its key, the plan's sampling, its call limit, its answer, and what it refused.
+
+    ``refusals`` holds at most :data:`MAX_RECORDED_REFUSALS`; ``refusals_dropped`` counts the rest.
+    """
 
     rollout_id: str
     key: str
@@ -67,17 +85,37 @@ class RolloutRoute:
     max_calls: int
     answer: Answer
     calls: int = 0
+    in_flight: int = 0
     ended: bool = False
     final_response_id: str | None = None
     refusals: list[Refusal] = field(default_factory=list)
+    refusals_dropped: int = 0
+
+    def refuse(self, error: GatewayError) -> GatewayError:
+        """``error``, kept among the rollout's refusals while there are fewer than :data:`MAX_RECORDED_REFUSALS`."""
+        if len(self.refusals) < MAX_RECORDED_REFUSALS:
+            self.refusals.append(Refusal(error.status, error.code, error.message))
+        else:
+            self.refusals_dropped += 1
+        return error
+
+
+def unauthorized() -> GatewayError:
+    """The one answer to a request without its route's key, whatever the route: an unknown id answers the same."""
+    return GatewayError(401, "invalid API key for this route", kind="invalid_request_error", code="invalid_api_key")
 
 
 class Rollouts:
-    """The rollouts a gateway serves, each under its own random bearer key."""
+    """The rollouts a gateway serves, each under its own random bearer key.
+
+    ``auth_failures`` counts the requests refused for want of their route's key (unknown ids included).
+    """
 
     def __init__(self, model: str) -> None:
         self.model = model
+        self.auth_failures = 0
         self._routes: dict[str, RolloutRoute] = {}
+        self._decoy_key = secrets.token_urlsafe(32)  # compared for an unknown id, as a route's key would be
 
     def open(self, rollout_id: str, *, sampling: SamplingSettings, max_calls: int, answer: Answer) -> RolloutRoute:
         """Register ``rollout_id``; the route holds the key its client must send."""
@@ -94,30 +132,19 @@ class Rollouts:
         return route
 
     def route(self, rollout_id: str, authorization: str | None) -> RolloutRoute:
-        """The open route ``rollout_id`` if ``authorization`` carries its key; else GatewayError (kept on the route)."""
+        """The open route ``rollout_id`` if ``authorization`` carries its key; else GatewayError.
+
+        Without the key (or for an unknown id) :func:`unauthorized`, counted in ``auth_failures``;
+        for an ended rollout ``rollout_ended``, kept on the route.
+        """
         route = self._routes.get(rollout_id)
-        if route is None:
-            raise GatewayError(
-                404,
-                f"no rollout {rollout_id!r} on this gateway",
-                kind="invalid_request_error",
-                code="rollout_not_found",
-            )
         key = (authorization or "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(key.encode(), route.key.encode()):
-            other = any(hmac.compare_digest(key.encode(), r.key.encode()) for r in self._routes.values())
-            detail = "the key of another rollout" if other else "no valid key"
-            raise _recorded(
-                route,
-                GatewayError(
-                    401,
-                    f"rollout {rollout_id!r} was called with {detail}",
-                    kind="invalid_request_error",
-                    code="invalid_api_key",
-                ),
-            )
+        expected = route.key if route is not None else self._decoy_key
+        if not hmac.compare_digest(key.encode(), expected.encode()) or route is None:
+            self.auth_failures += 1
+            raise unauthorized()
         if route.ended:
-            raise _recorded(route, invalid(f"rollout {rollout_id!r} has ended", code="rollout_ended"))
+            raise route.refuse(invalid(f"rollout {rollout_id!r} has ended", code="rollout_ended"))
         return route
 
 
@@ -129,29 +156,34 @@ def _declare_final_response(route: RolloutRoute, request: Request) -> None:
     value = value.strip()
     if not value or len(value) > MAX_RESPONSE_ID_CHARS:
         shown = value[:40] + ("..." if len(value) > 40 else "")
-        raise _recorded(
-            route,
+        raise route.refuse(
             invalid(
                 f"{FINAL_RESPONSE_HEADER} must name a response id of 1 to {MAX_RESPONSE_ID_CHARS} characters, "
                 f"got {shown!r}",
                 code="invalid_final_response_id",
-            ),
+            )
         )
     route.final_response_id = value
 
 
-def _recorded(route: RolloutRoute, error: GatewayError) -> GatewayError:
-    route.refusals.append(Refusal(error.status, error.code, error.message))
-    return error
+def _busy(route: RolloutRoute, limits: GatewayLimits) -> GatewayError:
+    return GatewayError(
+        429,
+        f"rollout {route.rollout_id!r} has {route.in_flight} requests in flight, the gateway's "
+        f"max_concurrent_requests {limits.max_concurrent_requests}: retry when one has been answered",
+        kind="rate_limit_error",
+        code="too_many_concurrent_requests",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
 
 
-def create_app(rollouts: Rollouts) -> FastAPI:
-    """The FastAPI application serving ``rollouts``."""
+def create_app(rollouts: Rollouts, limits: GatewayLimits = DEFAULT_LIMITS) -> FastAPI:
+    """The FastAPI application serving ``rollouts``, each request under ``limits``."""
     app = FastAPI(title="rollout-ledger capture gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(GatewayError)
     async def refused(_: Request, error: GatewayError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     @app.get(ROLLOUT_PATH + "/models")
     async def models(rollout_id: str, request: Request) -> dict[str, Any]:
@@ -161,20 +193,31 @@ def create_app(rollouts: Rollouts) -> FastAPI:
     @app.post(ROLLOUT_PATH + "/chat/completions", response_model=None)
     async def chat_completions(rollout_id: str, request: Request) -> JSONResponse | StreamingResponse:
         route = rollouts.route(rollout_id, request.headers.get("authorization"))
+        if route.in_flight >= limits.max_concurrent_requests:
+            raise route.refuse(_busy(route, limits))
+        route.in_flight += 1
+        try:
+            return await complete(route, request)
+        finally:
+            route.in_flight -= 1
+
+    async def complete(route: RolloutRoute, request: Request) -> JSONResponse | StreamingResponse:
+        """Read, check and answer one chat completion of ``route``; a refusal is kept on the route."""
         _declare_final_response(route, request)
         try:
-            body = json.loads(await request.body())
-        except ValueError:
-            raise _recorded(route, invalid("the request body is not JSON")) from None
-        try:
-            chat = read_chat_request(body, route.sampling)
+            body = await read_body(request, limits)
+            try:
+                parsed = await parse_json(body)
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+                raise invalid("the request body is not JSON", code="invalid_json") from None
+            chat = read_chat_request(parsed, route.sampling, limits)
             if route.calls >= route.max_calls:
                 raise invalid(
-                    f"rollout {rollout_id!r} made its {route.max_calls} calls (the plan's max_turns)",
+                    f"rollout {route.rollout_id!r} made its {route.max_calls} calls (the plan's max_turns)",
                     code="max_turns_exceeded",
                 )
         except GatewayError as error:
-            raise _recorded(route, error) from None
+            raise route.refuse(error) from None
         route.calls += 1
         reply = await route.answer(chat)
         created = int(time.time())

@@ -7,7 +7,8 @@ plan's, so that every captured logprob is one of the distribution the batch trai
 may lower ``max_tokens`` (or ``max_completion_tokens``) but names ``temperature``, ``top_p`` or
 ``top_k`` only with the plan's value. Fields that would change what is sampled or returned in a
 way the ledger cannot record (``n`` > 1, ``logprobs``, ``logit_bias``, ``response_format``, …)
-are refused by name, never ignored.
+are refused by name, never ignored. A request over the :class:`GatewayLimits` (messages, tools,
+characters of content) is refused before its messages are checked one by one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from tasks.engines.base import SamplingSettings
 from tasks.environments.base import Message, check_messages
+from tasks.gateway.limits import DEFAULT_LIMITS, GatewayLimits
 
 # Accepted and used, or accepted because they change nothing that is sampled or recorded.
 USED_FIELDS = frozenset(
@@ -45,11 +47,21 @@ TOOL_CHOICES = ("auto", "none")
 
 
 class GatewayError(Exception):
-    """A request the gateway refuses: the HTTP status and the OpenAI-style error body."""
+    """A request the gateway refuses: the HTTP status, the OpenAI-style error body and any response headers."""
 
-    def __init__(self, status: int, message: str, *, kind: str, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -73,8 +85,9 @@ class ChatRequest:
     model: str | None = None
 
 
-def read_chat_request(body: object, plan: SamplingSettings) -> ChatRequest:
-    """``body`` (the parsed JSON) as a :class:`ChatRequest` under the plan's sampling ``plan``; else GatewayError."""
+def read_chat_request(body: object, plan: SamplingSettings, limits: GatewayLimits = DEFAULT_LIMITS) -> ChatRequest:
+    """``body`` (the parsed JSON) as a :class:`ChatRequest` under the plan's sampling ``plan`` and ``limits``;
+    else GatewayError."""
     if not isinstance(body, Mapping):
         raise invalid("the request body must be a JSON object")
     for name, why in REFUSED_FIELDS.items():
@@ -86,10 +99,12 @@ def read_chat_request(body: object, plan: SamplingSettings) -> ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages must be a non-empty list", param="messages")
+    _check_counts(messages, body.get("tools"), limits)
     try:
         checked = check_messages([_message(m) for m in messages], where="messages")
     except ValueError as exc:
         raise invalid(str(exc), param="messages") from None
+    _check_chars(checked, limits)
     if body.get("n", 1) != 1:
         raise invalid("n must be 1: each call is one sampled completion in the ledger", param="n")
     stream = body.get("stream", False)
@@ -110,6 +125,42 @@ def read_chat_request(body: object, plan: SamplingSettings) -> ChatRequest:
         include_usage=bool(options.get("include_usage", False)),
         model=model,
     )
+
+
+def _check_counts(messages: list[Any], tools: object, limits: GatewayLimits) -> None:
+    if len(messages) > limits.max_messages:
+        raise invalid(
+            f"messages has {len(messages)} messages, more than the gateway's {limits.max_messages}",
+            param="messages",
+            code="too_many_messages",
+        )
+    if isinstance(tools, list) and len(tools) > limits.max_tools:
+        raise invalid(
+            f"tools has {len(tools)} tools, more than the gateway's {limits.max_tools}",
+            param="tools",
+            code="too_many_tools",
+        )
+
+
+def _check_chars(messages: list[Message], limits: GatewayLimits) -> None:
+    """The characters of each message's content, and of all of them, within ``limits``."""
+    total = 0
+    for index, message in enumerate(messages):
+        chars = len(message["content"])
+        if chars > limits.max_message_chars:
+            raise invalid(
+                f"messages[{index}] has {chars} characters of content, more than the gateway's "
+                f"{limits.max_message_chars}",
+                param="messages",
+                code="message_too_long",
+            )
+        total += chars
+    if total > limits.max_total_chars:
+        raise invalid(
+            f"messages have {total} characters of content, more than the gateway's {limits.max_total_chars}",
+            param="messages",
+            code="messages_too_long",
+        )
 
 
 def _message(message: object) -> object:

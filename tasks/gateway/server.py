@@ -14,18 +14,24 @@ import logging
 from collections.abc import AsyncIterator
 
 from tasks.gateway.app import Rollouts, create_app
+from tasks.gateway.limits import DEFAULT_LIMITS, GatewayLimits
 
 START_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 10.0
 
 
 @contextlib.asynccontextmanager
-async def serving(rollouts: Rollouts) -> AsyncIterator[str]:
-    """Serve ``rollouts`` on loopback inside the block; yields the base URL (``http://127.0.0.1:PORT``)."""
+async def serving(rollouts: Rollouts, limits: GatewayLimits = DEFAULT_LIMITS) -> AsyncIterator[str]:
+    """Serve ``rollouts`` under ``limits`` on loopback inside the block; yields the base URL (``http://127.0.0.1:PORT``)."""
     import uvicorn
 
     config = uvicorn.Config(
-        create_app(rollouts), host="127.0.0.1", port=0, log_level=logging.WARNING, lifespan="off", access_log=False
+        create_app(rollouts, limits),
+        host="127.0.0.1",
+        port=0,
+        log_level=logging.WARNING,
+        lifespan="off",
+        access_log=False,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(), name="capture-gateway")

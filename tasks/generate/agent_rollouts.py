@@ -26,7 +26,7 @@ from tasks.config import BatchConfig
 from tasks.environments.agents import AGENT_ERROR, MAX_SHOWN_OUTPUT, Agent, AgentDoor, AgentFailure, AgentResult
 from tasks.environments.base import Message, Turn
 from tasks.errors import EngineDeadError, StorageUnavailableError
-from tasks.gateway.app import Answer, Reply, Rollouts
+from tasks.gateway.app import Answer, Reply, RolloutRoute, Rollouts
 from tasks.gateway.protocol import ChatRequest, GatewayError, invalid
 from tasks.gateway.tools import CALL_START, ToolCallReader, call_text, offer_tools
 from tasks.generate.progress import Progress
@@ -159,7 +159,6 @@ async def run_agent_rollout(
         failure = AgentFailure(AGENT_ERROR, f"{type(error).__name__}: {error}"[:MAX_SHOWN_OUTPUT])
     if failure is not None:
         log.warning("rollout %s: %s: %s", planned.rollout_id, failure.reason, failure.detail)
-    refusals = [f"{r.status} {r.code}: {r.message}" for r in route.refusals]
     receipt = receipt_of(
         planned,
         state,
@@ -169,9 +168,20 @@ async def run_agent_rollout(
         error_reason=failure.reason if failure is not None else AGENT_ERROR,
         witnesses=_witnesses(state, result, route.final_response_id),
         poisoning_wins=True,
-        notes={"refused_requests": refusals} if refusals else None,
+        notes=refusal_notes(route),
     )
     return receipt, state
+
+
+def refusal_notes(route: RolloutRoute) -> dict[str, Any] | None:
+    """What the receipt's reward info says of the requests refused on ``route``: the ones the gateway kept
+    (``refused_requests``) and, when it kept no more, how many it only counted (``refused_requests_dropped``)."""
+    notes: dict[str, Any] = {}
+    if route.refusals:
+        notes["refused_requests"] = [f"{r.status} {r.code}: {r.message}" for r in route.refusals]
+    if route.refusals_dropped:
+        notes["refused_requests_dropped"] = route.refusals_dropped
+    return notes or None
 
 
 def _witnesses(state: RolloutCapture, result: AgentResult | None, header: str | None) -> Witnesses:
