@@ -166,9 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Ctrl-C or SIGTERM",
     )
     serve.add_argument("--model", default=field_default("model"), help="model reference or local folder to serve")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (one that is not loopback needs --api-key-file)"
+    )
     serve.add_argument("--port", type=int, default=8000, help="port to listen on")
-    serve.add_argument("--api-key-file", default=None, help="file holding the API key clients must send")
+    serve.add_argument(
+        "--api-key-file",
+        default=None,
+        help="file holding the API key every route but /health requires (default: a new key in "
+        "<cache>/serve/port-<port>.key, mode 0600; loopback only)",
+    )
     serve.add_argument(
         "--engine-option",
         action="append",
@@ -538,18 +545,35 @@ def _serve(args: argparse.Namespace) -> int:
     from tasks.engines.options import read_key_file
     from tasks.engines.startup import engine_log_path
     from tasks.engines.vllm.options import VllmOptions
-    from tasks.engines.vllm.serve import VllmServer, serve_until_stopped
+    from tasks.engines.vllm.serve import (
+        VllmServer,
+        generated_key_path,
+        is_loopback,
+        serve_until_stopped,
+        write_new_key,
+    )
     from tasks.models.reference import resolve_model_reference
 
+    if args.api_key_file is None and not is_loopback(args.host):
+        raise UsageError(
+            f"--host {args.host} is not a loopback address: give --api-key-file, the key its clients will send "
+            "(serve makes a key of its own only for a loopback server)"
+        )
     folder = resolve_model_reference(args.model)
     options = VllmOptions.from_mapping(
         field_default("engine_options")
         if args.engine_option is None
         else _options(args.engine_option, "--engine-option")
     )
-    api_key = None if args.api_key_file is None else read_key_file(args.api_key_file, what="--api-key-file")
+    if args.api_key_file is None:
+        key_file = generated_key_path(args.port)
+        api_key = write_new_key(key_file)
+    else:
+        key_file = Path(args.api_key_file).expanduser()
+        api_key = read_key_file(key_file, what="--api-key-file")
     log_path = Path(args.log) if args.log else engine_log_path("serve", f"port-{args.port}")
     _say(f"starting a vLLM server for {args.model} on {args.host}:{args.port} (log: {log_path})")
+    _say(f"every route but /health requires the API key in {key_file} (clients: --api-key-file / api_key_file)")
     server = VllmServer.start(folder, options, host=args.host, port=args.port, api_key=api_key, log_path=log_path)
     try:
         server.wait_ready(on_wait=_waiting("vLLM server starting"))

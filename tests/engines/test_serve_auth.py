@@ -159,3 +159,14 @@ def test_a_new_key_file_is_mode_0600_in_a_0700_folder_and_each_call_makes_a_new_
 )
 def test_only_loopback_hosts_count_as_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+def test_serve_on_a_non_loopback_host_without_a_key_file_is_refused_before_anything_starts(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tasks.cli import main
+
+    monkeypatch.setenv("ROLLOUT_LEDGER_HOME", str(tmp_path))
+    assert main(["serve", "--host", "0.0.0.0", "--port", "8123"]) == 2
+    assert "--host 0.0.0.0 is not a loopback address: give --api-key-file" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no key made, no model resolved, no log

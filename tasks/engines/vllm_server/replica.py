@@ -39,7 +39,7 @@ class ServerReplica:
     def __init__(self, url: str, *, api_key: str | None, key_source: str, timeout_s: float) -> None:
         self.url = url
         self.in_flight = 0
-        self._key_source = key_source
+        self._key_source = key_source if api_key else "a call without an API key (none was given)"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         self._client = httpx.AsyncClient(
