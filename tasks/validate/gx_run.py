@@ -6,8 +6,9 @@ definition per table (``lineage.calls``, ...), each run with its table's id colu
 of offending rows (``result_format`` SUMMARY with ``unexpected_index_column_names``: the first
 :data:`PARTIAL_UNEXPECTED` of them, so a rate broken by many rows keeps results and Data Docs
 small). The validation results land in the context's in-memory store, from which Data Docs are
-built, in this process, into ``site_dir`` (a ``TupleFilesystemStoreBackend``); the caller copies
-that tree to the batch's storage. GX is imported by :func:`_load_gx` when :func:`run_gx_suite` first
+built, in this process, into ``site_dir`` (a ``TupleFilesystemStoreBackend``) with their CDN assets
+replaced by vendored copies (:mod:`~tasks.validate.data_docs`); the caller copies that tree to the
+batch's storage. GX is imported by :func:`_load_gx` when :func:`run_gx_suite` first
 runs, never when :mod:`tasks.validate` is imported.
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.validate.data_docs import localize_site
 from tasks.validate.suites import ExpectationSpec, SuiteSpec
 
 MAX_EXAMPLES = 5
@@ -89,6 +91,7 @@ def run_gx_suite(
             name = found.expectation_config.meta["name"]
             results[name] = _result(found, table.index_column)
     context.build_data_docs(site_names=[_SITE])
+    localize_site(site_dir)
     missing = [spec.name for spec in suite.expectations if spec.name not in results]
     if missing:
         raise RuntimeError(f"suite {suite.name}: GX returned no result for {missing}")
