@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.engines.base import SamplingSettings
+from tasks.gateway.limits import GatewayLimits
 from tasks.gateway.protocol import GatewayError, read_chat_request
 
 PLAN = SamplingSettings(temperature=1.0, top_p=0.9, top_k=20, max_tokens=64)
@@ -52,3 +53,29 @@ def test_a_bad_or_unsupported_body_is_refused_naming_the_field(body, param, need
         read_chat_request(body, PLAN)
     assert refused.value.status == 400 and refused.value.param == param and needle in refused.value.message
     assert refused.value.body()["error"]["type"] == "invalid_request_error"
+
+
+LIMITS = GatewayLimits(max_messages=3, max_tools=1, max_message_chars=10, max_total_chars=15)
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"messages": ["not a message"] * 4}, "too_many_messages"),  # counted before any message is checked
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{}, {}]}, "too_many_tools"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 11}]}]}, "message_too_long"),
+        ({"messages": [{"role": "user", "content": "x" * 8}] * 2}, "messages_too_long"),
+    ],
+)
+def test_a_body_over_the_limits_is_refused_with_its_code(body, code):
+    with pytest.raises(GatewayError) as refused:
+        read_chat_request(body, PLAN, LIMITS)
+    assert (refused.value.status, refused.value.code) == (400, code)
+
+
+def test_a_body_at_the_limits_is_read():
+    body = {"messages": [{"role": "user", "content": "x" * 10}, {"role": "user", "content": "y" * 5}]}
+    assert (
+        len(read_chat_request(body | {"tools": [{"type": "function", "function": {"name": "f"}}]}, PLAN, LIMITS).tools)
+        == 1
+    )
