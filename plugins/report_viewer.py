@@ -2,7 +2,8 @@
 
 Mounts the viewer's FastAPI app on the api-server at ``/rollout-ledger``, adds a "Validation
 report" entry to every DAG run's page (rendered inside the UI) and a "Rollout batches" page
-to the navigation.
+to the navigation. Their addresses are relative: the UI resolves them against its ``<base href>``,
+the API server's base path (``[api] base_url``), where the app is mounted.
 """
 
 from __future__ import annotations
@@ -11,23 +12,24 @@ from typing import ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
-from tasks.orchestration.report_viewer import URL_PREFIX as PREFIX
-from tasks.orchestration.report_viewer import create_app
+from tasks.orchestration.report_viewer import URL_PREFIX, create_app
 
 
 class RolloutLedgerReports(AirflowPlugin):
     name = "rollout_ledger_reports"
-    fastapi_apps: ClassVar[list[dict]] = [{"app": create_app(), "url_prefix": PREFIX, "name": "rollout-ledger reports"}]
+    fastapi_apps: ClassVar[list[dict]] = [
+        {"app": create_app(), "url_prefix": URL_PREFIX, "name": "rollout-ledger reports"}
+    ]
     external_views: ClassVar[list[dict]] = [
         {
             "name": "Validation report",
-            "href": PREFIX + "/dags/{DAG_ID}/runs/{RUN_ID}/reports/",
+            "href": URL_PREFIX.lstrip("/") + "/dags/{DAG_ID}/runs/{RUN_ID}/reports/",
             "destination": "dag_run",
             "url_route": "validation-report",
         },
         {
             "name": "Rollout batches",
-            "href": PREFIX + "/batches",
+            "href": URL_PREFIX.lstrip("/") + "/batches",
             "destination": "nav",
             "url_route": "rollout-batches",
             "category": "browse",

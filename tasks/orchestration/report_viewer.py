@@ -21,15 +21,18 @@ their charsets and paths that are not plain relative paths (``..``, ``.``, absol
 backslashes, hidden names) are 404 before any storage is touched; nothing outside ``reports/``
 can be named.
 
-Every response carries ``X-Content-Type-Options: nosniff`` and a Content-Security-Policy that
-sandboxes it (:data:`REPORT_POLICY`): a report file (the overview page, Data Docs pages, SVG,
-JSON, ...) may run scripts, but in an opaque origin, never Airflow's: it cannot read the
-session's cookies or storage, and its requests to Airflow's REST API are cross-origin, so it
-cannot act with the reader's session. Whatever a hostile string in a report manages to run runs
-there. It may open links in new windows (which leave its sandbox) and navigate the top window on a
-click; ``frame-ancestors 'self'`` lets only Airflow's UI frame it. The batches page is the
-viewer's own: everything it interpolates is HTML-escaped, and it is sandboxed as well, without
-scripts, which it has none of (:data:`BATCHES_POLICY`).
+Every response carries ``X-Content-Type-Options: nosniff``, ``Referrer-Policy: no-referrer`` and a
+Content-Security-Policy that sandboxes it (:data:`REPORT_POLICY`): a report file (the overview
+page, Data Docs pages, SVG, JSON, ...) may run scripts, but in an opaque origin, never Airflow's: it
+cannot read the session's cookies or storage. It loads scripts, style sheets, images and fonts
+from the API server alone (the Data Docs' are vendored: :mod:`tasks.validate.data_docs`), makes no
+request of its own (``connect-src 'none'``: no fetch, XHR, WebSocket or beacon, to Airflow's API or
+anywhere), submits no form, opens no window and navigates no window but its own; ``frame-ancestors
+'self'`` lets only Airflow's UI frame it. Whatever a hostile string in a report manages to run runs
+there. Font files are served with ``Access-Control-Allow-Origin: *``: an opaque-origin page loads
+fonts in CORS mode. The batches page is the viewer's own: everything it interpolates is
+HTML-escaped, its ``<base href>`` follows the API server's base path (``[api] base_url``), and it is
+sandboxed as well, without scripts, which it has none of (:data:`BATCHES_POLICY`).
 
 No ``from __future__ import annotations`` here: FastAPI resolves the routes' parameter types
 (``SessionDep``, ``GetUserDep``, imported inside :func:`create_app`) when they are declared.
@@ -41,7 +44,7 @@ import html
 import mimetypes
 import re
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from tasks.orchestration.batch_xcom import BATCH_XCOM_KEY, PLAN_TASK_ID
 from tasks.orchestration.report_grants import GrantError, check_grant, mint_grant
@@ -50,8 +53,12 @@ URL_PREFIX = "/rollout-ledger"  # where the api-server mounts the app (plugins/r
 DAG_ID = re.compile(r"[A-Za-z0-9_.-]{1,250}")
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,249}")
 PATH_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")  # no leading dot: no '.', '..' or hidden names
-SANDBOX = "sandbox allow-popups allow-popups-to-escape-sandbox allow-top-navigation-by-user-activation"
-REPORT_POLICY = f"{SANDBOX} allow-scripts; frame-ancestors 'self'"
+# No allow-popups (window.open and target=_blank do nothing), no top navigation, no forms, no same origin.
+REPORT_POLICY = (
+    "sandbox allow-scripts; default-src 'none'; script-src 'self' 'unsafe-inline'; "
+    "style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self'; connect-src 'none'; "
+    "form-action 'none'; base-uri 'self'; frame-ancestors 'self'"
+)
 RECENT_BATCHES = 50
 BATCHES_STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #1d2433; }
@@ -60,15 +67,26 @@ th, td { text-align: left; padding: .4rem .6rem; border-bottom: 1px solid #d8dde
 th { background: #f3f5f9; }
 """
 BATCHES_POLICY = (
-    f"{SANDBOX}; default-src 'none'; "
+    "sandbox; default-src 'none'; "
     f"style-src 'sha256-{base64.b64encode(hashlib.sha256(BATCHES_STYLE.encode()).digest()).decode()}'; "
-    "frame-ancestors 'self'"
+    "form-action 'none'; base-uri 'self'; frame-ancestors 'self'"
 )
-SECURITY_HEADERS = {"Content-Security-Policy": REPORT_POLICY, "X-Content-Type-Options": "nosniff"}
+SECURITY_HEADERS = {
+    "Content-Security-Policy": REPORT_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 class NotFoundError(LookupError):
     """What the request names does not exist or may not be named (answered 404)."""
+
+
+def api_base_path() -> str:
+    """The path of the API server's ``[api] base_url``, without its trailing slash (``""`` at the root)."""
+    from airflow.configuration import conf
+
+    return urlsplit(conf.get("api", "base_url", fallback="") or "").path.rstrip("/")
 
 
 def run_report_path(dag_id: str, run_id: str, *, base_path: str = "") -> str:
@@ -136,8 +154,16 @@ def read_report(record: dict[str, Any], segments: list[str]) -> tuple[bytes, str
     return data, kind
 
 
-def batches_page(rows: list[dict[str, Any]]) -> str:
-    """The batches page: one table row per run, every value escaped."""
+def file_headers(kind: str) -> dict[str, str]:
+    """Headers of a served report file of content type ``kind``: fonts may be read by the opaque origin."""
+    headers = {"Cache-Control": "private, no-cache"}
+    if kind.startswith("font/"):
+        headers["Access-Control-Allow-Origin"] = "*"
+    return headers
+
+
+def batches_page(rows: list[dict[str, Any]], *, base_path: str = "") -> str:
+    """The batches page: one table row per run, every value escaped; links resolve below ``base_path``."""
 
     def cell(value: Any) -> str:
         return f"<td>{html.escape(str(value))}</td>"
@@ -145,7 +171,7 @@ def batches_page(rows: list[dict[str, Any]]) -> str:
     body = []
     for row in rows:
         link = f"dags/{row['dag_id']}/runs/{row['run_id']}/reports/"
-        report = f'<a href="{html.escape(link, quote=True)}" target="_blank" rel="noopener">report</a>'
+        report = f'<a href="{html.escape(link, quote=True)}">report</a>'
         body.append(
             "<tr>"
             + cell(row["dag_id"])
@@ -158,7 +184,7 @@ def batches_page(rows: list[dict[str, Any]]) -> str:
     table = "\n".join(body) or '<tr><td colspan="6">No batches yet: trigger the rollout_batch DAG.</td></tr>'
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Rollout batches</title>
-<base href="/rollout-ledger/">
+<base href="{html.escape(base_path.rstrip("/") + URL_PREFIX, quote=True)}/">
 <style>{BATCHES_STYLE}</style></head><body>
 <h1>Rollout batches</h1>
 <p>The {RECENT_BATCHES} most recent runs that planned a batch, in the DAGs you can read.</p>
@@ -250,7 +276,7 @@ def create_app() -> Any:
     @app.get("/dags/{dag_id}/runs/{run_id}/reports", dependencies=read_runs, include_in_schema=False)
     def reports_root(dag_id: str, run_id: str) -> Response:
         check_run(dag_id, run_id)
-        return RedirectResponse(run_report_path(dag_id, run_id), status_code=307)
+        return RedirectResponse("reports/", status_code=307)  # relative: the API server's base path kept
 
     @app.get("/dags/{dag_id}/runs/{run_id}/reports/", dependencies=read_runs)
     def report_index(dag_id: str, run_id: str, session: SessionDep) -> Response:
@@ -265,7 +291,7 @@ def create_app() -> Any:
         check_run(dag_id, run_id)
         check_grant(secret(), grant, dag_id, run_id)
         data, kind = read_report(read_batch_record(session, dag_id, run_id), report_path(path))
-        return Response(data, media_type=kind, headers={"Cache-Control": "private, no-cache"})
+        return Response(data, media_type=kind, headers=file_headers(kind))
 
     @app.get("/batches", response_class=HTMLResponse)
     def batches(user: GetUserDep, session: SessionDep) -> HTMLResponse:
@@ -273,7 +299,8 @@ def create_app() -> Any:
 
         readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session)
         return HTMLResponse(
-            batches_page(recent_batches(session, readable)), headers={"Content-Security-Policy": BATCHES_POLICY}
+            batches_page(recent_batches(session, readable), base_path=api_base_path()),
+            headers={"Content-Security-Policy": BATCHES_POLICY},
         )
 
     return app

@@ -19,8 +19,9 @@ from tasks.orchestration.report_viewer import batches_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 REPORT_POLICY = (
-    "sandbox allow-popups allow-popups-to-escape-sandbox allow-top-navigation-by-user-activation allow-scripts; "
-    "frame-ancestors 'self'"
+    "sandbox allow-scripts; default-src 'none'; script-src 'self' 'unsafe-inline'; "
+    "style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self'; connect-src 'none'; "
+    "form-action 'none'; base-uri 'self'; frame-ancestors 'self'"
 )
 SVG_WITH_SCRIPT = "<svg xmlns='http://www.w3.org/2000/svg'><script>document.title = 'ran'</script></svg>"
 
@@ -66,11 +67,14 @@ def test_the_overview_page_and_data_docs_are_served_with_their_types_and_headers
     assert run_batch_id(conf, dag_run) in page.text and "<svg" in page.text
     assert page.headers["content-security-policy"] == REPORT_POLICY
     assert page.headers["x-content-type-options"] == "nosniff"
+    assert page.headers["referrer-policy"] == "no-referrer"
     for path, kind in [
         ("lineage/run-000/index.html", "text/html; charset=utf-8"),
         ("dataset/run-000/summary.json", "application/json; charset=utf-8"),
         ("lineage/run-000/static/styles/data_docs_default_styles.css", "text/css; charset=utf-8"),
         ("lineage/run-000/static/images/favicon.ico", "image/vnd.microsoft.icon"),
+        ("lineage/run-000/static/vendor/bootstrap/bootstrap.min.css", "text/css; charset=utf-8"),
+        ("lineage/run-000/static/vendor/jquery/jquery.min.js", "text/javascript; charset=utf-8"),
     ]:
         response = client.get(reports + path, headers=headers["admin"])
         assert (response.status_code, response.headers["content-type"]) == (200, kind), path
@@ -159,8 +163,8 @@ def test_the_batches_page_needs_a_login_and_lists_the_run(client, headers, publi
     (style,) = re.findall(r"<style>(.*?)</style>", page.text, re.S)
     digest = base64.b64encode(hashlib.sha256(style.encode()).digest()).decode()
     assert page.headers["content-security-policy"] == (  # sandboxed too, without scripts: it has none
-        "sandbox allow-popups allow-popups-to-escape-sandbox allow-top-navigation-by-user-activation; "
-        f"default-src 'none'; style-src 'sha256-{digest}'; frame-ancestors 'self'"
+        f"sandbox; default-src 'none'; style-src 'sha256-{digest}'; form-action 'none'; base-uri 'self'; "
+        "frame-ancestors 'self'"
     )
     nobody = client.get("/rollout-ledger/batches", headers=headers["nobody"])
     assert nobody.status_code == 200 and dag_run.run_id not in nobody.text  # it lists only readable DAGs

@@ -15,18 +15,9 @@ from tasks.validate.data_docs import SITE_VENDOR, VENDOR, VENDORED, localize
 from tasks.validate.gx_run import run_gx_suite
 from tasks.validate.suites import ExpectationSpec, SuiteSpec, TableSpec
 
+from .page_assets import ABSOLUTE, external, resources
+
 HOSTILE = "<img src=\"http://198.51.100.7/x\">vegaEmbed('#x')<script src=//198.51.100.7/s.js></script>"
-# An element other than a link (<a>) naming a resource by absolute or scheme-relative URL; a CSS url() or @import.
-TAG = re.compile(r"<(?!a[\s>])[a-zA-Z][^>]*>")
-RESOURCE = re.compile(r"""\b(?:src|href|srcset|data|poster|action)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""")
-CSS_URL = re.compile(r"""(?:url\(\s*|@import\s+)["']?([^"')\s]*)""")
-ABSOLUTE = re.compile(r"\s*(?:[a-zA-Z][a-zA-Z0-9+.-]*:)?//")
-
-
-def resources(text: str) -> list[str]:
-    """Every address ``text`` (HTML or CSS) loads as a resource: tag attributes other than links', CSS urls."""
-    found = [value for tag in TAG.findall(text) for groups in RESOURCE.findall(tag) for value in groups if value]
-    return found + CSS_URL.findall(text)
 
 
 def gx_templates() -> Path:
@@ -80,7 +71,7 @@ def test_every_cdn_address_in_gx_templates_is_vendored():
     """GX's templates name no asset from elsewhere that the table misses, and the table names no stale address."""
     named = set()
     for template in gx_templates().glob("*.j2"):
-        named |= {value for value in resources(template.read_text()) if ABSOLUTE.match(value)}
+        named |= set(external(template.read_text()))
     ignored = {url for url in named if "cdn.jsdelivr.net/npm/vega" in url or "great-expectations-web-assets" in url}
     assert named - ignored == set(VENDORED)
     assert {"https://cdn.jsdelivr.net/npm/vega@5", "https://cdn.jsdelivr.net/npm/vega-lite@5"} <= ignored
@@ -89,7 +80,7 @@ def test_every_cdn_address_in_gx_templates_is_vendored():
     local = localize(
         (gx_templates() / "page.j2").read_text() + (gx_templates() / "js_script_imports.j2").read_text(), ""
     )
-    assert not [value for value in resources(local) if ABSOLUTE.match(value)]
+    assert not external(local)
 
 
 def test_the_vendored_scripts_are_the_files_gx_pins_by_hash():
