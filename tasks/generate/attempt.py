@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from tasks.errors import ObjectConflictError, ShardAlreadyCommittedError
 from tasks.generate.checks import CheckedBatch
 from tasks.generate.receipts import outcome_of
-from tasks.generate.rollouts import run_rollouts
+from tasks.generate.rollouts import RolloutsDone, run_rollouts
 from tasks.generate.shard_engine import ShardEngine
 from tasks.generate.summary import ShardSummary
 from tasks.storage.claims import AttemptClaim, claim_attempt
@@ -91,13 +91,15 @@ async def run_attempt(batch: CheckedBatch, claim: AttemptClaim, engine: ShardEng
     ledger = LedgerWriter(store, batch_id=config.batch_id, shard=shard, attempt=attempt, adopted=recovery)
     try:
         # An attempt that adopts every rollout starts no engine.
-        finished = await run_rollouts(batch, claim, todo, engine, staging, ledger) if todo else []
+        done = await run_rollouts(batch, claim, todo, engine, staging, ledger) if todo else RolloutsDone([], 0)
     finally:
         await _stop_writers(staging, ledger if batch.capture else None)
+    finished = done.finished
     extra = {
         "generated_tokens": sum(f.generated_tokens for f in finished),
         "seconds": time.monotonic() - started,
         "already_committed": False,
+        "gateway_auth_failures": done.gateway_auth_failures,
     }
     if not batch.capture:
         return ShardSummary(

@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tasks.capture.calls import CallCapture, RolloutCapture
 from tasks.capture.prefix_cache import ChainPrefixCache
@@ -42,6 +43,9 @@ from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import StagingWriter
 from tasks.training_signal import RolloutOutcome
 
+if TYPE_CHECKING:
+    from tasks.gateway.app import Rollouts
+
 log = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 2000  # of an environment error kept in a receipt (failure rows keep as much detail)
 # Receipts are made durable at least this often, so a crashed attempt loses little: its
@@ -58,6 +62,15 @@ class Finished:
     calls: int
 
 
+@dataclass(frozen=True)
+class RolloutsDone:
+    """What an attempt's rollouts left: each finished rollout, and how many requests its capture gateway
+    refused for want of a valid key (0 without an agent; never any rollout's own)."""
+
+    finished: list[Finished]
+    gateway_auth_failures: int
+
+
 async def run_rollouts(
     batch: CheckedBatch,
     claim: AttemptClaim,
@@ -65,7 +78,7 @@ async def run_rollouts(
     engine: ShardEngine,
     staging: StagingWriter,
     ledger: LedgerWriter,
-) -> list[Finished]:
+) -> RolloutsDone:
     """Run ``todo`` on ``engine`` (started if it is not yet), at most ``max_in_flight`` at once, captured."""
     config, shard, attempt = batch.config, claim.shard, claim.attempt
     agent = batch.environment if isinstance(batch.environment, Agent) else None
@@ -92,7 +105,7 @@ async def run_rollouts(
     last_flush = [time.monotonic()]
     ledger_or_none = ledger if batch.capture else None
 
-    async with _episodes(batch, agent, capture, progress) as run_episode:
+    async with _episodes(batch, agent, capture, progress) as (run_episode, gateway):
 
         async def run_one(planned: PlannedRollout) -> None:
             async with limit:
@@ -115,7 +128,7 @@ async def run_rollouts(
             progress.close()
             if renderer is not None:
                 renderer.shutdown(wait=False, cancel_futures=True)
-    return finished
+    return RolloutsDone(finished, gateway.auth_failures if gateway is not None else 0)
 
 
 Episode = Callable[[PlannedRollout, int, LedgerWriter | None], Awaitable[Finished]]
@@ -124,8 +137,9 @@ Episode = Callable[[PlannedRollout, int, LedgerWriter | None], Awaitable[Finishe
 @contextlib.asynccontextmanager
 async def _episodes(
     batch: CheckedBatch, agent: Agent | None, capture: CallCapture, progress: Progress
-) -> AsyncIterator[Episode]:
-    """How this attempt runs one rollout: stepping its environment, or its agent behind a gateway served meanwhile."""
+) -> AsyncIterator[tuple[Episode, Rollouts | None]]:
+    """How this attempt runs one rollout: stepping its environment, or its agent behind a gateway served meanwhile
+    (yielded with it)."""
     config = batch.config
     if agent is None:
         environment = batch.environment
@@ -134,7 +148,7 @@ async def _episodes(
         async def stepped(planned: PlannedRollout, attempt: int, ledger: LedgerWriter | None) -> Finished:
             return await run_rollout(planned, config, attempt, environment, capture, ledger, progress)
 
-        yield stepped
+        yield stepped, None
         return
     from tasks.gateway.app import Rollouts
     from tasks.gateway.server import serving
@@ -147,7 +161,7 @@ async def _episodes(
             receipt, state = await run_agent_rollout(planned, config, attempt, agent, calls, gateway, base_url)
             return await _finished(receipt, state, capture, ledger)
 
-        yield agent_episode
+        yield agent_episode, gateway
 
 
 def first_error(group: BaseExceptionGroup) -> BaseException:

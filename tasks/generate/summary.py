@@ -2,7 +2,7 @@
 
 The counts of a committed shard come from its marker, whichever attempt wrote it; only what
 this run measured itself (tokens generated, seconds, orphans swept, the training signal of the
-rollouts it saw) is added to them.
+rollouts it saw, the requests its capture gateway refused for want of a valid key) is added to them.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ class ShardSummary:
     already_committed: bool
     swept: int
     signal: TrainingSignal | None = None
+    # Requests to this attempt's capture gateway without their route's key (or for an unknown
+    # rollout id): counted here, never on a rollout, since their sender may not be its agent.
+    gateway_auth_failures: int = 0
 
     @classmethod
     def of_marker(cls, marker: ShardMarker, **extra: Any) -> ShardSummary:
