@@ -109,6 +109,7 @@ def test_gateway_bench_load_part_runs_agents_through_the_gateway_and_prints_ever
         ("server_exactness.py", ("--runs", "--prompts", "--max-tokens", "--concurrency", "--latency-calls")),
         ("megatron_capture_overhead.py", ("--engine", "--dtype", "--runs", "--tasks", "--flash-attn-standin")),
         ("gateway.py", ("--part", "--agents", "--engine-ms", "--calls", "--runs", "--tasks", "--group-size")),
+        ("server_front.py", ("--calls", "--max-tokens", "--warmup")),
     ],
 )
 def test_engine_benches_parse_their_options(tmp_path: Path, script: str, options: tuple[str, ...]) -> None:
