@@ -1,4 +1,4 @@
-"""A request's body read under the gateway's byte cap, and parsed off the event loop when large.
+"""A request's body read under the gateway's byte cap, and parsed in a worker thread when large.
 
 :func:`read_body` never reads past :attr:`GatewayLimits.max_body_bytes`: a declared
 ``Content-Length`` over it is refused before the app reads a byte of the body, and a body without
@@ -9,7 +9,7 @@ server as it arrives (never buffered or parsed), so that the client reads its 41
 connection on unread data resets it, and the client then sees a connection error instead, which
 the ``openai`` client retries (measured). A chunked body has no end the server knows of, so its
 refusal closes the connection (``Connection: close``): the stream is cut at the cap, and its
-sender may see the reset rather than the 413 (no client library sends a chat request chunked).
+sender may see the reset rather than the 413 (the ``openai`` client always sends a ``Content-Length``).
 
 :func:`parse_json` parses a body larger than :data:`INLINE_PARSE_BYTES` in a worker thread, not
 in a callback of the event loop that drives the engine. Under CPython's GIL that does not let the
