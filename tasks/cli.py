@@ -33,7 +33,7 @@ from tasks.batch_fields import (
     field_default,
     plan_flag,
 )
-from tasks.environments.declared import Runnables
+from tasks.environments.registry import Runnables
 from tasks.errors import (
     EXIT_FAILED,
     EXIT_OK,

@@ -20,9 +20,8 @@ from tasks import ids, layout
 from tasks.batch import Batch
 from tasks.batch_fields import check_values
 from tasks.config import BatchConfig, config_from_values
-from tasks.environments.declared import Runnables
 from tasks.environments.prompts_file import PromptsFile, is_prompt_file
-from tasks.environments.registry import AnyEnvironment, load_environment
+from tasks.environments.registry import AnyEnvironment, Runnables, load_environment
 from tasks.errors import ConfigError, ObjectConflictError, PlanConflictError
 from tasks.records.ledger import canonical_json
 from tasks.records.planned import PlannedRollout

@@ -8,10 +8,11 @@ goes wrong is an :class:`AgentFailure` whose reason is one of :data:`AGENT_FAILU
 that rollout only.
 
 * ``agent_command`` runs ``command`` (an argv list, any language) once per rollout with
-  ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``ROLLOUT_LEDGER_TASK`` (the task as JSON) added to
-  its environment. The reward is the JSON object on the last line of its stdout
-  (``{"reward": 1.0, ...}``), or what ``scorer`` (``module:function``, ``(task, stdout) -> reward``)
-  makes of its stdout.
+  ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``ROLLOUT_LEDGER_TASK`` (the task as JSON) in an
+  allow-listed environment, under limits (:mod:`tasks.environments.agent_process`). The reward
+  is the JSON object on the last line of its stdout (``{"reward": 1.0, ...}``), or what
+  ``scorer`` (``module:function``, ``(task, stdout) -> reward``) makes of its stdout. An
+  ``agent_callable`` runs inside the worker's process: it is trusted code (docs/security.md).
 * ``agent_callable`` awaits ``function`` (``module:function``, ``async (client, task) -> reward``)
   with an ``openai.AsyncOpenAI`` client pointed at the rollout's route.
 
@@ -24,18 +25,25 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import functools
 import inspect
 import json
 import math
 import os
-import signal
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from tasks.environments.agent_process import (
+    LAUNCH_FAILED,
+    AgentLimits,
+    AgentWatchdog,
+    agent_environment,
+    fresh_home,
+    kill_group,
+    launcher_argv,
+)
 from tasks.environments.imports import ImportPathError, import_object
 from tasks.environments.pinned_file import read_pinned, seeded_sample
 from tasks.errors import TaskFileError
@@ -45,11 +53,14 @@ AGENT_TIMEOUT = "agent_timeout"  # the episode outlasted timeout_s
 AGENT_ERROR = "agent_error"  # the callable raised, or the command could not start
 AGENT_NO_REWARD = "agent_no_reward"  # no reward, or one that is not a finite number
 SCORER_ERROR = "scorer_error"  # the scorer raised
-AGENT_FAILURES = (AGENT_EXIT, AGENT_TIMEOUT, AGENT_ERROR, AGENT_NO_REWARD, SCORER_ERROR)
+AGENT_OUTPUT_LIMIT = "agent_output_limit"  # the command wrote more than limits.output_bytes to stdout or stderr
+AGENT_FAILURES = (AGENT_EXIT, AGENT_TIMEOUT, AGENT_ERROR, AGENT_NO_REWARD, SCORER_ERROR, AGENT_OUTPUT_LIMIT)
 WITNESS_KEYS = ("response_id", "final_output")
 DEFAULT_TIMEOUT_S = 600.0
 MAX_SHOWN_OUTPUT = 2000  # characters of an agent's stderr or stdout a failure keeps
 BASE_URL_VARIABLE, API_KEY_VARIABLE, TASK_VARIABLE = "OPENAI_BASE_URL", "OPENAI_API_KEY", "ROLLOUT_LEDGER_TASK"
+LAUNCH_EXIT = 127
+MIN_REDACTED_CHARS = 8  # a passed variable's value this long or longer is kept out of failure messages
 
 
 @dataclass(frozen=True)
@@ -167,6 +178,10 @@ class Agent(abc.ABC):
         except TimeoutError:
             raise AgentFailure(AGENT_TIMEOUT, f"the agent did not finish within timeout_s={self.timeout_s:g}") from None
 
+    def close(self) -> None:
+        """The attempt is over: end whatever the agent still runs (nothing, unless it starts processes)."""
+        return None
+
     @abc.abstractmethod
     async def episode(self, door: AgentDoor, task: Mapping[str, Any]) -> AgentResult:
         """Run the agent on ``task`` against ``door``; cancelled when the time-out expires."""
@@ -194,56 +209,63 @@ def _task_rows(data: bytes, uri: str) -> list[dict[str, Any]]:
 
 
 class AgentCommand(Agent):
-    """Options: ``command`` (argv list), ``scorer`` (optional ``module:function``), and :class:`Agent`'s."""
+    """Options: ``command`` (argv list), ``scorer`` (optional ``module:function``), ``env`` (names of worker
+    variables the agent receives), ``limits`` (:class:`~tasks.environments.agent_process.AgentLimits`), and
+    :class:`Agent`'s. The process runs as :mod:`tasks.environments.agent_process` says: allow-listed
+    variables, a fresh home, rlimits, bounded output, and it dies with its episode and its worker."""
 
     name: ClassVar[str] = "agent_command"
 
-    def __init__(self, *, command: list[str], scorer: str | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        command: list[str],
+        scorer: str | None = None,
+        env: list[str] | None = None,
+        limits: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
         if not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command):
             raise ValueError(f"command must be a non-empty list of non-empty strings (an argv), got {command!r}")
-        self.command, self.scorer = list(command), scorer
+        if env is not None and (not isinstance(env, list) or not all(isinstance(n, str) and n for n in env)):
+            raise ValueError(f"env must be a list of variable names, got {env!r}")
+        self.command, self.scorer, self.env = list(command), scorer, list(env or [])
+        self.limits = AgentLimits.of(limits)
         self._score = _callable_at(scorer, "scorer") if scorer is not None else None
+        self._watchdog = AgentWatchdog()
         super().__init__(**options)
 
     def options(self) -> dict[str, Any]:
-        return {"command": self.command, "scorer": self.scorer, **super().options()}
+        return {
+            "command": self.command,
+            "scorer": self.scorer,
+            "env": self.env,
+            "limits": self.limits.as_options(),
+            **super().options(),
+        }
+
+    def close(self) -> None:
+        """Kill whatever agents are still running and end the watchdog (the attempt is over)."""
+        self._watchdog.close()
 
     async def episode(self, door: AgentDoor, task: Mapping[str, Any]) -> AgentResult:
-        environ = {
-            **os.environ,
-            BASE_URL_VARIABLE: door.base_url,
-            API_KEY_VARIABLE: door.api_key,
-            TASK_VARIABLE: json.dumps(task),
-        }
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *self.command,
-                env=environ,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,  # its own process group: a time-out kills the agent's children too
-            )
-        except OSError as error:
-            raise AgentFailure(AGENT_ERROR, f"command {self.command!r} could not start: {error}") from None
-        try:
-            out, err = await process.communicate()
-        finally:
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                await asyncio.shield(process.wait())
-        stdout = out.decode("utf-8", "replace")
-        if process.returncode != 0:
-            stderr = err.decode("utf-8", "replace").strip()
-            raise AgentFailure(AGENT_EXIT, f"the command exited with {process.returncode}: {_shown(stderr)}")
+        rollout = {BASE_URL_VARIABLE: door.base_url, API_KEY_VARIABLE: door.api_key, TASK_VARIABLE: json.dumps(task)}
+        secrets = [os.environ[n] for n in self.env if len(os.environ.get(n, "")) >= MIN_REDACTED_CHARS]
+        with fresh_home() as home:
+            returncode, out, err = await self._run(agent_environment(rollout, self.env, home))
+        stdout, stderr = (_redacted(s.decode("utf-8", "replace"), secrets) for s in (out, err))
+        if returncode == LAUNCH_EXIT and stderr.startswith(LAUNCH_FAILED):
+            raise AgentFailure(AGENT_ERROR, f"command {self.command!r} could not start: {_shown(stderr.strip())}")
+        if returncode != 0:
+            raise AgentFailure(AGENT_EXIT, f"the command exited with {returncode}: {_shown(stderr.strip())}")
         if self._score is not None:
             try:
                 return result_of(self._score(dict(task), stdout), source=f"scorer {self.scorer}")
             except AgentFailure:
                 raise
             except Exception as error:
-                raise AgentFailure(SCORER_ERROR, f"scorer {self.scorer} raised {error!r}") from None
+                detail = f"scorer {self.scorer} raised {_redacted(repr(error), secrets)}"
+                raise AgentFailure(SCORER_ERROR, detail) from None
         lines = stdout.strip().splitlines()
         try:
             report = json.loads(lines[-1]) if lines else None
@@ -253,6 +275,52 @@ class AgentCommand(Agent):
             last = lines[-1] if lines else "(no output)"
             raise AgentFailure(AGENT_NO_REWARD, f"the last line of stdout is not a JSON object: {_shown(last)}")
         return result_of(report, source="the command's last stdout line")
+
+    async def _run(self, environ: dict[str, str]) -> tuple[int, bytes, bytes]:
+        """Run the command to its end (its whole process group killed then, or on any way out of here)."""
+        process = await asyncio.create_subprocess_exec(
+            *launcher_argv(self.command, self.limits),
+            env=environ,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group: the agent's children end with it
+        )
+        self._watchdog.watch(process.pid)
+        reading = asyncio.gather(
+            _read_bounded(process.stdout, self.limits.output_bytes, "stdout"),
+            _read_bounded(process.stderr, self.limits.output_bytes, "stderr"),
+        )
+        try:
+            await asyncio.wait({reading, asyncio.ensure_future(process.wait())}, return_when=asyncio.FIRST_COMPLETED)
+            if reading.done():
+                reading.result()  # past the output bound: fail now
+            returncode = await process.wait()
+            kill_group(process.pid)  # what it left running holds the pipes open: the output ends with the agent
+            out, err = await reading
+            return returncode, out, err
+        finally:
+            reading.cancel()
+            kill_group(process.pid)
+            await asyncio.shield(process.wait())
+            self._watchdog.release(process.pid)
+
+
+async def _read_bounded(stream: asyncio.StreamReader | None, cap: int, name: str) -> bytes:
+    """Everything ``stream`` gives until EOF, or ``agent_output_limit`` past ``cap`` bytes (nothing more kept)."""
+    data = bytearray()
+    while stream is not None and (chunk := await stream.read(64 * 1024)):
+        if len(data) + len(chunk) > cap:
+            raise AgentFailure(AGENT_OUTPUT_LIMIT, f"the command wrote more than {cap} bytes to {name}")
+        data += chunk
+    return bytes(data)
+
+
+def _redacted(text: str, secrets: list[str]) -> str:
+    """``text`` with each passed variable's value replaced (an agent printing a secret keeps it out of records)."""
+    for secret in secrets:
+        text = text.replace(secret, "[redacted]")
+    return text
 
 
 class AgentCallable(Agent):

@@ -45,7 +45,6 @@ from tasks.ids import ID_PATTERN, MAX_ID_LENGTH
 
 REGISTRY_VARIABLE = "ROLLOUT_LEDGER_ENVIRONMENTS"
 REGISTRY_FILE_NAME = "environments.yaml"
-CODE_BUILTINS = ("agent_command", "agent_callable")  # built-ins whose options name code to run
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PATH_OPTIONS = ("tasks", "path")  # options that name a file: relative ones are relative to the registry's folder
 
@@ -65,7 +64,7 @@ class TriggerOption(BaseModel):
     type: Literal["integer", "number", "string", "boolean"]
     minimum: float | None = Field(None, allow_inf_nan=False)
     maximum: float | None = Field(None, allow_inf_nan=False)
-    enum: tuple[Any, ...] | None = None
+    enum: list[Any] | None = None
     max_length: int | None = Field(None, ge=1)
     description: str = ""
 
@@ -110,11 +109,11 @@ class DeclaredEnvironment(BaseModel):
     description: str = ""
     options: dict[str, Any] = Field(default_factory=dict)
     trigger_options: dict[str, TriggerOption] = Field(default_factory=dict)
-    env: tuple[str, ...] = ()
+    env: list[str] = Field(default_factory=list)
 
     @field_validator("env")
     @classmethod
-    def _names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+    def _names(cls, names: list[str]) -> list[str]:
         for name in names:
             if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not an environment variable name")
@@ -222,46 +221,8 @@ def _parsed(path: Path, _mtime_ns: int, _size: int) -> EnvironmentRegistry:
 
 def _check_name(path: Path, name: object) -> None:
     from tasks.environments.prompts_file import is_prompt_file
-    from tasks.environments.registry import BUILTIN_ENVIRONMENTS
 
     if not isinstance(name, str) or len(name) > MAX_ID_LENGTH or not ID_PATTERN.fullmatch(name):
         raise ConfigError(f"environment registry {path}: entry name {name!r} must match {ID_PATTERN.pattern}")
-    if name in BUILTIN_ENVIRONMENTS or is_prompt_file(name):
-        raise ConfigError(f"environment registry {path}: entry name {name!r} is a built-in or reads as a prompt file")
-
-
-@dataclass(frozen=True)
-class Runnables:
-    """What a batch may run: the registry's entries, and whether code may also be named directly.
-
-    ``direct`` is the operator's CLI (commands, callables, import paths and prompt files by path);
-    without it (a triggered batch: the Airflow form, its run conf, a profile, and the generate
-    workers that run it) only the built-in games and the registry's names load.
-    """
-
-    registry: EnvironmentRegistry
-    direct: bool
-
-    @classmethod
-    def operator(cls, path: Path | None = None) -> Runnables:
-        return cls(load_registry(path), direct=True)
-
-    @classmethod
-    def triggered(cls, path: Path | None = None) -> Runnables:
-        return cls(load_registry(path), direct=False)
-
-    def choices(self) -> list[str]:
-        """The names a trigger may pick: the built-in games, then the registry's entries."""
-        from tasks.environments.registry import BUILTIN_ENVIRONMENTS
-
-        return [n for n in sorted(BUILTIN_ENVIRONMENTS) if n not in CODE_BUILTINS] + sorted(self.registry.entries)
-
-    def check_named(self, spec: str) -> None:
-        """Refuse a spec a trigger may not name (the field and the registry file in the message)."""
-        if self.direct or spec in self.choices():
-            return
-        raise ConfigError(
-            f"environment {spec!r}: a triggered batch may run only a built-in game or an entry of the deployment's "
-            f"environment registry {self.registry.path} (choices: {', '.join(self.choices())}); commands, "
-            "callables, import paths and prompt files are declared there by the deployment (docs/security.md)"
-        )
+    if is_prompt_file(name):
+        raise ConfigError(f"environment registry {path}: entry name {name!r} reads as a prompt file")

@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tasks.environments.agents import Agent, AgentCallable, AgentCommand
 from tasks.environments.arithmetic import Arithmetic
 from tasks.environments.base import Environment
 from tasks.environments.calculator import Calculator
-from tasks.environments.declared import Runnables
+from tasks.environments.declared import EnvironmentRegistry, load_registry
 from tasks.environments.guess_number import GuessNumber
 from tasks.environments.imports import ImportPathError, import_object
 from tasks.environments.pinned_file import recorded_path
 from tasks.environments.prompts_file import SUFFIXES, PromptsFile, is_prompt_file
-from tasks.errors import EnvironmentLoadError, PromptFileError
+from tasks.errors import ConfigError, EnvironmentLoadError, PromptFileError
 
 AnyEnvironment = Environment | Agent  # an environment the runner steps, or an agent that runs itself
 BUILTIN_ENVIRONMENTS: Mapping[str, type[Environment] | type[Agent]] = {
@@ -35,6 +37,47 @@ BUILTIN_ENVIRONMENTS: Mapping[str, type[Environment] | type[Agent]] = {
     AgentCommand.name: AgentCommand,
     AgentCallable.name: AgentCallable,
 }
+
+CODE_BUILTINS = (AgentCommand.name, AgentCallable.name)  # built-ins whose options name code to run
+
+
+@dataclass(frozen=True)
+class Runnables:
+    """What a batch may run: the registry's entries, and whether code may also be named directly.
+
+    ``direct`` is the operator's CLI (commands, callables, import paths and prompt files by path);
+    without it (a triggered batch: the Airflow form, its run conf, a profile, and the generate
+    workers that run it) only the built-in games and the registry's names load.
+    """
+
+    registry: EnvironmentRegistry
+    direct: bool
+
+    def __post_init__(self) -> None:
+        if taken := sorted(set(self.registry.entries) & set(BUILTIN_ENVIRONMENTS)):
+            raise ConfigError(f"environment registry {self.registry.path}: entry name(s) {taken} are built-ins")
+
+    @classmethod
+    def operator(cls, path: Path | None = None) -> Runnables:
+        return cls(load_registry(path), direct=True)
+
+    @classmethod
+    def triggered(cls, path: Path | None = None) -> Runnables:
+        return cls(load_registry(path), direct=False)
+
+    def choices(self) -> list[str]:
+        """The names a trigger may pick: the built-in games, then the registry's entries."""
+        return [n for n in sorted(BUILTIN_ENVIRONMENTS) if n not in CODE_BUILTINS] + sorted(self.registry.entries)
+
+    def check_named(self, spec: str) -> None:
+        """Refuse a spec a trigger may not name (the field and the registry file in the message)."""
+        if self.direct or spec in self.choices():
+            return
+        raise ConfigError(
+            f"environment {spec!r}: a triggered batch may run only a built-in game or an entry of the deployment's "
+            f"environment registry {self.registry.path} (choices: {', '.join(self.choices())}); commands, "
+            "callables, import paths and prompt files are declared there by the deployment (docs/security.md)"
+        )
 
 
 def _import_class(spec: str) -> type[Environment] | type[Agent]:

@@ -16,8 +16,7 @@ from pathlib import Path
 from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.engines.base import Engine
-from tasks.environments.declared import Runnables
-from tasks.environments.registry import AnyEnvironment, load_environment
+from tasks.environments.registry import AnyEnvironment, Runnables, load_environment
 from tasks.errors import ConfigError, ModelMismatchError
 from tasks.generate.summary import ShardSummary
 from tasks.models.provenance import WEIGHTS_VERIFIED

@@ -155,13 +155,16 @@ async def _episodes(
 
     gateway = Rollouts(model=config.model.reference)
     calls = GatewayCalls(capture, progress)
-    async with serving(gateway) as base_url:
+    try:
+        async with serving(gateway) as base_url:
 
-        async def agent_episode(planned: PlannedRollout, attempt: int, ledger: LedgerWriter | None) -> Finished:
-            receipt, state = await run_agent_rollout(planned, config, attempt, agent, calls, gateway, base_url)
-            return await _finished(receipt, state, capture, ledger)
+            async def agent_episode(planned: PlannedRollout, attempt: int, ledger: LedgerWriter | None) -> Finished:
+                receipt, state = await run_agent_rollout(planned, config, attempt, agent, calls, gateway, base_url)
+                return await _finished(receipt, state, capture, ledger)
 
-        yield agent_episode, gateway
+            yield agent_episode, gateway
+    finally:
+        agent.close()
 
 
 def first_error(group: BaseExceptionGroup) -> BaseException:

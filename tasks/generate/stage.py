@@ -15,7 +15,7 @@ from typing import Any
 
 from tasks.batch import Batch
 from tasks.engines.base import Engine
-from tasks.environments.declared import Runnables
+from tasks.environments.registry import Runnables
 from tasks.errors import GenerateInterrupted
 from tasks.generate.attempt import run_shards
 from tasks.generate.checks import CheckedBatch, check_before_engine, check_engine_version

@@ -33,7 +33,8 @@ def form_fields(environ: Mapping[str, str] = os.environ) -> dict[str, dict[str, 
 
 def environment_choices(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The environment field's ``enum`` and labels: the built-in games and the deployment registry's entries."""
-    from tasks.environments.declared import Runnables, load_registry, registry_file
+    from tasks.environments.declared import load_registry, registry_file
+    from tasks.environments.registry import Runnables
 
     registry = load_registry(registry_file(environ))
     names = Runnables(registry, direct=False).choices()

@@ -102,7 +102,7 @@ def engine_servers(params: Mapping[str, Any]) -> ServerConnection | None:
 def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:
     """Plan the batch the params describe and return its shard numbers (the same config again is a no-op)."""
     from tasks.env_vars import scoped_environ
-    from tasks.environments.declared import Runnables
+    from tasks.environments.registry import Runnables
     from tasks.lineage.datasets import plan_lineage
     from tasks.plan import plan_from_values
 

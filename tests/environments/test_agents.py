@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tasks.environments.agent_process import AgentLimits
 from tasks.environments.agents import AgentCommand, AgentDoor, AgentFailure, result_of
 from tasks.environments.registry import load_environment
 from tasks.errors import EnvironmentLoadError
@@ -27,6 +28,8 @@ def test_options_are_recorded_with_the_task_file_pinned(tasks_file):
     assert agent.options() == {
         "command": ["true"],
         "scorer": None,
+        "env": [],
+        "limits": AgentLimits().as_options(),
         "tasks": f"file://{tasks_file}",
         "sha256": digest,
         "timeout_s": 600.0,

@@ -1,0 +1,171 @@
+"""Agent command processes, for real: what they see, what they may use, and that none outlives its worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tasks.engines.vllm_server.options import API_KEY_ENV
+from tasks.environments.agent_process import AgentLimits
+from tasks.environments.agents import AgentCommand, AgentDoor, AgentFailure
+from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
+
+DOOR = AgentDoor("http://127.0.0.1:9/rollouts/r/v1", "rollout-key")
+# Secrets a worker holds; none reaches an agent unless its entry names it.
+PLANTED = {
+    "AWS_SECRET_ACCESS_KEY": "planted-aws-secret-0001",
+    "AWS_SESSION_TOKEN": "planted-aws-session-0002",
+    "AIRFLOW__CORE__FERNET_KEY": "planted-fernet-key-0003",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://u:planted-db-pass-0004@db/airflow",
+    "HF_TOKEN": "planted-hf-token-0005",
+    STORAGE_OPTIONS_VARIABLE: '{"secret": "planted-storage-0006"}',
+    API_KEY_ENV: "planted-server-key-0007",
+    "OPENAI_API_KEY": "planted-openai-key-0008",
+    "GOOGLE_APPLICATION_CREDENTIALS": "/planted/gcp-0009.json",
+    "AZURE_CLIENT_SECRET": "planted-azure-0010",
+}
+DUMP_ENV = "import json, os; print(json.dumps({'reward': 1, 'env': dict(os.environ)}))"
+
+
+@pytest.fixture
+def tasks_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"i": 0}\n')
+    return path
+
+
+def run(agent: AgentCommand):
+    try:
+        return asyncio.run(agent.run(DOOR, {"i": 0}))
+    finally:
+        agent.close()
+
+
+def test_an_agent_sees_only_the_allow_list_and_the_names_its_entry_passes(tasks_file, monkeypatch):
+    for name, value in {**PLANTED, "TOOL_TOKEN": "passed-tool-token", "LC_ALL": "C.UTF-8"}.items():
+        monkeypatch.setenv(name, value)
+    agent = AgentCommand(command=[sys.executable, "-c", DUMP_ENV], tasks=str(tasks_file), env=["TOOL_TOKEN"])
+    seen = run(agent).info["env"]
+    assert not set(PLANTED.values()) & set(seen.values()) - {DOOR.api_key}
+    assert seen["OPENAI_API_KEY"] == DOOR.api_key and seen["OPENAI_BASE_URL"] == DOOR.base_url
+    assert (
+        json.loads(seen["ROLLOUT_LEDGER_TASK"]) == {"i": 0} and seen["TOOL_TOKEN"] == "[redacted]"
+    )  # passed, kept out of the info
+    assert seen["PATH"] == os.environ["PATH"] and seen["LC_ALL"] == "C.UTF-8"
+    allowed = {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TOOL_TOKEN", "LC_CTYPE"}
+    assert set(seen) - {"OPENAI_API_KEY", "OPENAI_BASE_URL", "ROLLOUT_LEDGER_TASK"} <= allowed
+    home = Path(seen["HOME"])
+    assert home.parent == Path(seen["TMPDIR"]).parent and home != Path.home()
+    assert not home.parent.exists(), "the agent's fresh home outlived its rollout"
+
+
+def test_a_passed_secret_the_agent_prints_is_kept_out_of_the_failure(tasks_file, monkeypatch):
+    monkeypatch.setenv("TOOL_TOKEN", "passed-tool-token")
+    script = "import os, sys; sys.stderr.write('token=' + os.environ['TOOL_TOKEN']); sys.exit(3)"
+    agent = AgentCommand(command=[sys.executable, "-c", script], tasks=str(tasks_file), env=["TOOL_TOKEN"])
+    with pytest.raises(AgentFailure) as failed:
+        run(agent)
+    assert failed.value.reason == "agent_exit" and "passed-tool-token" not in failed.value.detail
+    assert "token=[redacted]" in failed.value.detail
+
+
+def test_output_past_the_bound_fails_the_rollout_without_holding_it(tasks_file):
+    script = "import sys\nfor _ in range(64): sys.stdout.write('x' * 65536)\nprint('{\"reward\": 1}')"
+    agent = AgentCommand(
+        command=[sys.executable, "-c", script], tasks=str(tasks_file), limits={"output_bytes": 1024 * 1024}
+    )
+    with pytest.raises(AgentFailure) as failed:
+        run(agent)
+    assert failed.value.reason == "agent_output_limit" and "stdout" in failed.value.detail
+
+
+def test_the_limits_are_set_in_the_agent_process(tasks_file):
+    script = textwrap.dedent(
+        """
+        import json, resource
+        names = ["RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NOFILE", "RLIMIT_NPROC"]
+        print(json.dumps({"reward": 0, **{n: resource.getrlimit(getattr(resource, n)) for n in names}}))
+        """
+    )
+    limits = {"address_space_mib": 2048, "cpu_seconds": 30, "open_files": 64, "processes": 512}
+    info = run(AgentCommand(command=[sys.executable, "-c", script], tasks=str(tasks_file), limits=limits)).info
+    assert info == {
+        "RLIMIT_AS": [2048 << 20] * 2,
+        "RLIMIT_CPU": [30, 30],
+        "RLIMIT_NOFILE": [64, 64],
+        "RLIMIT_NPROC": [512, 512],
+    }
+    spin = AgentCommand(
+        command=[sys.executable, "-c", "while True: pass"], tasks=str(tasks_file), limits={"cpu_seconds": 1}
+    )
+    with pytest.raises(AgentFailure) as failed:
+        run(spin)
+    assert failed.value.reason == "agent_exit"
+
+
+@pytest.mark.parametrize("limits", [{"cpu_seconds": 0}, {"output_bytes": None}, {"memory": 1}, {"open_files": 1.5}])
+def test_bad_limits_are_refused(tasks_file, limits):
+    with pytest.raises(ValueError, match="limits"):
+        AgentCommand(command=["true"], tasks=str(tasks_file), limits=limits)
+    assert AgentLimits.of({"processes": None}).rlimits().keys() == {"RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NOFILE"}
+
+
+def test_what_an_agent_leaves_running_ends_with_its_episode(tasks_file, tmp_path):
+    pids = tmp_path / "pids"
+    script = (
+        "import subprocess, sys; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pids)!r}, 'w').write(str(c.pid)); print('{{\"reward\": 1}}')"
+    )
+    assert run(AgentCommand(command=[sys.executable, "-c", script], tasks=str(tasks_file))).reward == 1
+    assert _ended([int(pids.read_text())], timeout=5)
+
+
+WORKER = """
+import asyncio, sys
+from tasks.environments.agents import AgentCommand, AgentDoor
+script = (
+    "import os, subprocess, sys, time; "
+    "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+    "open(sys.argv[1], 'w').write(f'{os.getpid()} {c.pid}'); time.sleep(120)"
+)
+agent = AgentCommand(command=[sys.executable, "-c", script, sys.argv[1]], tasks=sys.argv[2], timeout_s=300)
+asyncio.run(agent.run(AgentDoor("http://127.0.0.1:9/v1", "k"), {"i": 0}))
+"""
+
+
+def test_a_sigkilled_worker_leaves_no_agent_process(tasks_file, tmp_path):
+    pids = tmp_path / "pids"
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(pids), str(tasks_file)], cwd=Path.cwd())
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    agents = [int(pid) for pid in pids.read_text().split()]
+    assert all(psutil.pid_exists(pid) for pid in agents)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    assert _ended(agents, timeout=10), "an agent process outlived its SIGKILLed worker"
+
+
+def _ended(pids: list[int], *, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                alive += [pid] if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE else []
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
