@@ -32,7 +32,8 @@ anywhere), submits no form, opens no window and navigates no window but its own;
 there. Font files are served with ``Access-Control-Allow-Origin: *``: an opaque-origin page loads
 fonts in CORS mode. The batches page is the viewer's own: everything it interpolates is
 HTML-escaped, its ``<base href>`` follows the API server's base path (``[api] base_url``), and it is
-sandboxed as well, without scripts, which it has none of (:data:`BATCHES_POLICY`).
+sandboxed as well, without scripts, which it has none of, but in Airflow's origin: its links open a
+run's report in the same frame through the authenticated route (:data:`BATCHES_POLICY`).
 
 No ``from __future__ import annotations`` here: FastAPI resolves the routes' parameter types
 (``SessionDep``, ``GetUserDep``, imported inside :func:`create_app`) when they are declared.
@@ -66,8 +67,10 @@ table { border-collapse: collapse; width: 100%; }
 th, td { text-align: left; padding: .4rem .6rem; border-bottom: 1px solid #d8dde6; font-size: .9rem; }
 th { background: #f3f5f9; }
 """
+# Scripts blocked twice (the sandbox, default-src); same origin kept, so its links, followed in the UI's
+# frame, send the session cookie (SameSite=Lax: an opaque origin's navigation of a frame would not).
 BATCHES_POLICY = (
-    "sandbox; default-src 'none'; "
+    "sandbox allow-same-origin; default-src 'none'; "
     f"style-src 'sha256-{base64.b64encode(hashlib.sha256(BATCHES_STYLE.encode()).digest()).decode()}'; "
     "form-action 'none'; base-uri 'self'; frame-ancestors 'self'"
 )

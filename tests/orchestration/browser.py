@@ -23,10 +23,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def api_server(log: Path, *, timeout: float = 180.0) -> Iterator[str]:
-    """``airflow api-server`` on a free loopback port with this process's Airflow settings; yields its URL."""
+def api_server(log: Path, *, timeout: float = 180.0, base_path: str = "") -> Iterator[str]:
+    """``airflow api-server`` on a free loopback port with this process's Airflow settings; yields its URL.
+
+    With ``base_path`` (``/airflow``) it serves below that path (``[api] base_url``), and the URL ends with it.
+    """
     port = free_port()
     env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    if base_path:
+        env["AIRFLOW__API__BASE_URL"] = f"http://127.0.0.1:{port}{base_path}/"
     with log.open("w") as out:
         process = subprocess.Popen(
             [
@@ -46,7 +51,7 @@ def api_server(log: Path, *, timeout: float = 180.0) -> Iterator[str]:
             env=env,
             start_new_session=True,  # its workers die with the group
         )
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}{base_path}"
         try:
             deadline = time.monotonic() + timeout
             while not _answers(f"{url}/api/v2/version"):
@@ -74,8 +79,8 @@ def _answers(url: str) -> bool:
 def chromium(width: int = 1400, height: int = 1000):
     """A headless Chromium (the Debian package) under its matching chromedriver, resolving no host but loopback.
 
-    Pages that load scripts from public CDNs (GX Data Docs) then fail those loads at once, the same
-    on every machine, instead of waiting on whatever DNS the machine has.
+    A request to any other host (a page naming a CDN) then fails at once, logged in the console, the
+    same on every machine, instead of waiting on whatever DNS the machine has.
     """
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service

