@@ -23,6 +23,7 @@ from tasks.engines.megatron.options import MegatronOptions
 from tasks.engines.options import EngineOptions
 from tasks.engines.vllm.options import VllmOptions
 from tasks.engines.vllm_server.options import VllmServerOptions
+from tasks.errors import ConfigError
 
 if TYPE_CHECKING:
     from tasks.engines.base import Engine
@@ -117,7 +118,11 @@ def planned_weights(name: str, options: Mapping[str, Any] | None, model_folder: 
     entry = _entry(name)
     if entry.weights_check is None:
         return WEIGHTS_VERIFIED
-    return _imported(entry.weights_check)(check_engine(name, options), model_folder)
+    try:
+        checked = check_engine(name, options)
+    except ValueError as error:  # a bad option is the planner's to fix: a usage error, before any server is asked
+        raise ConfigError(str(error)) from None
+    return _imported(entry.weights_check)(checked, model_folder)
 
 
 def _imported(where: str) -> Any:

@@ -250,7 +250,8 @@ class AgentCommand(Agent):
 
     async def episode(self, door: AgentDoor, task: Mapping[str, Any]) -> AgentResult:
         rollout = {BASE_URL_VARIABLE: door.base_url, API_KEY_VARIABLE: door.api_key, TASK_VARIABLE: json.dumps(task)}
-        secrets = [os.environ[n] for n in self.env if len(os.environ.get(n, "")) >= MIN_REDACTED_CHARS]
+        passed = [os.environ[n] for n in self.env if len(os.environ.get(n, "")) >= MIN_REDACTED_CHARS]
+        secrets = [door.api_key, *passed]  # the route's key is worthless after the attempt; still, never kept
         with fresh_home() as home:
             returncode, out, err = await self._run(agent_environment(rollout, self.env, home))
         stdout, stderr = (_redacted(s.decode("utf-8", "replace"), secrets) for s in (out, err))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from typing import NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from openlineage.client.naming.dataset import GCS, S3, LocalFileSystem
 
@@ -41,12 +41,17 @@ def name_of_url(url: str) -> DatasetName:
         path = url.removeprefix(f"{parts.scheme}://") if scheme in ("file", "local") else url
         naming = LocalFileSystem(os.path.abspath(path))
     elif scheme in ("s3", "s3a"):
-        naming = S3(parts.netloc, parts.path.lstrip("/") or "/")
+        naming = S3(_host(parts), parts.path.lstrip("/") or "/")
     elif scheme in ("gs", "gcs"):
-        naming = GCS(parts.netloc, parts.path.lstrip("/") or "/")
+        naming = GCS(_host(parts), parts.path.lstrip("/") or "/")
     else:
-        return DatasetName(f"{scheme}://{parts.netloc}", parts.path.lstrip("/") or "/")
+        return DatasetName(f"{scheme}://{_host(parts)}", parts.path.lstrip("/") or "/")
     return DatasetName(naming.get_namespace(), naming.get_name())
+
+
+def _host(parts: SplitResult) -> str:
+    """The URL's host and port, never its userinfo (a connection id, or credentials that must not reach an event)."""
+    return parts.netloc.rpartition("@")[2]
 
 
 def batch_object(batch: Batch, relative: str) -> DatasetName:
@@ -66,7 +71,7 @@ def shard_staging(batch: Batch, shard: int) -> DatasetName:
 def server(url: str, model_name: str) -> DatasetName:
     """A model as an inference server at ``url`` serves it."""
     parts = urlsplit(url)
-    return DatasetName(f"{parts.scheme.lower()}://{parts.netloc}", model_name)
+    return DatasetName(f"{parts.scheme.lower()}://{_host(parts)}", model_name)
 
 
 def model(reference: str) -> DatasetName:

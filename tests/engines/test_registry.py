@@ -74,6 +74,7 @@ def test_check_engine_returns_the_options_it_would_start_with() -> None:
         ("vllm_server", {"urls": []}, "engine option urls must be"),
         ("vllm_server", {"urls": ["127.0.0.1:8000"]}, "is not an http\\(s\\) URL with a host"),
         ("vllm_server", {"urls": ["http://a:1", "http://a:1/"]}, "names a server twice"),
+        ("vllm_server", {"urls": ["http://u:s3cret@a:1"]}, r"^(?!.*s3cret).*'http://a:1' carries credentials"),
         (
             "vllm_server",
             {"urls": ["http://a:1"], "max_model_len": 1},

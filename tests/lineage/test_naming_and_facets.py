@@ -26,6 +26,8 @@ SCHEMA = Path(__file__).parents[2] / "docs" / "lineage" / "provenance-facet.json
         ("file:///data/tasks.jsonl", DatasetName("file", "/data/tasks.jsonl")),
         ("/data/tasks.jsonl", DatasetName("file", "/data/tasks.jsonl")),
         ("memory://store/x", DatasetName("memory://store", "x")),
+        ("s3://conn_id@bucket/key", DatasetName("s3://bucket", "key")),
+        ("https://user:pass@host:9/x", DatasetName("https://host:9", "x")),
     ],
 )
 def test_urls_are_named_as_the_naming_spec_says(url, expected):
@@ -37,6 +39,7 @@ def test_a_relative_path_is_made_absolute_and_the_bundled_model_has_its_own_name
     assert model("bundled:smollm2-135m-instruct") == DatasetName("rollout-ledger", "bundled:smollm2-135m-instruct")
     assert model("/models/qwen") == DatasetName("file", "/models/qwen")
     assert server("http://10.0.0.5:8000/", "qwen") == DatasetName("http://10.0.0.5:8000", "qwen")
+    assert server("http://user:pass@10.0.0.5:8000/", "qwen") == DatasetName("http://10.0.0.5:8000", "qwen")
 
 
 def test_a_shards_ledger_is_its_folder_whatever_the_attempt(tmp_path):

@@ -107,8 +107,9 @@ def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
     airflow_db, s3_endpoint, s3_bucket, monkeypatch, vllm_server
 ):
     """``rollout_batch_on_servers`` with its form's engine defaults: the servers come from its connection, and
-    generate runs in the default pool (it loads no model). Its environment is an agent command from the form
-    (``examples/command_agent.py``): the agent calls the model through the attempt's capture gateway."""
+    generate runs in the default pool (it loads no model). Its environment is the registry's agent command
+    ``command_agent_example`` (``examples/command_agent.py``, dags/environments.yaml), picked in the form with a
+    trigger option: the agent calls the model through the attempt's capture gateway."""
     on_servers = local_airflow.dag_bag("rollout_batch_on_servers.py").dags["rollout_batch_on_servers"]
     monkeypatch.setenv(*server_connection(vllm_server))
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
@@ -120,14 +121,10 @@ def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
         "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
     }
     monkeypatch.setenv("AIRFLOW_CONN_LEDGER_S3", json.dumps(connection))
-    agent = {
-        "command": [sys.executable, str(EXAMPLES / "command_agent.py")],
-        "tasks": str(EXAMPLES / "arithmetic_tasks.jsonl"),
-    }
     conf = {
         **SMALL,
-        "environment": "agent_command",
-        "environment_options": agent,
+        "environment": "command_agent_example",
+        "environment_options": {"timeout_s": 240},
         "storage_url": f"{s3_bucket}/runs",
         "storage_conn_id": "ledger_s3",
     }
@@ -142,8 +139,10 @@ def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
     assert batch.config.engine.options == {"urls": [vllm_server.url]}
     assert vllm_server.key not in json.dumps(batch.config.to_json())
     dataset = (s3_bucket, f"runs/batches/{batch.batch_id}/dataset")
-    assert dataset in descendants(task_events(dag_run), ("file", agent["tasks"]))  # task file -> dataset, on S3
-    assert batch.config.environment == "agent_command" and len(batch.config.environment_options["sha256"]) == 64
+    tasks_file = str(EXAMPLES / "arithmetic_tasks.jsonl")
+    assert dataset in descendants(task_events(dag_run), ("file", tasks_file))  # task file -> dataset, on S3
+    assert batch.config.environment == "command_agent_example" and len(batch.config.environment_options["sha256"]) == 64
+    assert batch.config.environment_options["command"] == [sys.executable, str(EXAMPLES / "command_agent.py")]
 
 
 def test_a_failing_suite_fails_the_run_with_its_report_in_the_log_and_publishes_nothing(

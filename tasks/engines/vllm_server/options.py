@@ -51,6 +51,12 @@ class VllmServerOptions(EngineOptions):
     def _http_urls(cls, urls: list[str]) -> list[str]:
         for url in urls:
             parts = urlsplit(url)
+            if "@" in parts.netloc:  # never echo it: the userinfo may be a password
+                shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+                raise ValueError(
+                    f"engine option urls: the URL of {shown!r} carries credentials (user:password@); give the "
+                    "servers' key with api_key_file or the connection's password, never in a URL"
+                )
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(f"engine option urls: {url!r} is not an http(s) URL with a host")
             if parts.query or parts.fragment:

@@ -1,0 +1,104 @@
+"""No secret reaches anything a batch writes: secrets planted wherever a user could put one, then everything grepped.
+
+Planted: the storage's credentials (AWS variables of the CLI), the servers' API key (its file),
+worker secrets an agent must not see (Airflow's Fernet key, a Hugging Face token, a worker
+OpenAI key), a tool token the registry entry passes to its agent (which prints it, and its whole
+environment, into its reward info and its failure output), and a password in a server URL
+(refused without echoing it). The batch runs plan, generate (an agent command through the
+capture gateway on the test run's vLLM server, on S3), finalize and status from the CLI with
+OpenLineage events written to a file. Grepped: every object under the bucket (config, plan,
+staging, ledger, receipts, reports, dataset card and rows), every command's stdout and stderr,
+and every lineage event.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+
+import pytest
+
+from tasks.environments.declared import REGISTRY_VARIABLE
+
+from .test_cli import run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+AGENT = textwrap.dedent(
+    """
+    import json, os, sys
+    import openai
+
+    task = json.loads(os.environ["ROLLOUT_LEDGER_TASK"])
+    reply = openai.OpenAI().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": task["question"]}], max_tokens=8
+    )
+    sys.stderr.write(json.dumps(dict(os.environ)))
+    if task["i"] % 2:
+        sys.exit(f"failing on purpose with {os.environ['TOOL_TOKEN']} and {os.environ['OPENAI_API_KEY']}")
+    print(json.dumps({"reward": 1, "token": os.environ["TOOL_TOKEN"], "env": dict(os.environ)}))
+    """
+)
+
+
+def test_no_planted_secret_reaches_anything_a_batch_writes(vllm_server, s3_bucket, tmp_path, monkeypatch):
+    planted = {name: f"planted-{name.lower()}-{uuid.uuid4().hex}" for name in ("aws_key", "aws_secret", "session")}
+    planted |= {name: f"planted-{name}-{uuid.uuid4().hex}" for name in ("fernet", "hf", "openai", "tool", "url")}
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", planted["aws_key"])  # moto takes any credentials
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", planted["aws_secret"])
+    monkeypatch.setenv("AWS_SESSION_TOKEN", planted["session"])
+    monkeypatch.setenv("AIRFLOW__CORE__FERNET_KEY", planted["fernet"])
+    monkeypatch.setenv("HF_TOKEN", planted["hf"])
+    monkeypatch.setenv("OPENAI_API_KEY", planted["openai"])
+    monkeypatch.setenv("TOOL_TOKEN", planted["tool"])
+    lineage = tmp_path / "lineage.jsonl"
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "file")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__LOG_FILE_PATH", str(lineage))
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__APPEND", "true")
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "tasks.jsonl").write_text(
+        "".join(json.dumps({"i": i, "question": f"{i} + 1?"}) + "\n" for i in range(4))
+    )
+    registry = tmp_path / "environments.yaml"
+    registry.write_text(
+        "environments:\n  echo_agent:\n    kind: agent_command\n    env: [TOOL_TOKEN]\n"
+        '    options: {command: ["{python}", "{here}/agent.py"], tasks: tasks.jsonl, timeout_s: 120}\n'
+    )
+    monkeypatch.setenv(REGISTRY_VARIABLE, str(registry))
+    secrets = {**planted, "server_key": vllm_server.key}
+    root, batch_id = f"{s3_bucket}/runs", "b-secrets"
+    engine = [f"--engine-option={key}={json.dumps(v)}" for key, v in vllm_server.engine_options().items()]
+    sized = ["--num-tasks", "4", "--group-size", "1", "--shards", "1", "--max-turns", "2", "--max-tokens", "8"]
+    refused_url = vllm_server.url.replace("http://", f"http://user:{planted['url']}@")
+    outputs = [
+        run_cli(
+            "plan", "--root", root, "--batch-id", "b-url", *sized, "--environment", "echo_agent",
+            "--engine", "vllm_server", f"--engine-option=urls={json.dumps([refused_url])}",
+        ),
+        run_cli(
+            "plan", "--root", root, "--batch-id", batch_id, *sized, "--environment", "echo_agent",
+            "--engine", "vllm_server", *engine, "--max-poisoned-rate", "1", "--max-invalid-row-rate", "1",
+        ),
+    ]  # fmt: skip
+    assert outputs[0].returncode == 2 and "carries credentials" in outputs[0].stderr
+    assert outputs[1].returncode == 0, outputs[1].stderr
+    for command in (["generate", "--all-shards", "--no-progress"], ["finalize", "--no-audit"], ["status"]):
+        outputs.append(run_cli(command[0], "--root", root, "--batch-id", batch_id, *command[1:]))
+        assert outputs[-1].returncode == 0, outputs[-1].stderr[-3000:]
+    generated = json.loads(outputs[2].stdout)[0]
+    assert (generated["ok"], generated["failed"]) == (2, 2)  # the agents ran, printed, and half failed
+
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    written = {path: fs.cat_file(path) for path in fs.find(s3_bucket.removeprefix("s3://"))}
+    assert any(path.endswith("dataset/README.md") for path in written) and lineage.stat().st_size > 0
+    written |= {f"stdout of {out.args[3]}": out.stdout.encode() for out in outputs}
+    written |= {f"stderr of {out.args[3]}": out.stderr.encode() for out in outputs}
+    written["lineage events"] = lineage.read_bytes()
+    found = [
+        (name, where) for where, data in written.items() for name, secret in secrets.items() if secret.encode() in data
+    ]
+    assert not found, f"secrets written: {found}"
+    receipts = b"".join(data for path, data in written.items() if "/receipts-" in path)
+    assert b"[redacted]" in receipts  # the agents did print the tool token: it was caught, not absent
