@@ -76,8 +76,10 @@ COPY --chown=50000:0 dags /opt/airflow/dags
 COPY --chown=50000:0 plugins /opt/airflow/plugins
 
 # ROLLOUT_LEDGER_HOME: where each worker converts the bundled model once (mount a volume to keep it).
+# ROLLOUT_LEDGER_ENVIRONMENTS: the registry of what a triggered batch may run, in the DAG bundle.
 ENV AIRFLOW__CORE__DAGS_FOLDER=/opt/airflow/dags \
     AIRFLOW__CORE__PLUGINS_FOLDER=/opt/airflow/plugins \
+    ROLLOUT_LEDGER_ENVIRONMENTS=/opt/airflow/dags/environments.yaml \
     ROLLOUT_LEDGER_HOME=/opt/airflow/model-cache \
     GX_ANALYTICS_ENABLED=False
 

@@ -159,8 +159,9 @@ class BatchFields(BaseModel):
         "guess_number",
         min_length=1,
         title="Environment",
-        description="a built-in, a package.module:Class, or a prompt file (.parquet, .jsonl, .json) "
-        "every worker can read",
+        description="a built-in game or a name declared in the environment registry (dags/environments.yaml); "
+        "the CLI also takes agent_command, agent_callable, a package.module:Class or a prompt file "
+        "(.parquet, .jsonl, .json) every worker can read",
         json_schema_extra=_builtin_environments,
     )
     environment_options: Annotated[dict[str, Any], InConfig("environment_options"), PlanFlag("--env-option")] = Field(

@@ -19,6 +19,7 @@ from tasks.batch_fields import (
     config_paths,
     field_default,
     field_defaults,
+    json_schemas,
     plan_flag,
     run_fields,
 )
@@ -58,7 +59,9 @@ def test_the_form_schema_carries_the_declared_bounds_choices_and_labels():
     assert fields["top_p"]["exclusiveMinimum"] == 0 and fields["top_p"]["maximum"] == 1
     assert fields["batch_id"]["type"] == ["null", "string"] and fields["reward_min"]["type"] == ["null", "number"]
     assert fields["engine"]["enum"] == list(engine_names()) and fields["engine"]["values_display"] == engine_labels()
-    assert fields["environment"]["examples"] == sorted(BUILTIN_ENVIRONMENTS)
+    games = sorted(set(BUILTIN_ENVIRONMENTS) - {"agent_command", "agent_callable"})
+    assert fields["environment"]["enum"][: len(games)] == games  # then the registry's names
+    assert json_schemas()["environment"]["examples"] == sorted(BUILTIN_ENVIRONMENTS)  # the CLI's hints
     assert set(fields["advantage"]["values_display"]) == set(fields["advantage"]["enum"])
     assert "anyOf" not in json.dumps(fields)  # the Airflow form reads `type`
 
