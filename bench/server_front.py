@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,16 +55,8 @@ def start_plain(folder: Path, port: int, log_path: Path) -> VllmServer:
     argv = server_argv(folder, OPTIONS, host="127.0.0.1", port=port, on_cpu=on_cpu)
     at = argv.index("--middleware")
     del argv[at : at + 2]
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            argv,
-            env=server_env(OPTIONS, api_key=KEY, on_cpu=on_cpu),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return VllmServer(process, f"http://127.0.0.1:{port}", log_path)
+    env = server_env(OPTIONS, api_key=KEY, on_cpu=on_cpu)
+    return VllmServer.launch(argv, env, url=f"http://127.0.0.1:{port}", log_path=log_path)
 
 
 def workloads(model: str, max_tokens: int) -> dict[str, Callable[[httpx.Client, int], None]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import uuid
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from tasks.storage.objects import ObjectStore
+from tests.serving import serve_process
 
 STORE_KINDS = ("local", "memory", "s3")
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -243,26 +243,12 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
     manager would stop it: it must exit 0 and leave none of the processes it started (asserted
     here, so a leak fails the run).
     """
-    import subprocess
     import sys
-
-    import psutil
 
     home = tmp_path_factory.mktemp("vllm-server")
     key_file = home / "api-key"
     key_file.write_text(uuid.uuid4().hex)
     argv = [sys.executable, "-m", "tasks.cli", "serve", "--port", str(_free_port()), "--api-key-file", str(key_file)]
     argv += ["--engine-option", "max_model_len=2048", "--log", str(home / "server.log")]
-    with (home / "serve.stderr").open("w") as stderr:
-        serve = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True)
-    try:
-        url = serve.stdout.readline().strip() if serve.stdout else ""
-        assert url.startswith("http://127.0.0.1:"), f"serve printed no URL:\n{(home / 'serve.stderr').read_text()}"
-        started = psutil.Process(serve.pid).children(recursive=True)
+    with serve_process(argv, home) as url:
         yield RunningServer(url, str(key_file), str(home / "server.log"))
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        code = serve.wait(timeout=120)
-    assert code == 0, f"serve exited {code} on SIGTERM:\n{(home / 'serve.stderr').read_text()[-3000:]}"
-    left = [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert started and not left, f"processes of rollout-ledger serve outlived its SIGTERM: {left}"

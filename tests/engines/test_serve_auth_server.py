@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -21,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from tasks.engines import create_engine
@@ -29,6 +27,7 @@ from tasks.engines.base import GenerationRequest, SamplingSettings
 from tasks.engines.vllm.serve import free_port
 from tasks.engines.vllm_server.engine import GENERATE_PATH
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+from tests.serving import serve_process
 
 # The same worker as the test run's shared server (conftest.py): the vLLM servers' tests run on one worker.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("vllm_server")]
@@ -72,19 +71,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedServer]:
     argv = [sys.executable, "-m", "tasks.cli", "serve", "--port", str(port), "--model", str(folder)]
     argv += ["--engine-option", "max_model_len=2048"]
     env = dict(os.environ, ROLLOUT_LEDGER_HOME=str(home))
-    with (home / "serve.stderr").open("w") as stderr:
-        serve = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
-    try:
-        url = serve.stdout.readline().strip() if serve.stdout else ""
-        assert url == f"http://127.0.0.1:{port}", f"serve printed no URL:\n{(home / 'serve.stderr').read_text()}"
-        started = psutil.Process(serve.pid).children(recursive=True)
+    with serve_process(argv, home, env) as url:
+        assert url == f"http://127.0.0.1:{port}"
         yield KeyedServer(url, folder, home / "serve" / f"port-{port}.key", home)
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        code = serve.wait(timeout=120)
-    assert code == 0, f"serve exited {code} on SIGTERM:\n{(home / 'serve.stderr').read_text()[-3000:]}"
-    left = [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert started and not left, f"processes of rollout-ledger serve outlived its SIGTERM: {left}"
 
 
 def routes(server: KeyedServer) -> list[tuple[str, str]]:

@@ -116,3 +116,16 @@ def sign_in(browser, url: str) -> None:
     browser.find_element(By.NAME, "password").send_keys(LOGIN[1])
     browser.find_element(By.XPATH, "//button[normalize-space()='Sign in']").click()
     wait.until(lambda b: "/auth/login" not in b.current_url)
+
+
+def open_report_tab(browser, wait, url: str, dag_id: str, run_id: str) -> str:
+    """Open run ``run_id``'s "Validation report" tab in the Airflow UI at ``url`` and switch into its frame;
+    returns the frame's ``src``."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{url}/dags/{dag_id}/runs/{run_id}")
+    wait.until(lambda b: b.find_elements(By.LINK_TEXT, "Validation report")).pop().click()
+    frame = wait.until(lambda b: b.find_elements(By.TAG_NAME, "iframe"))[0]
+    source = frame.get_attribute("src")
+    browser.switch_to.frame(frame)
+    return source

@@ -9,6 +9,9 @@ assets included) and a small overview page linking it.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -94,3 +97,16 @@ class Listener(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Beacon)
         self.heard: list[tuple[str, str]] = []
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@contextlib.contextmanager
+def listening() -> Iterator[Listener]:
+    """A :class:`Listener` serving in a thread until the block ends."""
+    server = Listener()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -10,13 +10,12 @@ base_url`` with a path): the run's report tab, the batches page and their links 
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
-from .browser import api_server, chromium, sign_in
-from .report_runs import DOCS_INDEX, Listener, data_docs_batch, register_run, sync_dags
+from .browser import api_server, chromium, open_report_tab, sign_in
+from .report_runs import DOCS_INDEX, data_docs_batch, listening, register_run, sync_dags
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 DAG_ID, RUN_ID, BATCH_ID = "rollout_batch", "manual__report-offline", "report-offline-batch"
@@ -71,12 +70,8 @@ return {
 
 @pytest.fixture(scope="module")
 def listener():
-    server = Listener()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with listening() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -180,11 +175,7 @@ def test_reports_and_the_batches_page_stay_below_the_api_servers_base_path(airfl
     wait = WebDriverWait(browser, 60)
     try:
         sign_in(browser, url)
-        browser.get(f"{url}/dags/{DAG_ID}/runs/{RUN_ID}")
-        wait.until(lambda b: b.find_elements(By.LINK_TEXT, "Validation report")).pop().click()
-        frame = wait.until(lambda b: b.find_elements(By.TAG_NAME, "iframe"))[0]
-        assert frame.get_attribute("src") == reports
-        browser.switch_to.frame(frame)
+        assert open_report_tab(browser, wait, url, DAG_ID, RUN_ID) == reports
         wait.until(lambda b: b.find_elements(By.PARTIAL_LINK_TEXT, "Data Docs")).pop().click()
         wait.until(lambda b: b.execute_script("return location.pathname").endswith(DOCS_INDEX))
         assert browser.execute_script("return location.pathname").startswith("/airflow/rollout-ledger/")

@@ -24,7 +24,6 @@ import dataclasses
 import hashlib
 import json
 import shutil
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,7 +38,7 @@ from tasks.records.suite_summary import SummaryCounts
 from tasks.report import write_report_index
 
 from .browser import chromium, sign_in
-from .report_runs import Listener, register_run
+from .report_runs import listening, register_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 HOSTILE_RUN = "manual__hostile-report"
@@ -93,12 +92,8 @@ def payload(tag: str, listener: str, *, short: bool = False) -> str:
 
 @pytest.fixture(scope="module")
 def listener():
-    server = Listener()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with listening() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 from tasks.orchestration import local_airflow
 from tasks.orchestration.steps import run_batch_id
 
-from .browser import chromium, sign_in
+from .browser import chromium, open_report_tab, sign_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ARTIFACTS = Path(os.environ.get("ROLLOUT_LEDGER_TEST_ARTIFACTS") or local_airflow.CHECKOUT / "test-artifacts")
@@ -34,11 +34,8 @@ def test_a_user_opens_the_validation_report_of_a_run_in_the_airflow_ui(published
     try:
         sign_in(browser, url)
 
-        browser.get(f"{url}/dags/{dag_run.dag_id}/runs/{dag_run.run_id}")
-        wait.until(lambda b: b.find_elements(By.LINK_TEXT, "Validation report")).pop().click()
-        frame = wait.until(lambda b: b.find_elements(By.TAG_NAME, "iframe"))[0]
-        assert "/rollout-ledger/dags/rollout_batch/runs/" in frame.get_attribute("src")
-        browser.switch_to.frame(frame)
+        source = open_report_tab(browser, wait, url, dag_run.dag_id, dag_run.run_id)
+        assert "/rollout-ledger/dags/rollout_batch/runs/" in source
         heading = wait.until(lambda b: b.find_elements(By.TAG_NAME, "h1"))[0].text
         assert run_batch_id(conf, dag_run) in heading and "validation passed" in heading and "published" in heading
         plots = [svg for svg in browser.find_elements(By.TAG_NAME, "svg") if svg.size["width"] > 100]

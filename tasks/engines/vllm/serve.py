@@ -128,17 +128,22 @@ class VllmServer:
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
+        return cls.launch(
+            server_argv(model_folder, options, host=host, port=port, on_cpu=on_cpu),
+            server_env(options, api_key=api_key, on_cpu=on_cpu),
+            url=f"http://{host}:{port}",
+            log_path=log_path,
+        )
+
+    @classmethod
+    def launch(cls, argv: list[str], env: dict[str, str], *, url: str, log_path: Path) -> VllmServer:
+        """Run ``argv`` with ``env`` in its own process group, its output to ``log_path``; returns at once."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                server_argv(model_folder, options, host=host, port=port, on_cpu=on_cpu),
-                env=server_env(options, api_key=api_key, on_cpu=on_cpu),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        return cls(process, f"http://{host}:{port}", log_path)
+        return cls(process, url, log_path)
 
     def wait_ready(
         self, *, timeout: float = READY_TIMEOUT_SECONDS, on_wait: Callable[[float], Any] | None = None
