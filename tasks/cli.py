@@ -549,6 +549,7 @@ def _serve(args: argparse.Namespace) -> int:
         VllmServer,
         generated_key_path,
         is_loopback,
+        port_taken,
         serve_until_stopped,
         write_new_key,
     )
@@ -558,6 +559,11 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--host {args.host} is not a loopback address: give --api-key-file, the key its clients will send "
             "(serve makes a key of its own only for a loopback server)"
+        )
+    if port_taken(args.host, args.port):  # checked before a new key replaces the one of a server still there
+        raise UsageError(
+            f"port {args.port} on {args.host} is in use: stop the server that holds it (a running serve: Ctrl-C "
+            "or SIGTERM) or choose another --port"
         )
     folder = resolve_model_reference(args.model)
     options = VllmOptions.from_mapping(
@@ -581,7 +587,7 @@ def _serve(args: argparse.Namespace) -> int:
         server.stop()
         raise
     print(server.url, flush=True)
-    _say(f"serving {folder} at {server.url}; Ctrl-C or SIGTERM stops it")
+    _say(f"serving {folder} at {server.url}; Ctrl-C or SIGTERM stops it (the server ends with this process)")
     exited = serve_until_stopped(server)
     if exited is not None:
         _say(f"the vLLM server exited with {exited}; its log ({log_path}) ends:\n{server.log_tail()}")

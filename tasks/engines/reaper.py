@@ -21,9 +21,10 @@ which on Linux overwrites the environment ``/proc`` shows, and its ``spawn`` sta
 inherited file descriptors. Nor is a process group of their own an option: they inherit their
 parent's, and moving the parent would take it out of its terminal's foreground group (Ctrl-C).
 
-multiprocessing's resource tracker is started before the watchdog: it must outlive its users to
-remove what they leaked, and it ends by itself once they are gone. Processes other than the
-engine's that this process starts during the engine's start-up are taken for the engine's.
+multiprocessing's resource tracker is started before the watchdog (unless the caller says it needs
+none): it must outlive its users to remove what they leaked, and it ends by itself once they are gone.
+Processes other than the engine's that this process starts during the engine's start-up are taken for
+the engine's.
 Run as ``python -m tasks.engines.reaper OWNER GRACE SCAN_SECONDS``.
 """
 
@@ -56,9 +57,16 @@ class Reaper:
         self._watchdog = watchdog
 
     @classmethod
-    def start(cls, *, grace: float = GRACE_SECONDS, scan_seconds: float = SCAN_SECONDS) -> Reaper:
-        """Start a watchdog for the processes this process starts from now on, until :meth:`started`."""
-        resource_tracker.ensure_running()
+    def start(
+        cls, *, grace: float = GRACE_SECONDS, scan_seconds: float = SCAN_SECONDS, resource_tracker_first: bool = True
+    ) -> Reaper:
+        """Start a watchdog for the processes this process starts from now on, until :meth:`started`.
+
+        ``resource_tracker_first``: start multiprocessing's resource tracker before the watchdog, so it
+        is not taken for the engine's (needed where the engine uses multiprocessing, as vLLM's does;
+        a launcher that only runs a program of its own passes ``False``)."""
+        if resource_tracker_first:
+            resource_tracker.ensure_running()
         watchdog = subprocess.Popen(
             [sys.executable, "-m", "tasks.engines.reaper", str(os.getpid()), str(grace), str(scan_seconds)],
             stdin=subprocess.PIPE,  # started() and reap() write a line here

@@ -8,13 +8,18 @@ float32, eager, whole prefills on CPU). Every server has an API key, and every r
 ``/health`` requires it: vLLM's ``--middleware`` hook installs :class:`~.serve_auth.RequireKey`
 (vLLM's own key check leaves the RL endpoints and ``/metrics`` open). The key travels in
 ``VLLM_API_KEY``, never on a command line; :func:`write_new_key` makes one (a file of mode 0600).
-The server runs in its own process group; :meth:`VllmServer.stop` ends the whole group (SIGTERM,
-then SIGKILL after a grace period) and returns only when no process of it is left.
+The server runs in its own process group (a terminal's Ctrl-C reaches only this process, which
+stops it in order); :meth:`VllmServer.stop` ends the whole group (SIGTERM, then SIGKILL after a
+grace period) and returns only when no process of it is left. The server lives no longer than the
+process that launched it: a :class:`~tasks.engines.reaper.Reaper` watchdog, started before it and
+in a session of its own, stops the server and every process below it once the launcher has ended
+without :meth:`VllmServer.stop` (SIGKILL of the launcher or of its process group included).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import os
 import secrets
@@ -34,6 +39,7 @@ from typing import Any
 
 import psutil
 
+from tasks.engines.reaper import Reaper
 from tasks.engines.vllm.engine import cpu_env_defaults
 from tasks.engines.vllm.options import VllmOptions
 from tasks.engines.vllm.serve_auth import KEY_ENV, MIDDLEWARE_PATH
@@ -43,6 +49,7 @@ from tasks.models.bundled import cache_dir
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 READY_TIMEOUT_SECONDS = 600.0
 STOP_GRACE_SECONDS = 30.0
+LAUNCH_SCAN_SECONDS = 0.01  # how often the watchdog looks for the server while it is being started
 LOG_TAIL_CHARS = 3000
 
 
@@ -105,11 +112,12 @@ def write_new_key(path: Path) -> str:
 
 @dataclass
 class VllmServer:
-    """A ``vllm serve`` this process started: its process group leader, URL and log file."""
+    """A ``vllm serve`` this process started: its process group leader, URL, log file and watchdog."""
 
     process: subprocess.Popen[bytes]
     url: str
     log_path: Path
+    reaper: Reaper
 
     @classmethod
     def start(
@@ -137,13 +145,27 @@ class VllmServer:
 
     @classmethod
     def launch(cls, argv: list[str], env: dict[str, str], *, url: str, log_path: Path) -> VllmServer:
-        """Run ``argv`` with ``env`` in its own process group, its output to ``log_path``; returns at once."""
+        """Run ``argv`` with ``env`` in its own process group, its output to ``log_path``; returns at once.
+
+        Its watchdog is up before it starts: if this process ends before :meth:`stop`, however it
+        ends, the watchdog stops the server's processes (SIGTERM, SIGKILL after the stop grace)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        return cls(process, url, log_path)
+        reaper = Reaper.start(grace=STOP_GRACE_SECONDS, scan_seconds=LAUNCH_SCAN_SECONDS, resource_tracker_first=False)
+        try:
+            with open(log_path, "ab") as log:
+                process = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except BaseException:
+            reaper.reap()
+            raise
+        reaper.started()
+        return cls(process, url, log_path, reaper)
 
     def wait_ready(
         self, *, timeout: float = READY_TIMEOUT_SECONDS, on_wait: Callable[[float], Any] | None = None
@@ -167,7 +189,8 @@ class VllmServer:
             time.sleep(0.5)
 
     def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
-        """SIGTERM the server's process group, SIGKILL what is left after ``grace`` s; idempotent."""
+        """SIGTERM the server's process group, SIGKILL what is left after ``grace`` s, then end the watchdog;
+        idempotent."""
         group = self.process.pid
         members = group_members(group)
         with contextlib.suppress(ProcessLookupError):
@@ -179,6 +202,7 @@ class VllmServer:
         psutil.wait_procs(alive, timeout=grace)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=grace)
+        self.reaper.stop()
 
     def log_tail(self) -> str:
         try:
@@ -192,6 +216,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether a socket already holds ``port`` on ``host``: the bind vLLM's server makes (``SO_REUSEADDR``, so
+    connections closing in TIME_WAIT do not count) fails with "address in use"."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
 
 
 def group_members(group: int) -> list[psutil.Process]:

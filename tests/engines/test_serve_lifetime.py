@@ -1,0 +1,134 @@
+"""A server of :class:`VllmServer` ends with the process that launched it, however that process ends.
+
+No vLLM here: the "server" is a small program that listens on a port and starts a child of its own
+(standing in for vLLM's API server and its engine core), launched through :meth:`VllmServer.launch`
+by a launcher process (standing in for ``rollout-ledger serve``), which the test then kills with
+SIGKILL, alone or with its whole process group. The real server: ``test_serve_kill_server.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tasks.engines.vllm.serve import VllmServer, free_port, port_taken
+
+REAP_TIMEOUT_SECONDS = 15.0  # the watchdog's poll, the fake server's SIGTERM, start-up of a busy machine
+SERVER = """
+import socket, subprocess, sys, time
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", int(sys.argv[1])))
+listener.listen()
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+time.sleep(600)
+"""
+LAUNCHER = """
+import json, sys, time
+from pathlib import Path
+from tasks.engines.vllm.serve import VllmServer
+port, log = sys.argv[1], Path(sys.argv[2])
+server = VllmServer.launch([sys.executable, "-c", sys.argv[3], port], {}, url="http://127.0.0.1:" + port, log_path=log)
+print(json.dumps({"server": server.process.pid, "watchdog": server.reaper.pid}), flush=True)
+time.sleep(600)
+"""
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def server_tree(server_pid: int, deadline: float) -> list[int]:
+    """The fake server and its child, once the child is up (the server starts it after binding its port)."""
+    while time.monotonic() < deadline:
+        children = psutil.Process(server_pid).children(recursive=True)
+        if children:
+            return [server_pid, *(child.pid for child in children)]
+        time.sleep(0.05)
+    raise AssertionError("the fake server started no child")
+
+
+def wait_gone(pids: list[int], timeout: float) -> tuple[list[int], float]:
+    """Wait up to ``timeout`` s for ``pids`` to end; those still running and the seconds waited."""
+    started = time.monotonic()
+    while any(running(pid) for pid in pids) and time.monotonic() - started < timeout:
+        time.sleep(0.05)
+    return [pid for pid in pids if running(pid)], time.monotonic() - started
+
+
+@pytest.mark.parametrize("kill", ["process", "process group"])
+def test_a_sigkilled_launcher_leaves_no_server_process_and_frees_the_port(kill: str, tmp_path: Path) -> None:
+    port = free_port()
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(port), str(tmp_path / "server.log"), SERVER],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        start_new_session=True,  # as a shell starts a job: the launcher leads a process group of its own
+    )
+    pids = json.loads(launcher.stdout.readline())
+    tree = server_tree(pids["server"], time.monotonic() + 30)
+    assert port_taken("127.0.0.1", port)
+    assert os.getpgid(pids["server"]) != launcher.pid and os.getpgid(pids["watchdog"]) != launcher.pid
+    if kill == "process":
+        launcher.kill()
+    else:
+        os.killpg(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    left, seconds = wait_gone([*tree, pids["watchdog"]], REAP_TIMEOUT_SECONDS)
+    print(f"SIGKILL of the launcher's {kill}: nothing left after {seconds:.2f} s")
+    assert not left, f"processes outlived the SIGKILL of their launcher's {kill}: {left}"
+    assert not port_taken("127.0.0.1", port)
+
+
+def test_stop_ends_the_server_its_children_and_the_watchdog(tmp_path: Path) -> None:
+    port = free_port()
+    server = VllmServer.launch(
+        [sys.executable, "-c", SERVER, str(port)], {}, url=f"http://127.0.0.1:{port}", log_path=tmp_path / "log"
+    )
+    tree = server_tree(server.process.pid, time.monotonic() + 30)
+    assert running(server.reaper.pid)
+    server.stop()
+    assert [pid for pid in [*tree, server.reaper.pid] if running(pid)] == []
+    assert not port_taken("127.0.0.1", port)
+    server.stop()  # idempotent
+
+
+def test_a_port_is_taken_while_a_socket_listens_on_it_not_by_connections_closing_in_time_wait() -> None:
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM's server binds
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert port_taken("127.0.0.1", port) and port_taken("localhost", port)
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = listener.accept()
+            accepted.close()  # the server's side closes first: its end waits in TIME_WAIT on the port
+    assert not port_taken("127.0.0.1", port)
+
+
+def test_serve_on_a_port_in_use_is_refused_before_a_new_key_replaces_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tasks.cli import main
+
+    monkeypatch.setenv("ROLLOUT_LEDGER_HOME", str(tmp_path))
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    assert f"port {port} on 127.0.0.1 is in use: stop the server that holds it" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no key made, no model resolved, no log
