@@ -20,6 +20,12 @@ from tasks.engines.options import EngineOptions, read_key_file
 API_KEY_ENV = "ROLLOUT_LEDGER_SERVER_API_KEY"
 API_KEY_SOURCE_ENV = "ROLLOUT_LEDGER_SERVER_API_KEY_SOURCE"
 
+# How long each of a refit's calls may take; loading the weights, the long one, takes minutes for a large model.
+# The refit pauses the calls in flight meanwhile, so no model call times out sooner.
+REFIT_TIMEOUT_SECONDS = 1800.0
+# A call's default time-out: a whole refit pause plus the call's own generation time.
+DEFAULT_REQUEST_TIMEOUT_SECONDS = REFIT_TIMEOUT_SECONDS + 600.0
+
 
 class VllmServerOptions(EngineOptions):
     """Options of ``engine: vllm_server``: the replicas to call and how to authenticate.
@@ -43,8 +49,18 @@ class VllmServerOptions(EngineOptions):
         None, ge=2, description="Longest prompt + generation of one call; default the servers' own (at most it)."
     )
     request_timeout_s: float = Field(
-        600.0, gt=0, allow_inf_nan=False, description="Seconds one model call may take before it fails."
+        DEFAULT_REQUEST_TIMEOUT_SECONDS,
+        gt=0,
+        allow_inf_nan=False,
+        description=f"Seconds one model call may take before it fails; a value below a refit pause "
+        f"({REFIT_TIMEOUT_SECONDS:g} s, which holds the calls in flight) is raised to it.",
     )
+
+    @field_validator("request_timeout_s")
+    @classmethod
+    def _outlasts_a_refit(cls, seconds: float) -> float:
+        """Raised, not refused: a batch config is read again by every later stage and must stay readable."""
+        return max(seconds, REFIT_TIMEOUT_SECONDS)
 
     @field_validator("urls")
     @classmethod

@@ -13,10 +13,9 @@ import contextlib
 
 from tasks.engines.base import next_weight_version
 from tasks.engines.vllm_server.claims import check_claims, read_claim
+from tasks.engines.vllm_server.options import REFIT_TIMEOUT_SECONDS
 from tasks.engines.vllm_server.replica import ServerReplica
 from tasks.errors import ConfigError, EngineError
-
-REFIT_TIMEOUT_SECONDS = 1800.0  # loading a large model's weights takes minutes
 
 
 async def refit_replica(replica: ServerReplica, folder: str, version: int) -> None:
