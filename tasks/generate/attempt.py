@@ -7,16 +7,24 @@ shard's commit marker and sweeps orphans. Whatever ends the attempt early, stagi
 and completed receipts are flushed, and no marker is written. A shard committed meanwhile by
 another writer (a zombie and its retry) is not committed twice: the loser returns the winner's
 summary.
+
+Failover: when the engine loses one of its replicas and another lives (:meth:`ShardEngine.survives`),
+the attempt ends as on any engine death, and the shard goes on at once in a new attempt on the
+live replicas: it adopts what the ended one receipted, and every other rollout starts again from
+its first turn (the ended attempt's calls of it stay unused). Each replica loss fails over once at
+most, so the loop ends. A resume from a rollout's last committed call would plug in where the new
+attempt adopts (:func:`run_attempt`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
 
-from tasks.errors import ObjectConflictError, ShardAlreadyCommittedError
+from tasks.errors import EngineDeadError, ObjectConflictError, ShardAlreadyCommittedError
 from tasks.generate.checks import CheckedBatch
 from tasks.generate.receipts import outcome_of
 from tasks.generate.rollouts import RolloutsDone, run_rollouts
@@ -48,6 +56,15 @@ async def run_shards(batch: CheckedBatch, shards: Sequence[int], engine: ShardEn
             )
             batch.summaries[shard] = ShardSummary.of_marker(marker)
             continue
+        batch.summaries[shard] = await run_shard(batch, shard, engine)
+    return [batch.summaries[shard] for shard in shards]
+
+
+async def run_shard(batch: CheckedBatch, shard: int, engine: ShardEngine) -> ShardSummary:
+    """Attempts of ``shard`` until one ends: a new one after each failover (see the module docstring)."""
+    before = engine.calls_by_replica()
+    failovers: list[str] = []
+    while True:
         claim = await asyncio.to_thread(
             claim_attempt,
             batch.store,
@@ -56,8 +73,24 @@ async def run_shards(batch: CheckedBatch, shards: Sequence[int], engine: ShardEn
             try_number=batch.try_number,
             code_version=code_version(),
         )
-        batch.summaries[shard] = await run_attempt(batch, claim, engine)
-    return [batch.summaries[shard] for shard in shards]
+        try:
+            summary = await run_attempt(batch, claim, engine)
+        except EngineDeadError as error:
+            if not engine.survives(error):
+                raise
+            failovers.append(f"attempt {claim.attempt}: {error}")
+            log.warning(
+                "shard %d attempt %d failed over (%s): the shard goes on in a new attempt on the live servers; "
+                "its unreceipted rollouts start again from their first turn",
+                shard,
+                claim.attempt,
+                error,
+            )
+            continue
+        calls = {name: count - before.get(name, 0) for name, count in engine.calls_by_replica().items()}
+        if calls:
+            log.info("shard %d: calls answered per server: %s", shard, calls)
+        return dataclasses.replace(summary, calls_by_replica=calls, failovers=tuple(failovers))
 
 
 async def run_attempt(batch: CheckedBatch, claim: AttemptClaim, engine: ShardEngine) -> ShardSummary:

@@ -4,6 +4,10 @@ An engine passed in is used as it is and never shut down here. Otherwise the eng
 config names is created at the planned weight version the first time an attempt has a rollout
 to run (a retry that adopts every rollout starts none), at most once per run, and shut down by
 :meth:`ShardEngine.close`, which the caller reaches on every path.
+
+An engine of replicas that cover for each other (:class:`Replicated`: ``vllm_server``) may lose
+one and serve on: :meth:`ShardEngine.survives` says so, and :meth:`ShardEngine.calls_by_replica`
+counts the calls each replica answered.
 """
 
 from __future__ import annotations
@@ -13,13 +17,26 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from tasks.config import BatchConfig
 from tasks.engines.base import Engine
 from tasks.generate.checks import check_engine_version
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Replicated(Protocol):
+    """An engine of several replicas that cover for each other."""
+
+    def survives(self, error: BaseException) -> bool:
+        """Whether it still serves after ``error``: the error lost one replica, and another lives."""
+        ...
+
+    def calls_by_replica(self) -> dict[str, int]:
+        """The answers each replica gave so far, by name."""
+        ...
 
 
 class ShardEngine:
@@ -67,6 +84,14 @@ class ShardEngine:
         record_start_seconds(config.engine.name, time.monotonic() - started)
         log.info("engine started in %.0f s", time.monotonic() - started)
         return engine
+
+    def survives(self, error: BaseException) -> bool:
+        """Whether the shards can go on after ``error`` on the engine already started (:class:`Replicated`)."""
+        return isinstance(self._engine, Replicated) and self._engine.survives(error)
+
+    def calls_by_replica(self) -> dict[str, int]:
+        """The calls each replica answered so far (empty for an engine without replicas, or none started)."""
+        return self._engine.calls_by_replica() if isinstance(self._engine, Replicated) else {}
 
     async def close(self) -> None:
         """Shut down an engine this started (one passed in stays up); leave ``on_start``'s context."""

@@ -2,12 +2,13 @@
 
 The counts of a committed shard come from its marker, whichever attempt wrote it; only what
 this run measured itself (tokens generated, seconds, orphans swept, the training signal of the
-rollouts it saw, the requests its capture gateway refused for want of a valid key) is added to them.
+rollouts it saw, the requests its capture gateway refused for want of a valid key, the calls each
+server replica answered and the failovers) is added to them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.storage.marker import ShardMarker
@@ -36,6 +37,10 @@ class ShardSummary:
     # Requests to this attempt's capture gateway without their route's key (or for an unknown
     # rollout id): counted here, never on a rollout, since their sender may not be its agent.
     gateway_auth_failures: int = 0
+    # An engine of replicas (vllm_server): the calls each answered for this shard in this run (lost
+    # attempts' included), by URL, and one line per failover ("attempt N: why the replica was lost").
+    calls_by_replica: dict[str, int] = field(default_factory=dict)
+    failovers: tuple[str, ...] = ()
 
     @classmethod
     def of_marker(cls, marker: ShardMarker, **extra: Any) -> ShardSummary:

@@ -1,8 +1,9 @@
 """What engine ``vllm_server`` accepts from a ``/inference/v1/generate`` answer: hand-written answers, no server.
 
 Each answer below is shaped like vLLM 0.32's ``GenerateTokensResponse``; anything the capture
-cannot prove (no ids, no logprobs, logprobs of other tokens, spans that skip tokens) is a named
-engine error, never a fallback to text.
+cannot prove (no ids, no logprobs, logprobs of other tokens, no weight spans, spans that skip
+tokens) is a named engine error, never a fallback to text; an ``abort`` finish is the replica's
+death, never a reply. New rollouts spread over idle replicas.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import pytest
 
 from tasks.engines.base import WeightVersionSpan
 from tasks.engines.vllm_server.claims import ServerClaim, check_claims, parse_weight_version
-from tasks.engines.vllm_server.engine import parse_generate_answer
-from tasks.errors import ConfigError, EngineError
+from tasks.engines.vllm_server.engine import VllmServerEngine, parse_generate_answer, tie_break
+from tasks.engines.vllm_server.replica import ReplicaDeadError, ServerReplica
+from tasks.errors import ConfigError, EngineDeadError, EngineError
 
 URL = "http://127.0.0.1:8000"
 
@@ -84,6 +86,9 @@ def _logprob_of_another_token() -> dict:
         (answer(finish_reason="tool_calls"), "finished with 'tool_calls'"),
         (answer(weight_versions=[{"version": "1", "start": 0, "end": 2}]), "do not cover its 3 tokens"),
         (answer(weight_versions=[{"version": "v7", "start": 0, "end": 3}]), "weight version 'v7'"),
+        (answer(weight_versions=None), "answered 3 tokens without weight-version spans"),
+        (answer(weight_versions=[]), "answered 3 tokens without weight-version spans"),
+        (answer(token_ids=[], logprobs={"content": []}, weight_versions=[]), "answered 0 tokens without weight"),
         ({"choices": []}, "without exactly one choice"),
         ("not json object", "without exactly one choice"),
     ],
@@ -92,6 +97,16 @@ def test_an_answer_the_capture_cannot_prove_is_a_named_engine_error(body, messag
     with pytest.raises(EngineError, match=message) as error:
         parse_generate_answer("c0", copy.deepcopy(body), URL, FakeTokenizer())
     assert f"request c0: server {URL}" in str(error.value)
+
+
+def test_an_abort_finish_is_the_replicas_death_never_a_completed_reply() -> None:
+    for tokens in ([5, 6, 7], []):
+        content = [{"token_id": t, "logprob": -0.5} for t in tokens]
+        spans = [{"version": "0", "start": 0, "end": len(tokens)}] if tokens else []
+        body = answer(finish_reason="abort", token_ids=tokens, logprobs={"content": content}, weight_versions=spans)
+        with pytest.raises(ReplicaDeadError, match=f"server {URL} aborted it after {len(tokens)} tokens") as died:
+            parse_generate_answer("c0", body, URL, FakeTokenizer())
+        assert isinstance(died.value, EngineDeadError) and died.value.url == URL
 
 
 def test_a_positive_or_infinite_logprob_is_refused() -> None:
@@ -120,3 +135,40 @@ def test_replicas_must_agree_and_return_processed_logprobs() -> None:
     for other, message in cases:
         with pytest.raises(ConfigError, match=message):
             check_claims([one, other])
+
+
+def _engine(urls: list[str]) -> VllmServerEngine:
+    replicas = [ServerReplica(url, api_key=None, key_source="none", timeout_s=60) for url in urls]
+    return VllmServerEngine(
+        replicas, served_model="m", weights="verified", tokenizer=None, max_model_len=2048, weight_version=0
+    )
+
+
+def test_ties_between_idle_replicas_spread_rollouts_and_never_all_go_to_the_first() -> None:
+    urls = ["http://a:1", "http://b:1", "http://c:1"]
+    engine, other_process = _engine(urls), _engine(urls)
+    first_picks = [engine._replica_for(f"rollout-{i}").url for i in range(30)]  # every replica idle: all ties
+    assert set(first_picks) == set(urls)
+    assert first_picks == [other_process._replica_for(f"rollout-{i}").url for i in range(30)]  # a stable hash
+    without_session = [engine._replica_for(None).url for _ in range(3)]
+    assert sorted(without_session) == urls  # in turn
+    busy, idle = engine.replicas[0], engine.replicas[1:]
+    busy.in_flight = 1
+    assert {engine._replica_for(f"other-{i}").url for i in range(20)} == {r.url for r in idle}
+    assert tie_break("rollout-7", 0) == tie_break("rollout-7", 99) and tie_break(None, 4) == 4
+
+
+def test_a_rollout_stays_on_its_replica_until_that_one_is_lost() -> None:
+    engine = _engine(["http://a:1", "http://b:1"])
+    first = engine._replica_for("rollout-1")
+    for replica in engine.replicas:
+        replica.in_flight = 0 if replica is not first else 5
+    assert engine._replica_for("rollout-1") is first  # pinned, however busy
+    error = first.lose(ReplicaDeadError(first.url, f"server {first.url} is unreachable"))
+    assert engine.survives(error)
+    moved = engine._replica_for("rollout-1")
+    assert moved is not first and engine._replica_for("rollout-1") is moved
+    last = moved.lose(ReplicaDeadError(moved.url, f"server {moved.url} is unreachable"))
+    assert not engine.survives(last)
+    with pytest.raises(EngineDeadError, match="every server is lost"):
+        engine._replica_for("rollout-2")

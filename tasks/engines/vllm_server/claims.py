@@ -1,27 +1,49 @@
 """What a vLLM server claims to serve, read from its own endpoints, and the checks a worker makes before its first call.
 
 A server claims a model (``/v1/models``: its name, the folder it loaded, its context length), a
-weight version (``/weight_info``; ``default`` until a refit names one, read as 0) and a logprobs
-mode (``/server_info``). The last two are among vLLM's RL/dev endpoints, on when the server runs
-with ``VLLM_SERVER_DEV_MODE=1`` (``rollout-ledger serve`` sets it). The served weights are
-*verified* when the folder the server loaded is on this machine and hashes to the planned model;
-otherwise they are *declared*: accepted by name (``served_model``), not verified.
+weight version (``/weight_info``; ``default`` until a refit names one, read as 0), whether it is
+paused (``/is_paused``), a logprobs mode and its start identity (``/server_info``). All but the
+first are among vLLM's RL/dev endpoints, on when the server runs with ``VLLM_SERVER_DEV_MODE=1``
+(``rollout-ledger serve`` sets it). The served weights are *verified* when the folder the server
+loaded is on this machine and hashes to the planned model; otherwise they are *declared*:
+accepted by name (``served_model``), not verified.
+
+Replicas caught mid-refit (one paused, or versions that differ: a rolling refit goes one replica
+at a time) are read again until they agree, at most :data:`MID_REFIT_WAIT_SECONDS`, with a log
+line at each read; past that, :class:`ReplicasMidRefitError` (retryable) ends the start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tasks.engines.vllm_server.options import VllmServerOptions
-from tasks.engines.vllm_server.replica import ServerAnswerError, ServerReplica
+from tasks.engines.vllm_server.replica import SERVER_INFO_PATH, ServerAnswerError, ServerReplica, start_identity
 from tasks.errors import ConfigError, EngineError, ModelMismatchError
 from tasks.models.provenance import WEIGHTS_DECLARED, WEIGHTS_VERIFIED
 
+log = logging.getLogger(__name__)
 REQUIRED_LOGPROBS_MODE = "processed_logprobs"
 UNSET_WEIGHT_VERSION = "default"  # what vLLM reports before a version is set: the weights it started with
+# How long a start waits for replicas caught mid-refit to agree (a rolling refit of several), and between reads.
+MID_REFIT_WAIT_SECONDS = 1800.0
+MID_REFIT_POLL_SECONDS = 5.0
+
+
+class ReplicasMidRefitError(EngineError):
+    """Replicas stayed mid-refit (paused, or at different weight versions) for the whole wait; a retry may pass."""
+
+    reason = "replicas_mid_refit"
+
+
+class ReplicaVersionsDifferError(ConfigError):
+    """Replicas serve different weight versions (a refit refuses them; a start waits for them to agree)."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +56,8 @@ class ServerClaim:
     max_model_len: int
     weight_version: int
     logprobs_mode: str
+    paused: bool = False
+    identity: str = ""  # the server process's start (:func:`~tasks.engines.vllm_server.replica.start_identity`)
 
     def same_model(self, other: ServerClaim) -> bool:
         return (self.model, self.root, self.max_model_len) == (other.model, other.root, other.max_model_len)
@@ -48,9 +72,33 @@ def replicas_of(options: VllmServerOptions) -> list[ServerReplica]:
     ]
 
 
-async def read_claims(replicas: list[ServerReplica]) -> ServerClaim:
-    """The one claim the replicas make together (:func:`read_claim` of each, then :func:`check_claims`)."""
-    return check_claims([await read_claim(replica) for replica in replicas])
+async def read_claims(
+    replicas: list[ServerReplica],
+    *,
+    wait_s: float = MID_REFIT_WAIT_SECONDS,
+    poll_s: float = MID_REFIT_POLL_SECONDS,
+) -> list[ServerClaim]:
+    """Each replica's claim (in order), once they agree (:func:`check_claims` passes on them).
+
+    A refusal of :func:`check_claims` other than differing versions is raised at once. Replicas
+    mid-refit (one paused, or versions that differ) are read again every ``poll_s`` seconds, with
+    a log line each time, for at most ``wait_s``; then :class:`ReplicasMidRefitError`.
+    """
+    started = time.monotonic()
+    while True:
+        claims = [await read_claim(replica) for replica in replicas]
+        with contextlib.suppress(ReplicaVersionsDifferError):  # mid-refit: read them again
+            check_claims(claims)
+            if not any(claim.paused for claim in claims):
+                return claims
+        waited = time.monotonic() - started
+        state = ", ".join(f"{c.url} version {c.weight_version}{' (paused)' if c.paused else ''}" for c in claims)
+        if waited >= wait_s:
+            raise ReplicasMidRefitError(
+                f"the servers stayed mid-refit for {waited:.0f} s ({state}); run again once the refit has ended"
+            )
+        log.info("the servers are mid-refit (%s): reading them again, %.0f s of at most %.0f s", state, waited, wait_s)
+        await asyncio.sleep(poll_s)
 
 
 def planned_weights(options: VllmServerOptions, model_folder: Path) -> str:
@@ -63,7 +111,7 @@ def planned_weights(options: VllmServerOptions, model_folder: Path) -> str:
     async def judge() -> str:
         replicas = replicas_of(options)
         try:
-            claim = await read_claims(replicas)
+            claim = (await read_claims(replicas))[0]
         finally:
             await asyncio.gather(*(replica.close() for replica in replicas))
         return await asyncio.to_thread(check_served_weights, claim, model_folder, options.served_model)
@@ -79,8 +127,9 @@ async def read_claim(replica: ServerReplica) -> ServerClaim:
         raise ConfigError(f"server {replica.url} lists {models!r} at /v1/models; the engine needs exactly one model")
     entry = entries[0]
     try:
-        info = await replica.get("/server_info", config_format="json")
+        info = await replica.get(SERVER_INFO_PATH, config_format="json")
         version = await replica.get("/weight_info")
+        paused = await replica.get("/is_paused")
     except ServerAnswerError as exc:
         if exc.status != 404:
             raise
@@ -95,6 +144,8 @@ async def read_claim(replica: ServerReplica) -> ServerClaim:
         max_model_len=_positive_int(entry.get("max_model_len"), f"server {replica.url}: max_model_len"),
         weight_version=parse_weight_version(_field(version, "weight_version"), replica.url),
         logprobs_mode=str(_field(_field(_field(info, "vllm_config"), "model_config"), "logprobs_mode")),
+        paused=_field(paused, "is_paused") is True,
+        identity=start_identity(info, replica.url),
     )
 
 
@@ -112,7 +163,8 @@ def parse_weight_version(value: Any, url: str) -> int:
 
 
 def check_claims(claims: list[ServerClaim]) -> ServerClaim:
-    """The one claim every replica makes; a :class:`ConfigError` naming the replica that differs."""
+    """The one claim every replica makes; a :class:`ConfigError` naming the replica that differs
+    (:class:`ReplicaVersionsDifferError` when only their weight versions differ)."""
     first = claims[0]
     for claim in claims:
         if claim.logprobs_mode != REQUIRED_LOGPROBS_MODE:
@@ -125,8 +177,9 @@ def check_claims(claims: list[ServerClaim]) -> ServerClaim:
                 f"replicas differ: {first.url} serves {first.model} ({first.root}, {first.max_model_len} tokens), "
                 f"{claim.url} serves {claim.model} ({claim.root}, {claim.max_model_len} tokens)"
             )
+    for claim in claims:
         if claim.weight_version != first.weight_version:
-            raise ConfigError(
+            raise ReplicaVersionsDifferError(
                 f"replicas serve different weight versions: {first.url} {first.weight_version}, "
                 f"{claim.url} {claim.weight_version}; refit them together (rollout-ledger refit)"
             )

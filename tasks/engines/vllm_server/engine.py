@@ -3,18 +3,28 @@
 This client renders and tokenizes (the capture layer does, as for every engine), sends token
 ids to vLLM's token-in/token-out endpoint ``/inference/v1/generate``, and records what the
 server sampled: its token ids, their ``processed_logprobs`` and the server's weight-version spans.
-It never falls back to text: an answer without ids or logprobs, with logprobs of other tokens, or
-run on another prompt is a named engine error of that call. All calls of one rollout go to one
-replica (its prefix cache holds the rollout's history); a new rollout goes to the replica with
-the fewest calls in flight. The engine starts nothing and stops nothing: :meth:`close` only
-closes its connections. A refit (:meth:`VllmServerEngine.update_weights`) drives the servers'
-own RL endpoints (:func:`tasks.engines.vllm_server.refit.refit_servers`).
+It never falls back to text: an answer without ids, logprobs or weight spans, with logprobs of
+other tokens, or run on another prompt is a named engine error of that call. An ``abort`` finish
+(the server shutting down, a pause in abort mode) is never a reply: it loses the replica
+(:class:`~tasks.engines.vllm_server.replica.ReplicaDeadError`), as an unreachable, restarted or
+rolled-back server does (:mod:`tasks.engines.vllm_server.replica`).
+
+All calls of one rollout go to one replica (its prefix cache holds the rollout's history) and
+carry ``X-Session-ID: <rollout id>`` (a router in front of several servers hashes on it); a new
+rollout goes to the live replica with the fewest calls in flight, ties split by a hash of the
+rollout id, so concurrent generate processes spread over the replicas. While one replica lives
+the engine serves (:meth:`VllmServerEngine.survives`); a rollout whose replica was lost moves to
+a live one. The engine starts nothing and stops nothing: :meth:`close` only closes its
+connections. A refit (:meth:`VllmServerEngine.update_weights`) drives the live servers' own RL
+endpoints (:func:`tasks.engines.vllm_server.refit.refit_servers`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
+import itertools
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,11 +43,12 @@ from tasks.engines.base import (
 from tasks.engines.vllm_server.claims import check_served_weights, parse_weight_version, read_claims, replicas_of
 from tasks.engines.vllm_server.options import VllmServerOptions
 from tasks.engines.vllm_server.refit import refit_servers
-from tasks.engines.vllm_server.replica import ServerReplica
+from tasks.engines.vllm_server.replica import ReplicaDeadError, ServerReplica
 from tasks.errors import ConfigError, EngineDeadError, EngineError
 from tasks.models.bundled import check_model_folder, load_tokenizer
 
 GENERATE_PATH = "/inference/v1/generate"
+ABORT = "abort"  # a finish that cuts a reply: the server is going away or pausing, not done
 # Rollouts whose replica is remembered; older ones may move (losing only their prefix cache).
 MAX_PINNED_SESSIONS = 65536
 
@@ -62,6 +73,7 @@ class VllmServerEngine(Engine):
         self.served_model = served_model
         self.weights = weights
         self._sessions: collections.OrderedDict[str, ServerReplica] = collections.OrderedDict()
+        self._turns = itertools.count()  # splits ties of calls without a session
         self._closed = False
 
     @classmethod
@@ -85,7 +97,8 @@ class VllmServerEngine(Engine):
         path = check_model_folder(Path(model_path))
         replicas = replicas_of(options)
         try:
-            claim = await read_claims(replicas)
+            claims = await read_claims(replicas)
+            claim = claims[0]  # they agree
             if options.max_model_len is not None and options.max_model_len > claim.max_model_len:
                 raise ConfigError(
                     f"engine option max_model_len {options.max_model_len} exceeds the {claim.max_model_len} "
@@ -96,6 +109,8 @@ class VllmServerEngine(Engine):
         except BaseException:
             await asyncio.gather(*(replica.close() for replica in replicas))
             raise
+        for replica, known in zip(replicas, claims, strict=True):
+            replica.identity, replica.weight_version = known.identity, known.weight_version
         return cls(
             replicas,
             served_model=claim.model,
@@ -109,14 +124,34 @@ class VllmServerEngine(Engine):
     def urls(self) -> list[str]:
         return [replica.url for replica in self.replicas]
 
+    def survives(self, error: BaseException) -> bool:
+        """Whether the engine still serves after ``error``: it lost one of its replicas, and another lives."""
+        lost = isinstance(error, ReplicaDeadError) and error.url in self.urls
+        return lost and not self._closed and any(replica.lost is None for replica in self.replicas)
+
+    def calls_by_replica(self) -> dict[str, int]:
+        """The answers taken from each replica so far, by URL."""
+        return {replica.url: replica.answered for replica in self.replicas}
+
     def _replica_for(self, session_id: str | None) -> ServerReplica:
-        """The replica of ``session_id``'s earlier calls, else the one with the fewest calls in flight."""
-        if session_id is not None and session_id in self._sessions:
-            self._sessions.move_to_end(session_id)
-            return self._sessions[session_id]
-        replica = min(self.replicas, key=lambda r: r.in_flight)
+        """The live replica of ``session_id``'s earlier calls, else the live one with the fewest calls in flight.
+
+        Ties go by a hash of ``session_id`` (in turn without one), never always to the first.
+        """
+        pinned = self._sessions.get(session_id) if session_id is not None else None
+        if pinned is not None and pinned.lost is None:
+            self._sessions.move_to_end(session_id)  # type: ignore[arg-type]
+            return pinned
+        live = [replica for replica in self.replicas if replica.lost is None]
+        if not live:
+            reasons = "; ".join(str(replica.lost) for replica in self.replicas)
+            raise EngineDeadError(f"every server is lost: {reasons}")
+        fewest = min(replica.in_flight for replica in live)
+        tied = [replica for replica in live if replica.in_flight == fewest]
+        replica = tied[tie_break(session_id, next(self._turns)) % len(tied)]
         if session_id is not None:
             self._sessions[session_id] = replica
+            self._sessions.move_to_end(session_id)
             if len(self._sessions) > MAX_PINNED_SESSIONS:
                 self._sessions.popitem(last=False)
         return replica
@@ -141,14 +176,13 @@ class VllmServerEngine(Engine):
             },
         }
         replica = self._replica_for(request.session_id)
-        replica.in_flight += 1
+        answer, sent_version = await replica.generate(GENERATE_PATH, body, request.session_id)
         try:
-            answer = await replica.post(GENERATE_PATH, body)
-        finally:
-            replica.in_flight -= 1
-        result = parse_generate_answer(request.request_id, answer, replica.url, self._tokenizer)
-        if result.weight_spans:
-            self._weight_version = max(self._weight_version, result.weight_spans[-1].version)
+            result = parse_generate_answer(request.request_id, answer, replica.url, self._tokenizer)
+        except ReplicaDeadError as error:
+            raise replica.lose(error) from None
+        replica.accept(result.weight_spans, sent_version, request.request_id)
+        self._weight_version = max(r.weight_version for r in self.replicas if r.lost is None)
         return result
 
     async def update_weights(self, model_path: str, *, version: int | None = None) -> int:
@@ -160,7 +194,10 @@ class VllmServerEngine(Engine):
         if self._closed:
             raise EngineDeadError("refit: the engine is closed")
         new_version = next_weight_version(self._weight_version, version)
-        await refit_servers(self.replicas, model_path, new_version)
+        live = [replica for replica in self.replicas if replica.lost is None]
+        await refit_servers(live, model_path, new_version)
+        for replica in live:
+            replica.weight_version = new_version
         self._weight_version = new_version
         return new_version
 
@@ -201,6 +238,12 @@ def parse_generate_answer(request_id: str, answer: Any, url: str, tokenizer: Any
             raise fail(f"answered logprob {value!r} at position {position}")
         logprobs[position] = value
     finish_reason = choice.get("finish_reason")
+    if finish_reason == ABORT:
+        raise ReplicaDeadError(
+            url,
+            f"request {request_id}: server {url} aborted it after {len(token_ids)} tokens (it is shutting down, or "
+            "paused in abort mode): a cut reply, never a completed one",
+        )
     if finish_reason not in FINISH_REASONS:
         raise fail(f"finished with {finish_reason!r}")
     return GenerationResult(
@@ -217,9 +260,11 @@ def parse_generate_answer(request_id: str, answer: Any, url: str, tokenizer: Any
 
 
 def _weight_spans(spans: Any, tokens: int, url: str, fail: Any) -> tuple[WeightVersionSpan, ...]:
-    """The server's spans as ints, checked to cover ``[0, tokens)`` in order; ``()`` when it sent none."""
+    """The server's spans as ints, checked to cover ``[0, tokens)`` in order; at least one is required."""
     if not spans:
-        return ()
+        raise fail(
+            f"answered {tokens} tokens without weight-version spans (every answer must say which version sampled it)"
+        )
     if not isinstance(spans, list) or not all(isinstance(span, dict) for span in spans):
         raise fail(f"answered malformed weight spans {spans!r}")
     try:
@@ -241,3 +286,10 @@ def _weight_spans(spans: Any, tokens: int, url: str, fail: Any) -> tuple[WeightV
 
 def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
+
+
+def tie_break(session_id: str | None, turn: int) -> int:
+    """A number that splits ties between replicas: a stable hash of ``session_id``, else ``turn``."""
+    if session_id is None:
+        return turn
+    return int.from_bytes(hashlib.sha256(session_id.encode()).digest()[:8], "big")

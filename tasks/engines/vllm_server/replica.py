@@ -1,22 +1,37 @@
-"""One running vLLM server seen from a client: its HTTP calls, and what each failure means to a shard.
+"""One running vLLM server seen from a client: its HTTP calls, its life, and what each failure means to a shard.
 
-A server that cannot be reached, or drops a connection mid-call, is an
-:class:`~tasks.errors.EngineDeadError` (the attempt ends; the retry adopts what was committed); an
-answer that refuses one request is a :class:`ServerAnswerError` (an engine error of that call); a refused
-API key is a :class:`ServerAuthError` naming where the key came from, never the key.
+A server that cannot be reached, or drops a connection mid-call, is lost: a
+:class:`ReplicaDeadError` (an :class:`~tasks.errors.EngineDeadError`: the rollouts in flight on
+it are re-run, on another replica or by the retry). So is a server whose start identity changed
+(it restarted: its weights and version are its start-up ones) or whose weight version went down;
+a lost replica stays lost for this client, and every call in flight on it ends the same way. An
+answer that refuses one request is a :class:`ServerAnswerError` (an engine error of that call); a
+refused API key is a :class:`ServerAuthError` naming where the key came from, never the key.
+
+The start identity is vLLM's ``instance_id`` (``/server_info``: set once when the server process
+builds its config), read when the client connects and again after every answer that arrived
+over a connection not seen before: a restarted server is only reached over a new connection.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
+import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
+from tasks.engines.base import WeightVersionSpan
 from tasks.errors import ConfigError, EngineDeadError, EngineError
 
 # The server's answer is cut to this many characters in messages.
 DETAIL_CHARS = 300
+SERVER_INFO_PATH = "/server_info"
+# The header a router in front of several servers hashes on (vLLM router's consistent_hash policy).
+SESSION_HEADER = "X-Session-ID"
 
 
 class ServerAuthError(ConfigError):
@@ -33,34 +48,145 @@ class ServerAnswerError(EngineError):
         self.status = status
 
 
+class ReplicaDeadError(EngineDeadError):
+    """The replica at ``url`` is lost (unreachable, restarted, its weight version went down, it aborted a call)."""
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+def start_identity(server_info: Any, url: str) -> str:
+    """What names one start of the server process: ``vllm_config.instance_id`` of its ``/server_info``."""
+    config = server_info.get("vllm_config") if isinstance(server_info, dict) else None
+    identity = config.get("instance_id") if isinstance(config, dict) else None
+    if not isinstance(identity, str) or not identity:
+        raise EngineError(f"server {url} reports no instance_id in /server_info; its restarts could not be seen")
+    return identity
+
+
 class ServerReplica:
-    """HTTP client of one ``vllm serve`` at ``url``; ``in_flight`` counts the calls it is serving for us."""
+    """HTTP client of one ``vllm serve`` at ``url``.
+
+    ``in_flight`` counts the calls it is serving for us, ``answered`` the answers accepted from it;
+    ``identity`` and ``weight_version`` are what it reported last (set when the engine connects);
+    ``lost`` is the error that lost it, or ``None`` while it lives.
+    """
 
     def __init__(self, url: str, *, api_key: str | None, key_source: str, timeout_s: float) -> None:
         self.url = url
         self.in_flight = 0
+        self.answered = 0
+        self.identity = ""
+        self.weight_version = 0
+        self.lost: ReplicaDeadError | None = None
         self._key_source = key_source if api_key else "a call without an API key (none was given)"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         self._client = httpx.AsyncClient(
             base_url=url, headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits
         )
+        self._verified: weakref.WeakSet[Any] = weakref.WeakSet()  # connections known to reach the known identity
+        self._ticks = itertools.count()  # orders answers and identity checks
+        self._verified_before = 0  # every answer with a tick below this one came from the identity known
+        self._verifying = asyncio.Lock()
 
     async def get(self, path: str, **params: Any) -> Any:
         """GET ``path``; its JSON body."""
-        return await self._call("GET", path, params=params or None)
+        return (await self._call("GET", path, params=params or None))[0]
 
     async def post(self, path: str, body: dict[str, Any] | None = None, **params: Any) -> Any:
         """POST ``body`` as JSON to ``path``; its JSON body (``None`` for an empty one)."""
-        return await self._call("POST", path, json=body, params=params or None)
+        return (await self._call("POST", path, json=body, params=params or None))[0]
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def generate(self, path: str, body: dict[str, Any], session_id: str | None) -> tuple[Any, int]:
+        """POST a model call; (its answer, the weight version known when it was sent).
+
+        The answer is given only while the replica lives: one that came over a new connection, or
+        an HTTP refusal, first has the server's identity confirmed (:meth:`_confirm_identity`).
+        """
+        self.check_alive()
+        sent_version = self.weight_version
+        headers = {SESSION_HEADER: session_id} if session_id is not None else None
+        self.in_flight += 1
+        try:
+            try:
+                answer, connection = await self._call("POST", path, json=body, headers=headers)
+            except ServerAnswerError:  # a restarted server's refusal is its death, not this call's failure
+                await self._confirm_identity(next(self._ticks))
+                raise
+            if connection is None or connection not in self._verified:
+                await self._confirm_identity(next(self._ticks))
+                self._remember(connection)
+        except ReplicaDeadError as error:
+            raise self.lose(error) from None
+        finally:
+            self.in_flight -= 1
+        self.check_alive()
+        return answer, sent_version
+
+    def accept(self, spans: Sequence[WeightVersionSpan], sent_version: int, request_id: str) -> None:
+        """Take an answer's weight spans; a version below the one known when it was sent loses the replica."""
+        self.check_alive()
+        versions = [span.version for span in spans]
+        if versions != sorted(versions) or versions[0] < sent_version:
+            raise self.lose(
+                ReplicaDeadError(
+                    self.url,
+                    f"request {request_id}: server {self.url} sampled with weight version(s) {versions} after "
+                    f"serving version {sent_version}: its version went down (a restart or a rollback)",
+                )
+            )
+        self.weight_version = max(self.weight_version, versions[-1])
+        self.answered += 1
+
+    def lose(self, error: ReplicaDeadError) -> ReplicaDeadError:
+        """Mark the replica lost (the first error stays its reason); the error to raise."""
+        if self.lost is None:
+            self.lost = error
+        return error
+
+    def check_alive(self) -> None:
+        """Raise the error that lost the replica, if it is lost."""
+        if self.lost is not None:
+            raise ReplicaDeadError(self.url, f"server {self.url} is lost: {self.lost}")
+
+    async def _confirm_identity(self, tick: int) -> None:
+        """Confirm that an answer given at ``tick`` came from the server start known at connect.
+
+        One identity read that starts after the answer arrived covers it: reads are serialized, and
+        answers that arrived before a finished read started need no read of their own.
+        """
+        async with self._verifying:
+            if tick < self._verified_before:
+                return
+            started = next(self._ticks)
+            info, connection = await self._call("GET", SERVER_INFO_PATH, params={"config_format": "json"})
+            identity = start_identity(info, self.url)
+            if identity != self.identity:
+                raise self.lose(
+                    ReplicaDeadError(
+                        self.url,
+                        f"server {self.url} restarted (instance {self.identity} is now {identity}): its weights and "
+                        "version are its start-up ones, so no answer of it is taken any more",
+                    )
+                )
+            self._verified_before = started
+            self._remember(connection)
+
+    def _remember(self, connection: Any) -> None:
+        if connection is not None:
+            self._verified.add(connection)
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> tuple[Any, Any]:
+        """(JSON body, the connection it came over: httpcore's network stream)."""
         try:
             response = await self._client.request(method, path, **kwargs)
         except httpx.TimeoutException as exc:
             raise EngineError(f"server {self.url}: {method} {path} timed out ({type(exc).__name__})") from None
         except httpx.HTTPError as exc:
-            raise EngineDeadError(f"server {self.url} is unreachable: {type(exc).__name__}: {exc}") from None
+            raise ReplicaDeadError(self.url, f"server {self.url} is unreachable: {type(exc).__name__}: {exc}") from None
+        connection = response.extensions.get("network_stream")  # None: unknown, so never taken as verified
         if response.status_code == 401:
             raise ServerAuthError(f"server {self.url} refused {self._key_source} (HTTP 401 on {path})")
         if response.status_code >= 400:
@@ -70,9 +196,9 @@ class ServerReplica:
                 status=response.status_code,
             )
         if not response.content:
-            return None
+            return None, connection
         try:
-            return response.json()
+            return response.json(), connection
         except json.JSONDecodeError:
             raise EngineError(
                 f"server {self.url}: {method} {path} answered with no JSON: {response.text[:DETAIL_CHARS]!r}"
