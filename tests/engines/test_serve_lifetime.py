@@ -35,10 +35,12 @@ time.sleep(600)
 LAUNCHER = """
 import json, sys, time
 from pathlib import Path
-from tasks.engines.vllm.serve import VllmServer
+from tasks.engines.vllm.serve import VllmServer, serve_until_stopped
 port, log = sys.argv[1], Path(sys.argv[2])
 server = VllmServer.launch([sys.executable, "-c", sys.argv[3], port], {}, url="http://127.0.0.1:" + port, log_path=log)
 print(json.dumps({"server": server.process.pid, "watchdog": server.reaper.pid}), flush=True)
+if sys.argv[4:] == ["serve-until-stopped"]:
+    sys.exit(0 if serve_until_stopped(server) is None else 1)
 time.sleep(600)
 """
 
@@ -68,17 +70,29 @@ def wait_gone(pids: list[int], timeout: float) -> tuple[list[int], float]:
     return [pid for pid in pids if running(pid)], time.monotonic() - started
 
 
-@pytest.mark.parametrize("kill", ["process", "process group"])
-def test_a_sigkilled_launcher_leaves_no_server_process_and_frees_the_port(kill: str, tmp_path: Path) -> None:
-    port = free_port()
+def start_launcher(port: int, tmp_path: Path, *then: str) -> tuple[subprocess.Popen, dict]:
     launcher = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER, str(port), str(tmp_path / "server.log"), SERVER],
+        [sys.executable, "-c", LAUNCHER, str(port), str(tmp_path / "server.log"), SERVER, *then],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": os.getcwd()},
         start_new_session=True,  # as a shell starts a job: the launcher leads a process group of its own
     )
-    pids = json.loads(launcher.stdout.readline())
+    return launcher, json.loads(launcher.stdout.readline())
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether ``pid`` has a handler for SIGTERM (``SigCgt`` in ``/proc``): :func:`serve_until_stopped` is waiting."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False
+
+
+@pytest.mark.parametrize("kill", ["process", "process group"])
+def test_a_sigkilled_launcher_leaves_no_server_process_and_frees_the_port(kill: str, tmp_path: Path) -> None:
+    port = free_port()
+    launcher, pids = start_launcher(port, tmp_path)
     tree = server_tree(pids["server"], time.monotonic() + 30)
     assert port_taken("127.0.0.1", port)
     assert os.getpgid(pids["server"]) != launcher.pid and os.getpgid(pids["watchdog"]) != launcher.pid
@@ -90,6 +104,27 @@ def test_a_sigkilled_launcher_leaves_no_server_process_and_frees_the_port(kill: 
     left, seconds = wait_gone([*tree, pids["watchdog"]], REAP_TIMEOUT_SECONDS)
     print(f"SIGKILL of the launcher's {kill}: nothing left after {seconds:.2f} s")
     assert not left, f"processes outlived the SIGKILL of their launcher's {kill}: {left}"
+    assert not port_taken("127.0.0.1", port)
+
+
+@pytest.mark.parametrize(
+    ("sent", "to_group"), [(signal.SIGINT, True), (signal.SIGTERM, False)], ids=["ctrl-c", "sigterm"]
+)
+def test_ctrl_c_and_sigterm_stop_the_server_in_order(sent: signal.Signals, to_group: bool, tmp_path: Path) -> None:
+    """Ctrl-C reaches the launcher's process group only (the server has its own); the launcher stops the server."""
+    port = free_port()
+    launcher, pids = start_launcher(port, tmp_path, "serve-until-stopped")
+    tree = server_tree(pids["server"], time.monotonic() + 30)
+    deadline = time.monotonic() + 30
+    while not catches_sigterm(launcher.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # serve_until_stopped sets SIGINT's handler right after SIGTERM's
+    if to_group:
+        os.killpg(launcher.pid, sent)
+    else:
+        launcher.send_signal(sent)
+    assert launcher.wait(timeout=60) == 0
+    assert [pid for pid in [*tree, pids["watchdog"]] if running(pid)] == []
     assert not port_taken("127.0.0.1", port)
 
 
