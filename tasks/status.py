@@ -11,11 +11,17 @@ out; ``unreadable`` when its marker, a committed file or an attempt claim cannot
 ``in_progress`` (an attempt was claimed or wrote an object within ``active_within_s``) or
 ``abandoned``. In progress versus abandoned is inferred from storage times: a live writer that
 writes nothing for longer than ``active_within_s`` looks abandoned.
+
+A failover (engine ``vllm_server`` lost one of its replicas, and the shard went on in a new
+attempt on the others: docs/servers.md) is read from the claims: an attempt whose next attempt
+the same process (host and pid) claimed failed over, since a generate process claims a shard
+again only then.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import shlex
 import time
 from collections import Counter
@@ -89,13 +95,15 @@ class AttemptStatus:
     """An uncommitted attempt: its claim (None when it left objects without one) and what it left.
 
     ``objects`` counts the attempt's objects by kind (staging, calls, failures, receipts);
-    ``last_activity`` is the newest of the claim's start and those objects' modification times.
+    ``last_activity`` is the newest of the claim's start and those objects' modification times;
+    ``failed_over``: its process went on in the next attempt (see the module docstring).
     """
 
     attempt: int
     claim: AttemptClaim | None
     objects: dict[str, int]
     last_activity: float | None
+    failed_over: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,8 @@ class CommittedShard:
     """A committed shard: the marker's attempt and counts, and facts read from its named ledger files.
 
     ``failures_by_reason`` counts every named failure row; ``poisoned_by_reason`` the poisoned
-    receipts; the weight versions range over every named call record (None without calls).
+    receipts; the weight versions range over every named call record (None without calls);
+    ``failovers`` are the earlier attempts that failed over (see the module docstring).
     """
 
     attempt: int
@@ -113,6 +122,7 @@ class CommittedShard:
     poisoned_by_reason: dict[str, int]
     weight_version_min: int | None
     weight_version_max: int | None
+    failovers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -232,10 +242,20 @@ def _shard_status(batch: Batch, shard: int, active_since: float) -> ShardStatus:
             return ShardStatus(shard=shard, state="unreadable", error=f"{type(exc).__name__}: {exc}")
     except (StorageIntegrityError, ValueError, OSError) as exc:
         return ShardStatus(shard=shard, state="unreadable", error=f"{type(exc).__name__}: {exc}")
-    return ShardStatus(shard=shard, state="committed", committed=_committed_shard(ledger))
+    try:
+        failovers = failed_over(read_claims(store, shard))
+    except MalformedClaimError as exc:
+        return ShardStatus(shard=shard, state="unreadable", error=f"{type(exc).__name__}: {exc}")
+    return ShardStatus(shard=shard, state="committed", committed=_committed_shard(ledger, failovers))
 
 
-def _committed_shard(ledger: LedgerReader) -> CommittedShard:
+def failed_over(claims: Iterable[AttemptClaim]) -> tuple[int, ...]:
+    """The attempts whose next attempt the same process (host, pid) claimed: each failed over."""
+    ordered = sorted(claims, key=lambda claim: claim.attempt)
+    return tuple(a.attempt for a, b in itertools.pairwise(ordered) if (a.host, a.pid) == (b.host, b.pid))
+
+
+def _committed_shard(ledger: LedgerReader, failovers: tuple[int, ...]) -> CommittedShard:
     tables = ledger.tables
     receipts = tables.receipts
     poisoned = receipts.filter(pc.equal(receipts.column("status"), "poisoned"))
@@ -248,6 +268,7 @@ def _committed_shard(ledger: LedgerReader) -> CommittedShard:
         poisoned_by_reason=_value_counts(poisoned.column("failure_reason")),
         weight_version_min=versions["min"],
         weight_version_max=versions["max"],
+        failovers=failovers,
     )
 
 
@@ -263,12 +284,14 @@ def _uncommitted_status(store: ObjectStore, shard: int, active_since: float) -> 
     if not objects:
         return ShardStatus(shard=shard, state="not_started")
     claims = {claim.attempt: claim for claim in read_claims(store, shard)}
+    failovers = failed_over(claims.values())
     attempts = tuple(
         AttemptStatus(
             attempt=attempt,
             claim=claims.get(attempt),
             objects={kind: sum(kind == k for k, _ in found) for kind in SHARD_FILE_KINDS},
             last_activity=_last_activity(store, claims.get(attempt), found),
+            failed_over=attempt in failovers,
         )
         for attempt, found in sorted(objects.items())
     )
@@ -475,6 +498,7 @@ def _shard_lines(shard: ShardStatus) -> list[str]:
             f"{head} attempt {c.attempt}: {counts.rollouts} rollouts ({counts.ok} ok, {counts.poisoned} poisoned, "
             f"{counts.failed} failed, {counts.adopted_rollouts} adopted), {counts.calls} calls, "
             f"{counts.failures} failure rows, {counts.staged_rows} staged rows"
+            + (f"; failed over from attempt(s) {list(c.failovers)}" if c.failovers else "")
         ]
     lines = [head.rstrip() + (f" {shard.error}" if shard.error else "")]
     lines += [f"  {_attempt_line(attempt)}" for attempt in shard.attempts]
@@ -486,6 +510,7 @@ def _attempt_line(attempt: AttemptStatus) -> str:
     return (
         f"attempt {attempt.attempt}: {_claimant(attempt.claim)}; left {left} object(s); "
         f"last activity {_time(attempt.last_activity)}"
+        + ("; failed over to the next attempt" if attempt.failed_over else "")
     )
 
 

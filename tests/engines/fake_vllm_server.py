@@ -11,6 +11,7 @@ stops it as a killed server goes, and starts it again on the same port as a rest
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import threading
 import time
@@ -23,17 +24,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from tasks.engines.weight_records import LOADED_AT_START, RECORDS_PATH, Load, WeightRecords, version_number
 from tasks.models.bundled import load_tokenizer
+from tasks.models.provenance import hashed_weights
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 
 MODEL = resolve_model_reference(BUNDLED_REFERENCE)
+MODEL_WEIGHTS_SHA256 = hashed_weights(MODEL)
+tokenizer = functools.cache(lambda: load_tokenizer(MODEL))  # one load for every fake server of a test run
 
 
 class FakeVllmServer:
     """One fake server on a loopback port; ``state`` is read at every request."""
 
     def __init__(self, *, weight_version: str = "default") -> None:
-        self.tokenizer = load_tokenizer(MODEL)
+        self.tokenizer = tokenizer()
         self.weight_version = weight_version
         self.paused = False
         self.finish_reason: str | None = None  # an override, e.g. "abort"
@@ -64,10 +69,13 @@ class FakeVllmServer:
                 Route("/server_info", self._server_info),
                 Route("/weight_info", self._weight_info),
                 Route("/is_paused", self._is_paused),
+                Route(RECORDS_PATH, self._weight_records),
                 Route("/inference/v1/generate", self._generate, methods=["POST"]),
             ]
         )
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", timeout_keep_alive=30)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", timeout_keep_alive=30, lifespan="off"
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
@@ -97,6 +105,12 @@ class FakeVllmServer:
 
     async def _is_paused(self, request: Request) -> JSONResponse:
         return JSONResponse({"is_paused": self.paused})
+
+    async def _weight_records(self, request: Request) -> JSONResponse:
+        """The weight records of a rollout-ledger serve that named its start-up weights each version it reports."""
+        load = Load(LOADED_AT_START, MODEL_WEIGHTS_SHA256, str(MODEL))
+        version = version_number(self.weight_version)
+        return JSONResponse(WeightRecords({version: (load,)}, version, load, self.paused).to_json())
 
     async def _generate(self, request: Request) -> JSONResponse:
         body: dict[str, Any] = await request.json()
