@@ -8,8 +8,10 @@ the ledger call record. A child is admitted only after its parent's record was h
 ledger, which writes a rollout's receipt only after all of its records are durable.
 
 Every failure writes a failure row with a named reason (``FAILURE_REASONS``) and poisons the
-rollout; the environment still gets the completion when one exists (a capture failure is not a
-generation failure), and later calls of a poisoned rollout run uncaptured. The engine dying
+rollout (a step that fails for a reason of its own raises :class:`~tasks.capture.faults.CallFault`:
+the chat template, the tokenizer, the gateway's reply reader); the environment still gets the
+completion when one exists (a capture failure is not a generation failure), and later calls of a
+poisoned rollout run uncaptured. The engine dying
 (:class:`EngineDeadError`) and storage staying unavailable through every retry
 (:class:`StorageUnavailableError`) are no failures of the call: they propagate and end the shard
 attempt, and the retry re-runs the rollout.
@@ -18,28 +20,38 @@ With ``capture=False`` the same path runs minus staging and ledger (the overhead
 A rollout's calls form a chain by default: each call must extend the previous one's conversation
 (else ``history_diverged``). With ``RolloutCapture.message_graph`` (the gateway's agents) set to
 ``splice``, each call's parent is the earlier call its history extends (:mod:`tasks.capture.graph`),
-and a call that extends none is a new root whose reason is staged in its extras
-(``{"gateway": {"root_reason": ...}}``); with ``independent`` every call is a root.
+and a call that extends none (or offers other tools than the one it extends) is a new root whose
+reason is staged in its extras (``{"gateway": {"root_reason": ...}}``); with ``independent`` every
+call is a root.
+
+With a ``render_executor`` (the gateway's: its calls arrive over HTTP on the loop), all of the
+capture's tokenizer work (render, encode, reading the reply) runs on that one thread, with a
+private copy of the engine's tokenizer (:attr:`CallCapture.tokenizer`): an engine may decode with
+its own on the loop meanwhile (``vllm_server`` does), and a Hugging Face tokenizer must not be
+used by two threads at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from tasks import ids
+from tasks.capture.faults import TEMPLATE_ERROR, TOKENIZER_ERROR, CallFault, RenderTokenizer
 from tasks.capture.graph import (
     INDEPENDENT,
     CanonicalMessage,
     canonical_conversation,
     find_parent,
     root_reason,
+    tools_key,
 )
 from tasks.capture.prefix_cache import (
     Admission,
@@ -67,10 +79,14 @@ ENGINE_PROMPT_MISMATCH = "engine_prompt_mismatch"
 INVALID_DELTA = "invalid_delta"
 STAGING_FAILED = "staging_failed"
 LEDGER_FAILED = "ledger_failed"
+TOOL_PARSER_MISSING = "tool_parser_missing"  # raised by the gateway's reply reader (tasks.generate.agent_rollouts)
 FAILURE_REASONS = (
     HISTORY_DIVERGED,
     PREFIX_MISMATCH,
     SPLICE_FAILED,
+    TEMPLATE_ERROR,
+    TOKENIZER_ERROR,
+    TOOL_PARSER_MISSING,
     CONTEXT_LENGTH,
     ENGINE_ERROR,
     ENGINE_PROMPT_MISMATCH,
@@ -79,6 +95,7 @@ FAILURE_REASONS = (
     LEDGER_FAILED,
 )
 _EMPTY = np.zeros(0, dtype=np.int64)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -91,6 +108,7 @@ class ParentLink:
     staging_chain: tuple[str, ...]  # staging keys root→this call
     conversation: tuple[CanonicalMessage, ...]  # the messages the call saw, plus its assistant reply
     prompt_length: int  # how many of those messages the call saw
+    tools: str  # the tools it offered the model (tasks.capture.graph.tools_key)
     token_ids: np.ndarray  # the whole sequence through this call (kept in memory for uncaptured runs)
 
 
@@ -118,8 +136,10 @@ class RolloutCapture:
         return self.failures[0].reason if self.failures else None
 
 
-ReplyReader = Callable[[str, str], Awaitable[tuple[Message, dict[str, Any]]]]
-"""(sampled text, call id) -> (the assistant message as the client gets it, what to note in the extras)."""
+ReplyReader = Callable[[str, str], tuple[Message, dict[str, Any]]]
+"""(sampled text, call id) -> (the assistant message as the client gets it, what to note in the extras).
+
+Runs where the prompts are rendered (the render thread); raises :class:`CallFault` to fail the call."""
 
 
 @dataclass(frozen=True)
@@ -127,13 +147,16 @@ class CallShape:
     """How a gateway call differs from an environment's: what the template renders, tools, fewer tokens, the reply.
 
     ``rendered`` are the messages the chat template renders (tools offered in the system message,
-    tool calls as text); ``tools`` go to a template that renders them itself; ``max_tokens`` may
-    only lower the plan's; ``read_reply`` turns the sampled text into the assistant message the
-    client gets (and a later request's history holds).
+    tool calls as text); ``tools`` go to a template that renders them itself; ``offered`` are the
+    tools the model is offered either way (a call offering other tools than the call its history
+    extends is a root, ``tools_changed``); ``max_tokens`` may only lower the plan's; ``read_reply``
+    turns the sampled text into the assistant message the client gets (and a later request's
+    history holds).
     """
 
     rendered: Sequence[Message] | None = None
     tools: Sequence[Mapping[str, Any]] = ()
+    offered: Sequence[Mapping[str, Any]] = ()
     max_tokens: int | None = None
     read_reply: ReplyReader | None = None
 
@@ -183,7 +206,8 @@ class CallCapture:
         capture: bool = True,
         render_executor: concurrent.futures.Executor | None = None,
     ) -> None:
-        """``render_executor``: render and tokenize prompts there, off the loop (whose loop serves HTTP).
+        """``render_executor``: render and tokenize prompts there, off the loop (whose loop serves HTTP),
+        with a copy of the engine's tokenizer that nothing else uses.
 
         One thread is enough and safest: a Hugging Face fast tokenizer must not encode in two
         threads at once, and the GIL would serialize the work anyway.
@@ -197,7 +221,9 @@ class CallCapture:
         self._staging = staging
         self._ledger = ledger
         self._cache = prefix_cache
-        self._prompts = ChatPromptBuilder(engine.tokenizer, eos_token_id=engine.eos_token_id)
+        # The tokenizer the capture renders with: used only where prompts are rendered (see the module doc).
+        self.tokenizer = engine.tokenizer if render_executor is None else copy.deepcopy(engine.tokenizer)
+        self._prompts = ChatPromptBuilder(RenderTokenizer(self.tokenizer), eos_token_id=engine.eos_token_id)
         self._coordinates: dict[str, CommitCoordinates] = {}
 
     def coordinates_of(self, keys: Sequence[str]) -> list[tuple[str, CommitCoordinates]]:
@@ -221,6 +247,7 @@ class CallCapture:
         rollout.next_ordinal += 1
         captured = self.capture and rollout.poisoned_reason is None
         history = canonical_conversation(messages)
+        tools = tools_key(shape.offered)
         notes: dict[str, Any] = {}
         parent = rollout.parent
         if rollout.message_graph == INDEPENDENT:
@@ -228,29 +255,27 @@ class CallCapture:
             if rollout.next_ordinal > 1:
                 notes["root_reason"] = INDEPENDENT
         elif rollout.message_graph is not None:
-            parent = find_parent(rollout.links, history)
-            reason = None if parent is not None else root_reason(rollout.links, history)
+            parent = find_parent(rollout.links, history, tools)
+            reason = None if parent is not None else root_reason(rollout.links, history, tools)
             if reason is not None:
                 notes["root_reason"] = reason
         try:
             parent_tokens = await self._parent_tokens(call_id, parent, history, captured)
             rendered = messages if shape.rendered is None else shape.rendered
-            if self._render_executor is not None:
-                prompt = await asyncio.get_running_loop().run_in_executor(
-                    self._render_executor, self._prompt, call_id, rendered, parent_tokens, shape.tools
-                )
-            else:
-                prompt = self._prompt(call_id, rendered, parent_tokens, shape.tools)
+            prompt = await self._rendering(self._prompt, call_id, rendered, parent_tokens, shape.tools)
             completion, admission = await self._generate(call_id, prompt, seed, rollout.rollout_id, shape.max_tokens)
             rollout.generated_tokens += len(completion.token_ids)
             message: Message = {"role": "assistant", "content": completion.text}
             if shape.read_reply is not None:
-                message, read_notes = await shape.read_reply(completion.text, call_id)
+                try:
+                    message, read_notes = await self._rendering(shape.read_reply, completion.text, call_id)
+                except CallFault as fault:
+                    raise _CallFailed(fault.reason, f"reply of {call_id}: {fault.detail}", completion) from None
                 notes.update(read_notes)
             conversation = (*history, *canonical_conversation([message]))
             sequence = np.concatenate([prompt, np.asarray(completion.token_ids, np.int64)])
             if not captured:
-                self._linked(rollout, _link(call_id, sequence, "0" * 64, (), conversation, len(history)))
+                self._linked(rollout, _link(call_id, sequence, "0" * 64, (), conversation, len(history), tools))
                 return CallOutcome(call_id, completion, message=message)
             extras = _with_notes(completion.extras, notes)
             record = await self._stage(rollout, call_id, parent, parent_tokens, prompt, completion, admission, extras)
@@ -272,8 +297,14 @@ class CallCapture:
         rollout.epoch_spans += int(record.epoch_span)
         chain = (*(parent.staging_chain if parent else ()), ids.staging_key(rollout.rollout_id, call_id))
         self._cache.remember(chain[-1], sequence)  # type: ignore[union-attr]
-        self._linked(rollout, _link(call_id, sequence, record.chain_hash, chain, conversation, len(history)))
+        self._linked(rollout, _link(call_id, sequence, record.chain_hash, chain, conversation, len(history), tools))
         return CallOutcome(call_id, completion, message=message)
+
+    async def _rendering(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` where the capture's tokenizer is used: the render thread, else here on the loop."""
+        if self._render_executor is None:
+            return work(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._render_executor, work, *args)
 
     @staticmethod
     def _linked(rollout: RolloutCapture, link: ParentLink) -> None:
@@ -326,6 +357,8 @@ class CallCapture:
     ) -> np.ndarray:
         try:
             prompt = self._prompts.prompt(messages, parent_tokens, tools=tools)
+        except CallFault as fault:
+            raise _CallFailed(fault.reason, f"prompt of {call_id}: {fault.detail}") from None
         except ValueError as exc:
             raise _CallFailed(SPLICE_FAILED, f"prompt of {call_id}: {exc}") from None
         if prompt.size < parent_tokens.size or not np.array_equal(prompt[: parent_tokens.size], parent_tokens):
@@ -471,6 +504,7 @@ def _link(
     chain: tuple[str, ...],
     conversation: tuple[CanonicalMessage, ...],
     prompt_length: int,
+    tools: str,
 ) -> ParentLink:
     sequence.setflags(write=False)
     return ParentLink(
@@ -480,5 +514,6 @@ def _link(
         staging_chain=chain,
         conversation=conversation,
         prompt_length=prompt_length,
+        tools=tools,
         token_ids=sequence,
     )

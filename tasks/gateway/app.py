@@ -16,13 +16,32 @@ is deliberate: the refusal is transient (a call in flight ends soon), and the re
 never reached the capture path, so a retry records nothing twice. The first
 :data:`MAX_RECORDED_REFUSALS` refusals are kept on the rollout, the rest only counted.
 
-A checked request goes to the rollout's :data:`Answer` (the capture path), whose :class:`Reply`
-becomes a ``chat.completion`` or, with ``stream``, server-sent ``chat.completion.chunk`` events.
-A request may also name the rollout's scored response in :data:`FINAL_RESPONSE_HEADER`.
+A checked request starts a call: the rollout's :data:`Answer` (the capture path) runs as a task
+of the route, not of the request, so a client that goes away never cuts a call short. Its
+:class:`Reply` becomes a ``chat.completion`` or, with ``stream``, server-sent
+``chat.completion.chunk`` events. A request may also name the rollout's scored response in
+:data:`FINAL_RESPONSE_HEADER`.
+
+Two rules keep a rollout's calls exactly those its receipt counts:
+
+* **No call outlives its rollout.** :meth:`Rollouts.end` refuses every later request
+  (``rollout_ended``, checked again once the body is read, and no call starts after that check
+  but synchronously with it); :meth:`RolloutRoute.settled` returns once every call started on the
+  route has finished, answered or failed. The receipt is made after that.
+* **A retry is the call it repeats.** A chat completion whose body is, byte for byte, that of the
+  route's latest call with that body, while every client that asked for that call went away
+  before its answer was sent (a client timeout, a dropped connection), is answered from that
+  call: it waits for it if it is still running and gets its reply (same id) or its error. It
+  starts no call and counts for no turn. A request repeated after its answer was sent to its
+  client, or while a client still waits for it, is a new call (an agent asking again on purpose).
+  A connection whose close the server has not yet seen when the answer is ready counts as one
+  the answer was sent to.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import hmac
 import json
 import secrets
@@ -32,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tasks.engines.base import SamplingSettings
 from tasks.gateway.body import parse_json, read_body
@@ -46,6 +65,7 @@ FINAL_RESPONSE_HEADER = "X-Final-Response-Id"
 MAX_RESPONSE_ID_CHARS = 256
 MAX_RECORDED_REFUSALS = 32  # per rollout, kept for its receipt; later ones are only counted
 RETRY_AFTER_SECONDS = 1  # told to a client refused for too many concurrent requests
+CLIENT_GONE = 499  # the status of an answer nobody reads (its client went away): never sent
 
 
 @dataclass(frozen=True)
@@ -73,10 +93,21 @@ class Refusal:
 
 
 @dataclass
-class RolloutRoute:
-    """One rollout's door: its key, the plan's sampling, its call limit, its answer, and what it refused.
+class RouteCall:
+    """A call a route started: its answer (a task of the route), how many clients wait for it, and whether
+    one got it (a client that asked for it was still connected when its answer was sent)."""
 
-    ``refusals`` holds at most :data:`MAX_RECORDED_REFUSALS`; ``refusals_dropped`` counts the rest.
+    task: asyncio.Task[Reply]
+    waiting: int = 0
+    delivered: bool = False
+
+
+@dataclass
+class RolloutRoute:
+    """One rollout's door: its key, the plan's sampling, its call limit, its answer, its calls, and what it refused.
+
+    ``calls`` counts the calls started (a retry answered from a call starts none); ``refusals``
+    holds at most :data:`MAX_RECORDED_REFUSALS`, ``refusals_dropped`` counts the rest.
     """
 
     rollout_id: str
@@ -90,6 +121,45 @@ class RolloutRoute:
     final_response_id: str | None = None
     refusals: list[Refusal] = field(default_factory=list)
     refusals_dropped: int = 0
+    _latest: dict[str, RouteCall] = field(default_factory=dict)  # body digest -> the latest call with that body
+    _running: set[asyncio.Task[Reply]] = field(default_factory=set)
+
+    def start(self, chat: ChatRequest, digest: str) -> RouteCall:
+        """A new call answering ``chat`` (whose body has ``digest``), running as a task of the route.
+
+        Only on a route not ended: the caller checks :attr:`ended` with no await before this.
+        """
+        self.calls += 1
+        task = asyncio.get_running_loop().create_task(self.answer(chat), name=f"{self.rollout_id}-call-{self.calls}")
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+        call = self._latest[digest] = RouteCall(task)
+        return call
+
+    def retried(self, digest: str) -> RouteCall | None:
+        """The call a request whose body has ``digest`` retries, if any: the latest call with that body, when
+        every client that asked for it went away before its answer was sent."""
+        call = self._latest.get(digest)
+        return call if call is not None and not call.waiting and not call.delivered else None
+
+    async def settled(self) -> None:
+        """Return once every call started on the route has finished (answered or failed); then forget them.
+
+        Call after :meth:`Rollouts.end`: no call starts on an ended route, so none is running after this.
+        """
+        if self._running:
+            await asyncio.wait(set(self._running))
+        self._latest.clear()
+
+    def cancel_calls(self) -> None:
+        """Cancel the calls still running (the attempt is ending: nothing of them is kept)."""
+        for task in self._running:
+            task.cancel()
+
+    def _finished(self, task: asyncio.Task[Reply]) -> None:
+        self._running.discard(task)
+        if not task.cancelled():
+            task.exception()  # a failed call's error is its clients' answer; read here too, for calls nobody awaits
 
     def refuse(self, error: GatewayError) -> GatewayError:
         """``error``, kept among the rollout's refusals while there are fewer than :data:`MAX_RECORDED_REFUSALS`."""
@@ -126,7 +196,10 @@ class Rollouts:
         return route
 
     def end(self, rollout_id: str) -> RolloutRoute:
-        """Refuse every later request of ``rollout_id`` (``rollout_ended``); its route stays for the record."""
+        """Refuse every later request of ``rollout_id`` (``rollout_ended``); its route stays for the record.
+
+        Calls already started run on: await the route's :meth:`~RolloutRoute.settled` before its receipt.
+        """
         route = self._routes[rollout_id]
         route.ended = True
         return route
@@ -144,8 +217,12 @@ class Rollouts:
             self.auth_failures += 1
             raise unauthorized()
         if route.ended:
-            raise route.refuse(invalid(f"rollout {rollout_id!r} has ended", code="rollout_ended"))
+            raise route.refuse(_ended(route))
         return route
+
+
+def _ended(route: RolloutRoute) -> GatewayError:
+    return invalid(f"rollout {route.rollout_id!r} has ended", code="rollout_ended")
 
 
 def _declare_final_response(route: RolloutRoute, request: Request) -> None:
@@ -191,7 +268,7 @@ def create_app(rollouts: Rollouts, limits: GatewayLimits = DEFAULT_LIMITS) -> Fa
         return {"object": "list", "data": [{"id": rollouts.model, "object": "model", "owned_by": "rollout-ledger"}]}
 
     @app.post(ROLLOUT_PATH + "/chat/completions", response_model=None)
-    async def chat_completions(rollout_id: str, request: Request) -> JSONResponse | StreamingResponse:
+    async def chat_completions(rollout_id: str, request: Request) -> Response:
         route = rollouts.route(rollout_id, request.headers.get("authorization"))
         if route.in_flight >= limits.max_concurrent_requests:
             raise route.refuse(_busy(route, limits))
@@ -201,7 +278,7 @@ def create_app(rollouts: Rollouts, limits: GatewayLimits = DEFAULT_LIMITS) -> Fa
         finally:
             route.in_flight -= 1
 
-    async def complete(route: RolloutRoute, request: Request) -> JSONResponse | StreamingResponse:
+    async def complete(route: RolloutRoute, request: Request) -> Response:
         """Read, check and answer one chat completion of ``route``; a refusal is kept on the route."""
         _declare_final_response(route, request)
         try:
@@ -211,15 +288,22 @@ def create_app(rollouts: Rollouts, limits: GatewayLimits = DEFAULT_LIMITS) -> Fa
             except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
                 raise invalid("the request body is not JSON", code="invalid_json") from None
             chat = read_chat_request(parsed, route.sampling, limits)
-            if route.calls >= route.max_calls:
-                raise invalid(
-                    f"rollout {route.rollout_id!r} made its {route.max_calls} calls (the plan's max_turns)",
-                    code="max_turns_exceeded",
-                )
+            if route.ended:  # the episode ended while the body was read
+                raise _ended(route)
+            digest = hashlib.sha256(body).hexdigest()
+            call = route.retried(digest)
+            if call is None:
+                if route.calls >= route.max_calls:
+                    raise invalid(
+                        f"rollout {route.rollout_id!r} made its {route.max_calls} calls (the plan's max_turns)",
+                        code="max_turns_exceeded",
+                    )
+                call = route.start(chat, digest)
         except GatewayError as error:
             raise route.refuse(error) from None
-        route.calls += 1
-        reply = await route.answer(chat)
+        reply = await _answer_of(call, request)
+        if reply is None:
+            return Response(status_code=CLIENT_GONE)
         created = int(time.time())
         if chat.stream:
             events = _chunks(reply, rollouts.model, created, include_usage=chat.include_usage)
@@ -227,6 +311,31 @@ def create_app(rollouts: Rollouts, limits: GatewayLimits = DEFAULT_LIMITS) -> Fa
         return JSONResponse(_completion(reply, rollouts.model, created))
 
     return app
+
+
+async def _answer_of(call: RouteCall, request: Request) -> Reply | None:
+    """``call``'s reply for ``request``'s client (raises the call's GatewayError), or None when the client went
+    away first; the call runs on either way."""
+    call.waiting += 1
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({call.task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        answered = call.task.done() and not gone.done()
+    finally:
+        call.waiting -= 1
+        gone.cancel()
+    if not answered:
+        return None
+    call.delivered = True
+    if call.task.cancelled():
+        raise GatewayError(503, "the attempt ended", kind="server_error", code="attempt_ended")
+    return call.task.result()
+
+
+async def _client_gone(request: Request) -> None:
+    """Return when ``request``'s client has gone (its body was read: the server has nothing else to tell)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        continue
 
 
 def _message(reply: Reply) -> dict[str, Any]:

@@ -5,10 +5,19 @@ call (:meth:`tasks.capture.calls.CallCapture.call` with the rollout's message gr
 sampled text is read back into content and tool calls. Tools are rendered by the chat template
 when it renders them, else offered in the fallback format (:mod:`tasks.gateway.tools`).
 
-A call that gives no completion is answered with a 400 naming its failure reason (the rollout is
-poisoned by its failure row already). The engine dying or storage staying unavailable is the
-attempt's failure, not the rollout's: the request gets a 503, and :func:`run_agent_rollout`
-cancels its agent and raises the error, which ends the attempt (the retry re-runs the rollout).
+A call that fails is answered with an error whose ``code`` is its failure reason (the rollout
+is poisoned by its failure row already): 400 when the request is what the model or its template
+refuses (``context_length_exceeded``, ``template_error``) and for the capture's own named
+failures as before, 500 ``server_error`` for the gateway's own tokenizer or tool parser
+(:data:`SERVER_FAULTS`; the ``openai`` client retries a 500, and a retry of a failed call is a
+call of a poisoned rollout: it records nothing). The engine dying, storage staying unavailable,
+or any other error of the capture path (a bug: no named failure) is the attempt's failure, not
+the rollout's: the request gets a 503, and :func:`run_agent_rollout` cancels its agent and raises
+the error, which ends the attempt (the retry re-runs the rollout).
+
+Tool parsing runs where the capture renders (its render thread, with its own tokenizer).
+:func:`run_agent_rollout` makes the receipt only once every call started on the rollout's route
+has finished (:meth:`~tasks.gateway.app.RolloutRoute.settled`).
 """
 
 from __future__ import annotations
@@ -20,7 +29,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from tasks.capture.calls import CONTEXT_LENGTH, CallCapture, CallShape, RolloutCapture
+from tasks.capture.calls import CONTEXT_LENGTH, TOOL_PARSER_MISSING, CallCapture, CallShape, RolloutCapture
+from tasks.capture.faults import TOKENIZER_ERROR, CallFault
 from tasks.capture.terminal import fingerprint_content
 from tasks.config import BatchConfig
 from tasks.environments.agents import AGENT_ERROR, MAX_SHOWN_OUTPUT, Agent, AgentDoor, AgentFailure, AgentResult
@@ -28,14 +38,15 @@ from tasks.environments.base import Message, Turn
 from tasks.errors import EngineDeadError, StorageUnavailableError
 from tasks.gateway.app import Answer, Reply, RolloutRoute, Rollouts
 from tasks.gateway.protocol import ChatRequest, GatewayError, invalid
-from tasks.gateway.tools import CALL_START, ToolCallReader, call_text, offer_tools
+from tasks.gateway.tools import CALL_START, PARSER, ToolCallReader, call_text, offer_tools
 from tasks.generate.progress import Progress
 from tasks.generate.receipts import Witnesses, receipt_of
-from tasks.records.ledger import Receipt
+from tasks.records.ledger import FailureRow, Receipt
 from tasks.records.planned import PlannedRollout
 
 log = logging.getLogger(__name__)
 UNPARSED_TOOL_CALL = "unparsed"  # the gateway note of a reply that opened a tool call the parser could not read
+SERVER_FAULTS = frozenset({TOKENIZER_ERROR, TOOL_PARSER_MISSING})  # failures answered 500: the gateway's own
 
 
 class GatewayCalls:
@@ -45,10 +56,9 @@ class GatewayCalls:
         self.capture = capture
         self.progress = progress
         self.fatal: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-        template = getattr(capture.engine.tokenizer, "chat_template", None)
+        template = getattr(capture.tokenizer, "chat_template", None)
         self.template_renders_tools = isinstance(template, str) and "tools" in template
-        self._reader: ToolCallReader | None = None
-        self._reader_lock = asyncio.Lock()
+        self._reader: ToolCallReader | None = None  # built on first use, where the capture renders
 
     def answer(self, state: RolloutCapture) -> Answer:
         """What one rollout's route answers with."""
@@ -58,24 +68,24 @@ class GatewayCalls:
             shape = CallShape(
                 rendered=self._rendered(chat.messages, offered),
                 tools=offered if self.template_renders_tools else (),
+                offered=offered,
                 max_tokens=chat.sampling.max_tokens,
                 read_reply=self._read_reply if offered else None,
             )
             try:
                 outcome = await self.capture.call(state, chat.messages, shape)
-            except (EngineDeadError, StorageUnavailableError) as error:
+            except Exception as error:  # the engine died, storage is unavailable, or a bug: the attempt ends
+                if not isinstance(error, EngineDeadError | StorageUnavailableError):
+                    log.exception("rollout %s: the capture path failed", state.rollout_id)
                 if not self.fatal.done():
                     self.fatal.set_result(error)
                 ended = GatewayError(503, f"the attempt ended: {error}", kind="server_error", code="attempt_ended")
                 raise ended from None
-            completion = outcome.completion
-            self.progress.call_done(0 if completion is None else len(completion.token_ids), outcome.failure is not None)
-            if completion is None or outcome.message is None:
-                failure = outcome.failure
-                reason = failure.reason if failure is not None else "no_completion"
-                code = "context_length_exceeded" if reason == CONTEXT_LENGTH else reason
-                detail = failure.detail if failure is not None else "the call gave no completion"
-                raise invalid(f"the call failed ({reason}): {detail}", param="messages", code=code)
+            completion, failure = outcome.completion, outcome.failure
+            self.progress.call_done(0 if completion is None else len(completion.token_ids), failure is not None)
+            if failure is not None:
+                raise _failed(failure)
+            assert completion is not None and outcome.message is not None  # a call that did not fail has both
             tool_calls = list(outcome.message.get("tool_calls") or [])
             finish = "tool_calls" if tool_calls else "length" if completion.finish_reason == "length" else "stop"
             return Reply(
@@ -102,17 +112,31 @@ class GatewayCalls:
             rendered.append(out)
         return offer_tools(rendered, tools)
 
-    async def _read_reply(self, text: str, call_id: str) -> tuple[Message, dict[str, Any]]:
+    def _read_reply(self, text: str, call_id: str) -> tuple[Message, dict[str, Any]]:
+        """The reply as an assistant message (tool calls read back); runs where the capture renders."""
         if CALL_START not in text:
             return {"role": "assistant", "content": text}, {}
-        async with self._reader_lock:  # built once, in a thread: it imports vLLM's tool parsers
-            if self._reader is None:
-                self._reader = await asyncio.to_thread(ToolCallReader, self.capture.engine.tokenizer)
+        if self._reader is None:
+            try:
+                self._reader = ToolCallReader(self.capture.tokenizer)
+            except Exception as error:  # vLLM or its parser is not importable, or refuses the tokenizer
+                raise CallFault(
+                    TOOL_PARSER_MISSING, f"vLLM's {PARSER!r} tool parser is unavailable: {error!r}"
+                ) from None
         read = self._reader.read(text, call_id=call_id)
         message: Message = {"role": "assistant", "content": read.content or ""}
         if read.tool_calls:
             message["tool_calls"] = read.tool_calls  # type: ignore[assignment]
         return message, ({"tool_calls": UNPARSED_TOOL_CALL} if read.unparsed else {})
+
+
+def _failed(failure: FailureRow) -> GatewayError:
+    """The answer to a call that failed with ``failure``: its reason is the error's code."""
+    message = f"the call failed ({failure.reason}): {failure.detail}"
+    if failure.reason in SERVER_FAULTS:
+        return GatewayError(500, message, kind="server_error", code=failure.reason)
+    code = "context_length_exceeded" if failure.reason == CONTEXT_LENGTH else failure.reason
+    return invalid(message, param="messages", code=code)
 
 
 async def run_agent_rollout(
@@ -126,7 +150,10 @@ async def run_agent_rollout(
 ) -> tuple[Receipt, RolloutCapture]:
     """One episode of ``agent`` on its own gateway route; the receipt and what was captured.
 
-    Raises the attempt's fatal error (the engine died, storage is unavailable) instead of a receipt.
+    The receipt is made once the episode has ended and every call started on its route has finished,
+    so it counts every call the ledger holds of the rollout and none is written after it. Raises the
+    attempt's fatal error (the engine died, storage is unavailable) instead of a receipt; the calls
+    still running are then cancelled.
     """
     state = RolloutCapture(
         batch_id=config.batch_id,
@@ -139,14 +166,21 @@ async def run_agent_rollout(
     route = gateway.open(planned.rollout_id, sampling=config.sampling, max_calls=config.max_turns, answer=answer)
     door = AgentDoor(base_url=f"{base_url}/rollouts/{planned.rollout_id}/v1", api_key=route.key)
     episode = asyncio.ensure_future(agent.run(door, json.loads(planned.task_json)))
+    settled: asyncio.Future[None] | None = None
     try:
         await asyncio.wait({episode, calls.fatal}, return_when=asyncio.FIRST_COMPLETED)
+        gateway.end(planned.rollout_id)
+        settled = asyncio.ensure_future(route.settled())
+        await asyncio.wait({settled, calls.fatal}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gateway.end(planned.rollout_id)
         if not episode.done():
             episode.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await episode
+        if settled is not None:
+            settled.cancel()
+        route.cancel_calls()  # none are left once settled; else the attempt is ending
     if calls.fatal.done():
         raise calls.fatal.result()
     result: AgentResult | None = None

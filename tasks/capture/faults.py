@@ -1,0 +1,55 @@
+"""Named faults of a call's steps: :class:`CallFault`, and :class:`RenderTokenizer`, which names its own.
+
+A step that fails for a reason the ledger should name raises :class:`CallFault`; the call then
+writes its failure row with that reason (:mod:`tasks.capture.calls`). :class:`RenderTokenizer`
+wraps the tokenizer prompts are rendered with, so that a chat template that refuses the messages
+(``template_error``: a role-order check, a template bug, no template at all) and a tokenizer that
+fails to encode the render (``tokenizer_error``) are told apart, whatever exception either raised.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TEMPLATE_ERROR = "template_error"
+TOKENIZER_ERROR = "tokenizer_error"
+MAX_SHOWN_ERROR = 500  # characters of the underlying error kept in a fault's detail
+
+
+class CallFault(Exception):
+    """A step of a call failed: ``reason`` is the failure row's, ``detail`` says what happened."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def _shown(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:MAX_SHOWN_ERROR]
+
+
+class RenderTokenizer:
+    """A tokenizer whose chat-template renders and encodes raise :class:`CallFault` naming which failed.
+
+    Everything else (``eos_token_id``, ``chat_template``, ``convert_ids_to_tokens``, ...) is the
+    wrapped tokenizer's.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.inner = tokenizer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        try:
+            return self.inner.apply_chat_template(conversation, **kwargs)
+        except Exception as error:
+            raise CallFault(TEMPLATE_ERROR, f"the chat template refused the messages: {_shown(error)}") from None
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]:
+        try:
+            return self.inner.encode(text, **kwargs)
+        except Exception as error:
+            raise CallFault(TOKENIZER_ERROR, f"the tokenizer could not encode the render: {_shown(error)}") from None
