@@ -604,10 +604,16 @@ def _refit(args: argparse.Namespace) -> int:
 
     options = VllmServerOptions(urls=args.urls, api_key_file=args.api_key_file)
     urls = options.urls
-    version = asyncio.run(
+    refit = asyncio.run(
         refit_urls(urls, args.folder, args.version, api_key=options.api_key(), key_source=options.key_source())
     )
-    print(f"refit {len(urls)} server(s) to {args.folder} at weight version {version}")
+    sha = refit.load.weights_sha256
+    weights = (
+        f"weights sha256 {sha} (hashed here)"
+        if sha is not None
+        else f"weights declared, not verified ({args.folder} is not a folder of weights this machine can read)"
+    )
+    print(f"refit {len(urls)} server(s) to {args.folder} at weight version {refit.version}: {weights}")
     return EXIT_OK
 
 

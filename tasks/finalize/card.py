@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tasks.finalize.reasons import DESCRIPTIONS as REASON_DESCRIPTIONS
-from tasks.models.provenance import WEIGHTS_VERIFIED
+from tasks.models.provenance import WEIGHTS_DECLARED, WEIGHTS_VERIFIED
 from tasks.records.dataset_row import COLUMN_DESCRIPTIONS, DatasetRow
 from tasks.records.review import ReviewDecision, utc_text
 
@@ -49,7 +49,7 @@ def render_card(
             "saw and sampled, verified against its staged deltas; anything unproven is masked "
             "(`sample_mask` 0) or dropped, with its reason.\n"
         ),
-        _weights(config),
+        _weights(config, metrics.get("weights_by_version") or {}),
         _counts(metrics),
         _statistics(metrics),
         _invalid_reasons(metrics),
@@ -64,7 +64,37 @@ def render_card(
     return "\n".join(sections)
 
 
-def _weights(config: Mapping[str, Any]) -> str:
+def _weights(config: Mapping[str, Any], by_version: Mapping[str, Mapping[str, Any]]) -> str:
+    """Which weights sampled each weight version (``weights_by_version`` of the metrics); without it (metrics
+    written before versions were judged, or no call read), how the plan knew them."""
+    if not by_version:
+        return _planned_weights(config)
+    planned = config.get("model", {}).get("weights_sha256")
+    versions = sorted(by_version, key=int)
+    declared = [v for v in versions if by_version[v].get("weights") != WEIGHTS_VERIFIED]
+    verified = [v for v in versions if v not in declared]
+    summary = (
+        f"Weights: {WEIGHTS_VERIFIED} for every weight version"
+        if not declared
+        else f"Weights: {WEIGHTS_DECLARED} for weight version(s) {', '.join(declared)}"
+        + (f"; {WEIGHTS_VERIFIED} for {', '.join(verified)}" if verified else "")
+    )
+    rows = []
+    for version in versions:
+        entry = by_version[version]
+        sha = entry.get("weights_sha256")
+        shown = "–" if sha is None else f"`{sha}`" + (" (the planned model's)" if sha == planned else "")
+        rows.append((version, entry.get("weights"), shown, entry.get("why"), entry.get("calls")))
+    return (
+        f"{summary}. A weight version's weights are {WEIGHTS_VERIFIED} only where they were hashed where they "
+        "were loaded and every call of that version in the rows names the same sha256; anything else is "
+        f"{WEIGHTS_DECLARED}. Each row names the version that sampled each call's tokens in "
+        "`weight_version_spans`.\n\n"
+        + _table(("weight version", "weights", "sha256", "why not verified", "calls"), rows)
+    )
+
+
+def _planned_weights(config: Mapping[str, Any]) -> str:
     """How the generating weights are known to be the planned model's (``model.weights`` of the config)."""
     model, engine = config.get("model", {}), config.get("engine", {})
     if model.get("weights", WEIGHTS_VERIFIED) == WEIGHTS_VERIFIED:

@@ -2,8 +2,9 @@
 
 :class:`DatasetMetrics` is fed assembled groups (:class:`~tasks.finalize.assemble.AssembledRows`: their
 rows, stats and counts of the verified rollouts behind them) plus, per shard, the ledger-level counts
-that no rollout carries (:meth:`DatasetMetrics.add_ledger`). It holds only counters and running
-sums, so memory does not grow with the batch. :meth:`DatasetMetrics.result` is a JSON-ready
+that no rollout carries (:meth:`DatasetMetrics.add_ledger`, and the weights the calls of the rows
+name per version: :attr:`DatasetMetrics.weights`). It holds only counters and running sums, so memory
+does not grow with the batch. :meth:`DatasetMetrics.result` is a JSON-ready
 dict; a rate whose denominator is 0 is None, never NaN.
 """
 
@@ -21,6 +22,7 @@ from tasks.checks import check_int
 from tasks.finalize import reasons
 from tasks.finalize.assemble import AssembledRows
 from tasks.finalize.ragged import run_sums
+from tasks.finalize.weights import BatchWeights
 from tasks.records.ledger import TERMINAL_SELECTIONS
 
 METRICS_VERSION = 1
@@ -83,6 +85,7 @@ class DatasetMetrics:
     terminal_selections: Counter[str] = field(default_factory=Counter)
     advantage_outcomes: Counter[str] = field(default_factory=Counter)
     group_weight_versions: Counter[int] = field(default_factory=Counter)
+    weights: BatchWeights = field(default_factory=BatchWeights)  # per version, which weights sampled it
     rewards: _Running = field(default_factory=_Running)
     row_lengths: _Running = field(default_factory=_Running)
     turns: _Running = field(default_factory=_Running)
@@ -162,6 +165,7 @@ class DatasetMetrics:
             "groups_zero_variance": self.advantage_outcomes["zero_variance"],
             "groups_single_valid": self.advantage_outcomes["single_valid"],
             "group_weight_versions": {str(v): n for v, n in sorted(self.group_weight_versions.items())},
+            "weights_by_version": self.weights.result(),
             "tokens": self.tokens,
             "sampled_tokens": self.sampled_tokens,
             "truncated_rate": _rate(self.truncated_rows, self.trainable_rows),

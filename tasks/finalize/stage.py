@@ -35,6 +35,7 @@ from tasks.finalize.assemble import AssembledRows, assemble_rows
 from tasks.finalize.dataset_writer import StagedDataset, stage_dataset
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.finalize.verify.shard import prepare_shard
+from tasks.finalize.weights import BatchWeights
 from tasks.records.dataset_row import DatasetRow
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def finalize_batch(batch: Batch, options: FinalizeOptions | None = None) -> Stag
     committed = [shard for shard in range(config.shards) if batch.shard_marker(shard) is not None]
     missing = sorted(set(range(config.shards)) - set(committed))
     _check_committed(batch_id, config.shards, missing, allow_partial=options.allow_partial)
-    metrics = DatasetMetrics()
+    metrics = DatasetMetrics(weights=BatchWeights.of_plan(config))
     audit_on = options.audit if options.audit is not None else _is_bundled(config)
     sample = _Reservoir(AUDIT_CANDIDATES, seed=config.seed) if audit_on else None
     assembled = _assembled_shards(batch, config, committed, metrics, sample)
@@ -138,6 +139,7 @@ def _assembled_shards(
                 token_in_calls=int(pc.sum(pc.equal(tables.calls.column("mode"), "token_in"), min_count=0).as_py()),
                 failure_reasons=Counter(tables.failures.column("reason").to_pylist()),
             )
+            metrics.weights.add_staged(prepared.staged_rows)
         # One verdict per planned rollout, under its planned group (missing receipts included),
         # so the plan's groups are read off the verdicts.
         verified = prepared.verify()

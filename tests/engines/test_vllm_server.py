@@ -17,9 +17,9 @@ import pytest
 
 from tasks.engines import create_engine
 from tasks.engines.base import GenerationRequest, SamplingSettings
-from tasks.engines.vllm_server.claims import WEIGHTS_DECLARED, WEIGHTS_VERIFIED
 from tasks.engines.vllm_server.replica import ServerAuthError
 from tasks.errors import EngineDeadError, ModelMismatchError
+from tasks.models.provenance import WEIGHTS_DECLARED, WEIGHTS_VERIFIED
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 
 pytestmark = pytest.mark.e2e
@@ -94,7 +94,8 @@ def test_a_server_serving_another_model_is_refused_before_any_call(vllm_server, 
 
 def test_weights_the_worker_cannot_hash_are_accepted_only_by_name_as_declared(vllm_server, tmp_path) -> None:
     """A server whose folder is not on this machine: refused unless served_model names what it serves."""
-    from tasks.engines.vllm_server.claims import ServerClaim, check_served_weights
+    from tasks.engines.vllm_server.claims import ServerClaim
+    from tasks.engines.vllm_server.weights import check_served_weights
 
     planned = resolve_model_reference(BUNDLED_REFERENCE)
     remote = ServerClaim(vllm_server.url, "smollm2", "/elsewhere/smollm2", 2048, 0, "processed_logprobs")

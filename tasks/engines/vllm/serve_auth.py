@@ -13,7 +13,8 @@ streaming answers pass through untouched. Invariants: the key is read from ``VLL
 once, in the server's own process (a server started without one refuses to start); a request is
 let through only with ``Authorization: Bearer <key>`` (compared with :func:`hmac.compare_digest`
 on SHA-256 digests, so neither content nor length leaks through timing) or when its path is
-exactly ``/health``; the key is never logged or echoed.
+exactly ``/health``; the key is never logged or echoed. Inside the guard, :class:`~.serve_records.ServeRecords`
+keeps the server's weight records (its routes need the key like every other).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import os
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tasks.engines.vllm.serve_records import ServeRecords
 
 KEY_ENV = "VLLM_API_KEY"
 OPEN_PATHS = frozenset({"/health"})  # the bare liveness check
@@ -39,7 +42,7 @@ class RequireKey:
         key = os.environ.get(KEY_ENV, "")
         if not key:
             raise RuntimeError(f"{KEY_ENV} is not set: a rollout-ledger serve server needs an API key")
-        self.app = app
+        self.app = ServeRecords(app)
         self._digest = hashlib.sha256(key.encode()).digest()
 
     def admits(self, headers: Headers) -> bool:

@@ -4,9 +4,8 @@ A server claims a model (``/v1/models``: its name, the folder it loaded, its con
 weight version (``/weight_info``; ``default`` until a refit names one, read as 0), whether it is
 paused (``/is_paused``), a logprobs mode and its start identity (``/server_info``). All but the
 first are among vLLM's RL/dev endpoints, on when the server runs with ``VLLM_SERVER_DEV_MODE=1``
-(``rollout-ledger serve`` sets it). The served weights are *verified* when the folder the server
-loaded is on this machine and hashes to the planned model; otherwise they are *declared*:
-accepted by name (``served_model``), not verified.
+(``rollout-ledger serve`` sets it). How the served weights are known to be the planned model's
+(verified or declared) is judged in :mod:`tasks.engines.vllm_server.weights`.
 
 Replicas caught mid-refit (one paused, or versions that differ: a rolling refit goes one replica
 at a time) are read again until they agree, at most :data:`MID_REFIT_WAIT_SECONDS`, with a log
@@ -25,8 +24,7 @@ from typing import Any
 
 from tasks.engines.vllm_server.options import VllmServerOptions
 from tasks.engines.vllm_server.replica import SERVER_INFO_PATH, ServerAnswerError, ServerReplica, start_identity
-from tasks.errors import ConfigError, EngineError, ModelMismatchError
-from tasks.models.provenance import WEIGHTS_DECLARED, WEIGHTS_VERIFIED
+from tasks.errors import ConfigError, EngineError
 
 log = logging.getLogger(__name__)
 REQUIRED_LOGPROBS_MODE = "processed_logprobs"
@@ -102,19 +100,22 @@ async def read_claims(
 
 
 def planned_weights(options: VllmServerOptions, model_folder: Path) -> str:
-    """At plan time: how the servers' weights are known to be the planned model's (:func:`check_served_weights`).
+    """At plan time: how the servers' weights are known to be the planned model's (:func:`~.weights.served_weights`).
 
     Refuses, before anything is written, what a worker would refuse before its first call: a
-    server that cannot be reached or refuses the key, replicas that disagree, another model.
+    server that cannot be reached or refuses the key, replicas that disagree, another model (the
+    weights of the version they serve now, hashed where they were loaded, must be the planned model's).
     """
+    from tasks.engines.vllm_server.weights import read_records, served_weights
 
     async def judge() -> str:
         replicas = replicas_of(options)
         try:
-            claim = (await read_claims(replicas))[0]
+            claims = await read_claims(replicas)
+            records = list(await asyncio.gather(*(read_records(replica) for replica in replicas)))
         finally:
             await asyncio.gather(*(replica.close() for replica in replicas))
-        return await asyncio.to_thread(check_served_weights, claim, model_folder, options.served_model)
+        return await asyncio.to_thread(served_weights, claims, records, model_folder, options.served_model)
 
     return asyncio.run(judge())
 
@@ -184,40 +185,6 @@ def check_claims(claims: list[ServerClaim]) -> ServerClaim:
                 f"{claim.url} {claim.weight_version}; refit them together (rollout-ledger refit)"
             )
     return first
-
-
-def check_served_weights(claim: ServerClaim, planned_folder: Path, served_model: str | None) -> str:
-    """:data:`WEIGHTS_VERIFIED` or :data:`WEIGHTS_DECLARED`; a :class:`ModelMismatchError` for another model.
-
-    Verified: the folder the server loaded is on this machine and its weights, tokenizer and chat
-    template hash as the planned model's (``planned_folder``, already checked against the plan).
-    Declared: the folder is elsewhere and the server's model name is ``served_model``.
-    """
-    from tasks.models.provenance import model_provenance
-
-    served = Path(claim.root)
-    if served.is_dir() and served.resolve() == planned_folder.resolve():
-        return WEIGHTS_VERIFIED  # the very folder generate checked against the plan
-    if served.is_dir():
-        planned = model_provenance(planned_folder)
-        differ = [name for name, value in model_provenance(served).items() if value != planned[name]]
-        if differ:
-            raise ModelMismatchError(
-                f"server {claim.url} serves {served}, whose {', '.join(differ)} differ from the planned "
-                f"model's ({planned_folder})"
-            )
-        return WEIGHTS_VERIFIED
-    if served_model is None:
-        raise ModelMismatchError(
-            f"server {claim.url} serves {claim.model!r} from {claim.root!r}, which is not on this machine to "
-            f"hash against the planned model; set the engine option served_model={claim.model!r} to accept "
-            "its weights as declared, not verified"
-        )
-    if claim.model != served_model:
-        raise ModelMismatchError(
-            f"server {claim.url} serves {claim.model!r}, not the declared served_model {served_model!r}"
-        )
-    return WEIGHTS_DECLARED
 
 
 def _field(mapping: Any, name: str) -> Any:

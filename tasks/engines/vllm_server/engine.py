@@ -40,10 +40,11 @@ from tasks.engines.base import (
     WeightVersionSpan,
     next_weight_version,
 )
-from tasks.engines.vllm_server.claims import check_served_weights, parse_weight_version, read_claims, replicas_of
+from tasks.engines.vllm_server.claims import parse_weight_version, read_claims, replicas_of
 from tasks.engines.vllm_server.options import VllmServerOptions
 from tasks.engines.vllm_server.refit import refit_servers
 from tasks.engines.vllm_server.replica import ReplicaDeadError, ServerReplica
+from tasks.engines.vllm_server.weights import ServedWeights
 from tasks.errors import ConfigError, EngineDeadError, EngineError
 from tasks.models.bundled import check_model_folder, load_tokenizer
 
@@ -67,11 +68,14 @@ class VllmServerEngine(Engine):
         tokenizer: Any,
         max_model_len: int,
         weight_version: int,
+        served_weights: ServedWeights | None = None,
     ) -> None:
         super().__init__(tokenizer=tokenizer, max_model_len=max_model_len, weight_version=weight_version)
         self.replicas = replicas
         self.served_model = served_model
         self.weights = weights
+        # names each call's weights from the servers' records (none given: from no server's)
+        self._served_weights = served_weights or ServedWeights(set(), since=weight_version)
         self._sessions: collections.OrderedDict[str, ServerReplica] = collections.OrderedDict()
         self._turns = itertools.count()  # splits ties of calls without a session
         self._closed = False
@@ -90,7 +94,8 @@ class VllmServerEngine(Engine):
         prompts). Refused: a server that serves another model (:class:`~tasks.errors.ModelMismatchError`),
         replicas that disagree, a logprobs mode other than processed, a refused API key. The
         engine's weight version is the servers' own; generate refuses it when it is below the plan's.
-        ``weight_version`` is unused: a server's version is what it reports.
+        ``weight_version`` is the plan's: servers at that version must serve the planned weights
+        (:meth:`ServedWeights.connect`).
         """
         if not isinstance(options, VllmServerOptions):
             options = VllmServerOptions.from_mapping(options)
@@ -104,7 +109,9 @@ class VllmServerEngine(Engine):
                     f"engine option max_model_len {options.max_model_len} exceeds the {claim.max_model_len} "
                     f"tokens the servers accept"
                 )
-            weights = await asyncio.to_thread(check_served_weights, claim, path, options.served_model)
+            weights, served = await ServedWeights.connect(
+                replicas, claims, path, options.served_model, planned_version=weight_version
+            )
             tokenizer = await asyncio.to_thread(load_tokenizer, path)
         except BaseException:
             await asyncio.gather(*(replica.close() for replica in replicas))
@@ -118,6 +125,7 @@ class VllmServerEngine(Engine):
             tokenizer=tokenizer,
             max_model_len=options.max_model_len or claim.max_model_len,
             weight_version=claim.weight_version,
+            served_weights=served,
         )
 
     @property
@@ -183,7 +191,7 @@ class VllmServerEngine(Engine):
             raise replica.lose(error) from None
         replica.accept(result.weight_spans, sent_version, request.request_id)
         self._weight_version = max(r.weight_version for r in self.replicas if r.lost is None)
-        return result
+        return await self._served_weights.stamp(result, replica)
 
     async def update_weights(self, model_path: str, *, version: int | None = None) -> int:
         """Load ``model_path`` (a folder as the servers see it) into every replica; return the new version.

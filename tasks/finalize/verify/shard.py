@@ -151,6 +151,12 @@ class PreparedShard:
         """The shard's ledger tables; None when the ledger cannot be trusted (:attr:`read` is the error)."""
         return None if isinstance(self.read, StorageIntegrityError) else self.read.tables
 
+    @property
+    def staged_rows(self) -> pa.Table | None:
+        """The staged rows of every receipt's chain that was read (the calls behind the rows); None as in
+        :attr:`tables`."""
+        return None if isinstance(self.read, StorageIntegrityError) else self.read.staged.table
+
     def verify(self) -> VerifiedRollouts:
         """The verdict of every planned rollout, in plan order, as columns.
 
