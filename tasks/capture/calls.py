@@ -221,9 +221,11 @@ class CallCapture:
         self._staging = staging
         self._ledger = ledger
         self._cache = prefix_cache
-        # The tokenizer the capture renders with: used only where prompts are rendered (see the module doc).
+        # The tokenizer the capture renders with: used only where prompts are rendered (see the module doc),
+        # from its first use on (the prompt builder is made there too).
         self.tokenizer = engine.tokenizer if render_executor is None else copy.deepcopy(engine.tokenizer)
-        self._prompts = ChatPromptBuilder(RenderTokenizer(self.tokenizer), eos_token_id=engine.eos_token_id)
+        self._prompts: ChatPromptBuilder | None = None
+        self._eos_token_id = engine.eos_token_id
         self._coordinates: dict[str, CommitCoordinates] = {}
 
     def coordinates_of(self, keys: Sequence[str]) -> list[tuple[str, CommitCoordinates]]:
@@ -356,6 +358,8 @@ class CallCapture:
         tools: Sequence[Mapping[str, Any]] = (),
     ) -> np.ndarray:
         try:
+            if self._prompts is None:
+                self._prompts = ChatPromptBuilder(RenderTokenizer(self.tokenizer), eos_token_id=self._eos_token_id)
             prompt = self._prompts.prompt(messages, parent_tokens, tools=tools)
         except CallFault as fault:
             raise _CallFailed(fault.reason, f"prompt of {call_id}: {fault.detail}") from None

@@ -13,6 +13,7 @@ import asyncio
 import copy
 import json
 import sys
+import threading
 
 import pytest
 
@@ -168,3 +169,54 @@ def test_a_tool_call_without_a_tool_parser_is_a_named_failure_row(tmp_path, toke
     assert "ModuleNotFoundError" in bundle.failures[0].detail
     assert (bundle.receipt.status, bundle.receipt.failure_reason) == ("poisoned", "tool_parser_missing")
     assert nothing_after_its_receipt(written)
+
+
+TOKENIZER_USES: list[tuple[int, int]] = []  # (id of the tokenizer object, thread)
+
+
+class Recording:
+    """A tokenizer class that notes which object does tokenizer work, on which thread."""
+
+    def _noted(self) -> None:
+        TOKENIZER_USES.append((id(self), threading.get_ident()))
+
+    def encode(self, *args, **kwargs):
+        self._noted()
+        return super().encode(*args, **kwargs)
+
+    def decode(self, *args, **kwargs):
+        self._noted()
+        return super().decode(*args, **kwargs)
+
+    def apply_chat_template(self, *args, **kwargs):
+        self._noted()
+        return super().apply_chat_template(*args, **kwargs)
+
+    def get_vocab(self, *args, **kwargs):
+        self._noted()
+        return super().get_vocab(*args, **kwargs)
+
+    def convert_ids_to_tokens(self, *args, **kwargs):
+        self._noted()
+        return super().convert_ids_to_tokens(*args, **kwargs)
+
+
+def test_an_agent_attempts_tokenizer_work_runs_on_one_thread_with_a_tokenizer_of_its_own(tmp_path, tokenizer):
+    """The engine decodes with its tokenizer on the loop (as vllm_server does); rendering, encoding and tool-call
+    reading use a copy, on the render thread only."""
+    recording = copy.deepcopy(tokenizer)
+    recording.__class__ = type("Recorded", (Recording, type(tokenizer)), {})
+    engine = arithmetic_engine(recording)
+    TOKENIZER_USES.clear()
+    tasks = tasks_file(tmp_path, [{"a": a, "b": 1} for a in range(2)])
+    options = {"function": "tests.generation.agents_for_tests:tool_agent", "tasks": tasks}
+    _, summary = run_agents(tmp_path, engine, "agent_callable", options, num_tasks=2, group_size=2)
+
+    assert summary.ok == 4 and summary.calls == 8
+    loop = threading.get_ident()  # generate ran its loop here
+    threads_of: dict[int, set[int]] = {}
+    for tokenizer_id, thread in TOKENIZER_USES:
+        threads_of.setdefault(tokenizer_id, set()).add(thread)
+    assert threads_of.pop(id(recording)) == {loop}  # the engine's: its decodes and encodes, on the loop
+    (render_threads,) = threads_of.values()  # one other tokenizer: the capture's copy
+    assert len(render_threads) == 1 and loop not in render_threads

@@ -136,6 +136,24 @@ def test_a_compacted_history_is_a_new_root_with_its_reason(tmp_path, tokenizer, 
         assert receipt.terminal_call_id == records[2].call_id and receipt.reward == 1.0
 
 
+def test_a_call_offering_other_tools_is_a_new_root_that_sees_them_never_a_splice(tmp_path, tokenizer, tasks_file):
+    engine = arithmetic_engine(tokenizer)
+    options = {"function": "tests.generation.graph_agents:tools_changing_agent", "tasks": str(tasks_file)}
+    batch, summary = run_agents(tmp_path, engine, "agent_callable", options)
+    assert summary.ok == 4
+    for receipt, calls in staged_manifests(batch).values():
+        records = [record for record, _ in calls]
+        reasons = [gateway_notes(delta).get("root_reason") for _, delta in calls]
+        assert reasons == [None, "tools_changed", "tools_changed"]
+        assert [r.parent_call_id for r in records] == [None, None, None]
+        asked = {r.request_id: r.prompt_token_ids for r in engine.requests}
+        prompts = [tokenizer.decode(asked[record.call_id]) for record in records]
+        assert '"name": "mul"' not in prompts[0] and '"name": "mul"' in prompts[1]  # the new tools, rendered
+        assert "<tools>" not in prompts[2]  # tool_choice "none": none offered
+        assert all("<|im_start|>tool" in prompt for prompt in prompts[1:])  # the whole history, rendered afresh
+        assert receipt.terminal_call_id == records[2].call_id and receipt.reward == 1.0
+
+
 def test_an_agent_command_that_crashes_hangs_or_gives_no_reward_fails_only_its_rollout(tmp_path, tokenizer):
     behaviors = ["answer", "crash", "hang", "no_reward"]
     tasks = tmp_path / "behaviors.jsonl"
