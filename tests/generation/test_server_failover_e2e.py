@@ -1,0 +1,194 @@
+"""Real ``rollout-ledger serve`` processes lost mid-shard: a replica killed, a server restarted, calls aborted.
+
+* Two replicas (the test run's server and a second ``serve`` on the same key); the second's whole
+  process tree is SIGKILLed while ``rollout-ledger generate`` runs: the shard fails over to the
+  first in a new attempt, commits, and its dataset is validated and published; the summary names
+  the failover and the calls each replica answered, and status names the failover.
+* One server restarted on its port (SIGTERM, then a new ``serve``) while generate runs and while
+  an engine is connected: the calls in flight end the attempt as engine death (exit 1, no rollout
+  poisoned); the connected engine's next call, answered by the new process, is refused as a
+  restart; the retry refuses the restarted server's start-up version until it is named the
+  planned one again, then commits with every call stamped at the planned version.
+* Calls aborted by a pause in abort mode end the attempt as engine death, never a cut reply
+  captured as ``stop``; the retry finishes the shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tasks.batch import Batch
+from tasks.config import EngineSpec
+from tasks.engines import create_engine
+from tasks.engines.background import BackgroundLoop
+from tasks.engines.base import GenerationRequest, SamplingSettings
+from tasks.engines.vllm.serve import free_port
+from tasks.engines.vllm_server.replica import ReplicaDeadError
+from tasks.errors import ConfigError
+from tasks.finalize.stage import FinalizeOptions
+from tasks.generate import generate_shard
+from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+from tasks.pipeline import finalize_and_publish
+from tasks.status import batch_status, render_status
+
+from .processes import GenerateProcess
+from .test_interruptions_e2e import (
+    assert_finished_without_duplicates,
+    assert_stopped_cleanly,
+    interruptible_config,
+    planned,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("vllm_server"), pytest.mark.timeout(1800)]
+PLANNED_VERSION = 2
+
+
+class Serve:
+    """``rollout-ledger serve`` of the bundled model on ``port``, the key in ``key_file``, in a session of its own."""
+
+    def __init__(self, home: Path, key_file: str, port: int) -> None:
+        argv = [sys.executable, "-m", "tasks.cli", "serve", "--port", str(port), "--api-key-file", key_file]
+        argv += ["--engine-option", "max_model_len=2048", "--log", str(home / f"server-{port}.log")]
+        self.stderr = home / f"serve-{port}.stderr"
+        with self.stderr.open("a") as stderr:
+            self.process = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True
+            )
+        self.url = self.process.stdout.readline().strip() if self.process.stdout else ""
+        assert self.url.startswith("http://127.0.0.1:"), f"serve printed no URL:\n{self.stderr.read_text()[-3000:]}"
+
+    def kill_tree(self) -> None:
+        """SIGKILL ``serve`` and every process below it at once, as a crashed machine loses them."""
+        tree = [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(tree, timeout=30)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM, as a process manager stops it: the server stops and every process of it is gone."""
+        self.process.send_signal(signal.SIGTERM)
+        assert self.process.wait(timeout=120) == 0, self.stderr.read_text()[-3000:]
+
+
+@contextlib.contextmanager
+def serving(home: Path, key_file: str, port: int) -> Iterator[Serve]:
+    serve = Serve(home, key_file, port)
+    try:
+        yield serve
+    finally:
+        if serve.process.poll() is None:
+            serve.stop()
+
+
+def name_weight_version(url: str, key: str, version: int) -> None:
+    """What a refit's last step does: the server names its weights ``version``."""
+    headers = {"Authorization": f"Bearer {key}"}
+    httpx.post(f"{url}/update_weight_version", json={"new_version": str(version)}, headers=headers).raise_for_status()
+
+
+def test_a_replica_killed_mid_shard_fails_over_to_the_other_and_the_dataset_is_published(vllm_server, tmp_path):
+    with serving(tmp_path, vllm_server.key_file, free_port()) as second:
+        options = vllm_server.engine_options() | {"urls": [vllm_server.url, second.url]}
+        config = interruptible_config("b-failover", engine=EngineSpec(name="vllm_server", options=options))
+        root, store = planned(tmp_path, config)
+        run = GenerateProcess(root, config.batch_id, tmp_path / "failover.log")
+        run.wait_for_completed_rollouts()
+        second.kill_tree()
+        code, stdout = run.finish(timeout=900)
+
+    log = run.log.read_text()
+    assert code == 0, log[-3000:]
+    (summary,) = json.loads(stdout)
+    assert summary["attempt"] >= 1 and len(summary["failovers"]) == summary["attempt"]
+    assert all(f"server {second.url}" in failover for failover in summary["failovers"])
+    assert summary["calls_by_replica"][vllm_server.url] > 0 and summary["calls_by_replica"][second.url] > 0
+    assert summary["rollouts"] == config.num_rollouts and summary["poisoned"] == summary["failed"] == 0
+    assert "failed over" in log
+    assert_finished_without_duplicates(store, summary["ok"], attempts=summary["attempt"] + 1)
+    status = batch_status(Batch.open(root, config.batch_id))
+    assert status.shards[0].committed.failovers == tuple(range(summary["attempt"]))
+    assert "failed over from attempt(s)" in render_status(status)
+    published = finalize_and_publish(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))
+    assert published.published is not None and published.staged.marker.rows == config.num_rollouts
+
+
+def test_a_server_restarted_mid_shard_is_engine_death_and_nothing_is_stamped_with_its_start_up_version(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("restart-test-key-0123")
+    port, key = free_port(), key_file.read_text()
+    loop = BackgroundLoop("restart-test")
+    request = None
+    try:
+        with serving(tmp_path, str(key_file), port) as first:
+            name_weight_version(first.url, key, PLANNED_VERSION)
+            options = {"urls": [first.url], "api_key_file": str(key_file)}
+            model = resolve_model_reference(BUNDLED_REFERENCE)
+            connected = loop.run(create_engine("vllm_server", model_path=model, options=options), timeout=300)
+            text = connected.tokenizer.apply_chat_template(
+                [{"role": "user", "content": "Count to 3."}], tokenize=False, add_generation_prompt=True
+            )
+            prompt = tuple(connected.tokenizer.encode(text, add_special_tokens=False))
+            request = GenerationRequest("c0", prompt, SamplingSettings(max_tokens=8), seed=1, session_id="r0")
+            before = loop.run(connected.generate(request), timeout=300)
+            assert {span.version for span in before.weight_spans} == {PLANNED_VERSION}
+
+            engine = EngineSpec(name="vllm_server", options=options)
+            config = interruptible_config("b-restart", num_tasks=4, weight_version=PLANNED_VERSION, engine=engine)
+            root, store = planned(tmp_path, config)
+            run = GenerateProcess(root, config.batch_id, tmp_path / "restart.log")
+            done = run.wait_for_completed_rollouts()
+            first.stop()
+        assert_stopped_cleanly(run, store, 0, expected_code=1, reported_done=done)
+        assert "the engine died" in run.log.read_text()
+
+        with serving(tmp_path, str(key_file), port) as restarted:  # the same port, a new process
+            with pytest.raises(ReplicaDeadError, match="restarted"):
+                loop.run(connected.generate(request), timeout=300)
+            with pytest.raises(ConfigError, match=f"serves weight version 0, older than the planned {PLANNED_VERSION}"):
+                generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
+            name_weight_version(restarted.url, key, PLANNED_VERSION)  # the operator refits it again
+            summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
+        loop.run(connected.close(), timeout=60)
+    finally:
+        loop.close()
+    assert summary.rollouts == config.num_rollouts and summary.poisoned == 0 and summary.adopted >= done
+    assert_finished_without_duplicates(store, summary.ok, attempts=summary.attempt + 1)
+    calls = Batch.open(root, config.batch_id).ledger(0).tables.calls
+    assert set(calls.column("weight_version").to_pylist()) == {PLANNED_VERSION}
+    assert "abort" not in calls.column("finish_reason").to_pylist()
+
+
+def test_calls_aborted_by_a_pause_end_the_attempt_and_are_never_captured_as_replies(vllm_server, tmp_path):
+    config = interruptible_config(
+        "b-abort", num_tasks=4, engine=EngineSpec(name="vllm_server", options=vllm_server.engine_options())
+    )
+    root, store = planned(tmp_path, config)
+    run = GenerateProcess(root, config.batch_id, tmp_path / "abort.log")
+    done = run.wait_for_completed_rollouts()
+    headers = {"Authorization": f"Bearer {vllm_server.key}"}
+    try:
+        httpx.post(
+            f"{vllm_server.url}/pause", params={"mode": "abort"}, headers=headers, timeout=120
+        ).raise_for_status()
+        assert_stopped_cleanly(run, store, 0, expected_code=1, reported_done=done)
+    finally:
+        httpx.post(f"{vllm_server.url}/resume", headers=headers, timeout=120).raise_for_status()
+    log = run.log.read_text()
+    assert "aborted it after" in log and "the engine died" in log
+    summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
+    assert summary.rollouts == config.num_rollouts and summary.poisoned == 0
+    assert_finished_without_duplicates(store, summary.ok, attempts=summary.attempt + 1)
+    calls = Batch.open(root, config.batch_id).ledger(0).tables.calls
+    assert "abort" not in calls.column("finish_reason").to_pylist()
