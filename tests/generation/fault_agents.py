@@ -83,3 +83,9 @@ async def refused_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
     except openai.APIStatusError as error:
         SEEN[task["a"]] = {"status": error.status_code, "code": error.code}
     return {"reward": 0.0}
+
+
+async def by_shape(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """The agent the task's ``shape`` names: ``late_call`` or ``dropped_connection``."""
+    shapes = {"late_call": late_call_agent, "dropped_connection": dropped_connection_agent}
+    return await shapes[task["shape"]](client, task)

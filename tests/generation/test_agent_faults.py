@@ -40,9 +40,8 @@ class SlowWhenAsked(DelegatingEngine):
         return await self.inner.generate(request)
 
 
-@pytest.fixture
-def written(monkeypatch) -> list[tuple[str, str]]:
-    """(kind, rollout id) of every ledger row in the order they were handed to the ledger writer."""
+def ledger_order(monkeypatch) -> list[tuple[str, str]]:
+    """(kind, rollout id) of every ledger row from now on, in the order they are handed to the ledger writer."""
     order: list[tuple[str, str]] = []
     for kind, method in (("call", "add_call"), ("failure", "add_failure"), ("receipt", "add_receipt")):
         original = getattr(LedgerWriter, method)
@@ -54,6 +53,11 @@ def written(monkeypatch) -> list[tuple[str, str]]:
         monkeypatch.setattr(LedgerWriter, method, add)
     fault_agents.SEEN.clear()
     return order
+
+
+@pytest.fixture
+def written(monkeypatch) -> list[tuple[str, str]]:
+    return ledger_order(monkeypatch)
 
 
 def tasks_file(tmp_path, tasks: list[dict]) -> str:

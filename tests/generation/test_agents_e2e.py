@@ -5,7 +5,8 @@ SDK against the capture gateway of a generate attempt on the shared in-process v
 multi-turn with tools, streaming, a retried call, a sub-agent, a compacted history, a call with
 another rollout's key, and agents that crash, hang or give no reward. Every chain is checked token
 by token, then the batch is finalized, validated by the lineage and dataset suites, and published
-(the failed rollouts masked with their reasons).
+(the failed rollouts masked with their reasons). Then the gateway's faults on the same engine: a
+call still running when its episode returns, and a retry after a dropped connection.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from tasks.finalize.stage import FinalizeOptions
 from tasks.generate import generate_shard
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import plan_batch
+from tasks.storage.ledger_reader import LedgerReader
+from tests.generation import fault_agents
 
 from .agents_for_tests import FAILING_SHAPES, SHAPES
 from .chains import linearized, verified_sequences
 from .configs import bundled_model_config
+from .test_agent_faults import SlowWhenAsked, ledger_order, nothing_after_its_receipt
 from .test_agent_rollouts import gateway_notes, staged_manifests
 from .test_server_batches_e2e import dataset_rows
 
@@ -141,3 +145,39 @@ def test_an_independent_message_graph_on_the_real_model_prompts_each_call_afresh
     ]
     for row, (_, delta) in zip(rows, expected, strict=True):
         assert row["sample_mask"] == 1 and row["num_turns"] == 1 and row["input_ids"] == delta.token_ids_delta.tolist()
+
+
+def test_a_late_call_and_a_retried_dropped_connection_on_the_real_model_are_each_one_call_in_the_receipt(
+    vllm_engine, tmp_path, monkeypatch
+):
+    """The real engine, slowed (``SlowWhenAsked``) on the requests the agents ask slowly: the episode returns
+    while its call runs, or the connection drops once the call is admitted and the client retries."""
+    engine, loop = vllm_engine
+    slowed = SlowWhenAsked(engine)
+    written = ledger_order(monkeypatch)
+    tasks = tmp_path / "tasks.jsonl"
+    shapes = ["late_call", "dropped_connection"]
+    tasks.write_text("".join(json.dumps({"shape": shape, "a": i, "b": 3}) + "\n" for i, shape in enumerate(shapes)))
+    config = bundled_model_config(
+        batch_id="b-agent-faults",
+        environment="agent_callable",
+        environment_options={"function": "tests.generation.fault_agents:by_shape", "tasks": str(tasks)},
+        num_tasks=2,
+        group_size=1,
+        sampling=SamplingSettings(temperature=0.8, max_tokens=16),
+    )
+    root = str(tmp_path / "runs")
+    batch = Batch.open(root, config.batch_id)
+    plan_batch(batch, config)
+    summary = generate_shard(batch, 0, engine=slowed, run=loop.run, progress=False)
+
+    assert summary.ok == 2
+    assert fault_agents.SEEN[0] == {"timed_out": True} and fault_agents.SEEN[1]["tries"] == 2
+    bundles = {b.rollout_id: b for b in LedgerReader(batch.store, 0).rollouts()}
+    assert sorted(len(b.manifest) for b in bundles.values()) == [1, 2]  # one call per request the agents made
+    assert all(b.receipt.num_calls == len(b.manifest) and b.receipt.status == "ok" for b in bundles.values())
+    assert {f"chatcmpl-{b.manifest[0].call_id}" for b in bundles.values()} >= {fault_agents.SEEN[1]["id"]}
+    assert nothing_after_its_receipt(written)
+    finalize_and_publish(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))
+    rows = dataset_rows(root, config.batch_id)
+    assert len(rows) == 2 and all(row["sample_mask"] == 1 for row in rows.values())
