@@ -11,10 +11,9 @@ Every failure writes a failure row with a named reason (``FAILURE_REASONS``) and
 rollout (a step that fails for a reason of its own raises :class:`~tasks.capture.faults.CallFault`:
 the chat template, the tokenizer, the gateway's reply reader); the environment still gets the
 completion when one exists (a capture failure is not a generation failure), and later calls of a
-poisoned rollout run uncaptured. The engine dying
-(:class:`EngineDeadError`) and storage staying unavailable through every retry
-(:class:`StorageUnavailableError`) are no failures of the call: they propagate and end the shard
-attempt, and the retry re-runs the rollout.
+poisoned rollout run uncaptured. The engine dying (:class:`EngineDeadError`) and storage staying
+unavailable through every retry (:class:`StorageUnavailableError`) are no failures of the call:
+they propagate and end the shard attempt, and the retry re-runs the rollout.
 With ``capture=False`` the same path runs minus staging and ledger (the overhead benchmark).
 
 A rollout's calls form a chain by default: each call must extend the previous one's conversation

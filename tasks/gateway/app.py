@@ -25,9 +25,9 @@ of the route, not of the request, so a client that goes away never cuts a call s
 Two rules keep a rollout's calls exactly those its receipt counts:
 
 * **No call outlives its rollout.** :meth:`Rollouts.end` refuses every later request
-  (``rollout_ended``, checked again once the body is read, and no call starts after that check
-  but synchronously with it); :meth:`RolloutRoute.settled` returns once every call started on the
-  route has finished, answered or failed. The receipt is made after that.
+  (``rollout_ended``; checked again once the body is read, and a call starts in the same step as
+  that check, so none starts after the end); :meth:`RolloutRoute.settled` returns once every call
+  started on the route has finished, answered or failed. The receipt is made after that.
 * **A retry is the call it repeats.** A chat completion whose body is, byte for byte, that of the
   route's latest call with that body, while every client that asked for that call went away
   before its answer was sent (a client timeout, a dropped connection), is answered from that
