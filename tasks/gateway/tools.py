@@ -4,8 +4,8 @@ The fallback format (Hermes's, which vLLM's ``hermes`` tool parser reads): the r
 are listed as JSON inside ``<tools></tools>`` in the system message, and the model calls one by
 writing ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. :func:`offer_tools` puts
 the tools in the conversation the template renders (the same text for the same tools, so a
-conversation that extends an earlier one still does); :func:`read_reply` splits the sampled text
-into the reply's content and tool calls with vLLM's parser. Text that opens a tool call the
+conversation that extends an earlier one still does); :class:`ToolCallReader` splits the sampled
+text into the reply's content and tool calls with vLLM's parser. Text that opens a tool call the
 parser cannot read comes back as plain content and is reported as unparsed, never guessed.
 """
 
