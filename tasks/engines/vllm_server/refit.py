@@ -69,11 +69,15 @@ async def refit_replica(replica: ServerReplica, refit: Refit) -> None:
 
 
 async def replica_state(replica: ServerReplica) -> str:
-    """The state of a replica a refit step failed on, in words (``/is_paused``)."""
-    try:
-        answer = await replica.get("/is_paused")
-    except EngineError as exc:
-        return f"in an unknown state (/is_paused: {exc})"
+    """The state of a replica a refit step failed on, in words (``/is_paused``; asked twice: a server may close
+    the connection its failed answer came over)."""
+    for attempt in range(2):
+        try:
+            answer = await replica.get("/is_paused")
+            break
+        except EngineError as exc:
+            if attempt == 1 or not isinstance(exc, EngineDeadError):
+                return f"in an unknown state (/is_paused: {exc})"
     if isinstance(answer, dict) and answer.get("is_paused") is True:
         return "paused: it serves no request until a refit succeeds"
     if isinstance(answer, dict) and answer.get("is_paused") is False:
@@ -89,6 +93,8 @@ async def refit_servers(replicas: list[ServerReplica], folder: str, version: int
         try:
             await refit_replica(replica, refit)
         except RefitFailedError as exc:
+            if len(replicas) == 1:
+                raise
             done = [r.url for r in replicas[:index]]
             untouched = [r.url for r in replicas[index + 1 :]]
             raise RefitFailedError(
