@@ -21,6 +21,7 @@ import pytest
 
 from tasks.environments.declared import REGISTRY_VARIABLE
 
+from .lineage.test_cli_lineage import file_transport
 from .test_cli import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -52,9 +53,9 @@ def test_no_planted_secret_reaches_anything_a_batch_writes(vllm_server, s3_bucke
     monkeypatch.setenv("OPENAI_API_KEY", planted["openai"])
     monkeypatch.setenv("TOOL_TOKEN", planted["tool"])
     lineage = tmp_path / "lineage.jsonl"
-    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "file")
-    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__LOG_FILE_PATH", str(lineage))
-    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__APPEND", "true")
+    monkeypatch.delenv("OPENLINEAGE_DISABLED", raising=False)
+    for name, value in file_transport(lineage).items():  # the variable the CLI reads first
+        monkeypatch.setenv(name, value)
     (tmp_path / "agent.py").write_text(AGENT)
     (tmp_path / "tasks.jsonl").write_text(
         "".join(json.dumps({"i": i, "question": f"{i} + 1?"}) + "\n" for i in range(4))

@@ -163,10 +163,7 @@ class EnvironmentRegistry:
         here = str(self.path.parent.resolve())
         resolved = dict(options)
         if isinstance(resolved.get("command"), list):
-            resolved["command"] = [
-                arg.replace("{python}", sys.executable).replace("{here}", here) if isinstance(arg, str) else arg
-                for arg in resolved["command"]
-            ]
+            resolved["command"] = [_placeholders(arg, here) for arg in resolved["command"]]
         for key in PATH_OPTIONS:
             if isinstance(resolved.get(key), str):
                 resolved[key] = self._local(resolved[key])
@@ -175,6 +172,14 @@ class EnvironmentRegistry:
     def _local(self, path: str) -> str:
         """``path`` relative to the registry's folder (URLs and absolute paths as they are)."""
         return path if "://" in path or os.path.isabs(path) else str(self.path.parent.resolve() / path)
+
+
+def _placeholders(arg: Any, here: str) -> Any:
+    """``{python}`` and ``{here}`` in a command argument; a path made with ``{here}`` is normalized."""
+    if not isinstance(arg, str):
+        return arg
+    resolved = arg.replace("{python}", sys.executable).replace("{here}", here)
+    return os.path.normpath(resolved) if arg.startswith("{here}") else resolved
 
 
 def load_registry(path: Path | None = None) -> EnvironmentRegistry:

@@ -58,7 +58,8 @@ def test_an_agent_sees_only_the_allow_list_and_the_names_its_entry_passes(tasks_
     agent = AgentCommand(command=[sys.executable, "-c", DUMP_ENV], tasks=str(tasks_file), env=["TOOL_TOKEN"])
     seen = run(agent).info["env"]
     assert not set(PLANTED.values()) & set(seen.values()) - {DOOR.api_key}
-    assert seen["OPENAI_API_KEY"] == DOOR.api_key and seen["OPENAI_BASE_URL"] == DOOR.base_url
+    assert seen["OPENAI_API_KEY"] == "[redacted]"  # the rollout's key: kept out of the info like a passed secret
+    assert seen["OPENAI_BASE_URL"] == DOOR.base_url
     assert (
         json.loads(seen["ROLLOUT_LEDGER_TASK"]) == {"i": 0} and seen["TOOL_TOKEN"] == "[redacted]"
     )  # passed, kept out of the info

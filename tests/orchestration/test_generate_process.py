@@ -31,7 +31,8 @@ def test_the_child_gets_the_storage_options_in_its_environment_only():
     argv = command.argv("python")
     assert argv == [
         *("python", "-m", "tasks.orchestration.generate_process", "generate"),
-        *("--root", "s3://bucket/runs", "--batch-id", "b1", "--shard", "3", "--no-progress", "--try-number", "2"),
+        *("--root", "s3://bucket/runs", "--batch-id", "b1", "--shard", "3", "--no-progress", "--declared-only"),
+        *("--try-number", "2"),
     ]
     env = command.environment({"ROLLOUT_LEDGER_STORAGE_OPTIONS": "stale", "PATH": "/bin"})
     assert env["PATH"] == "/bin" and '"secret": "s"' in env["ROLLOUT_LEDGER_STORAGE_OPTIONS"]
