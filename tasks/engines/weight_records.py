@@ -8,8 +8,8 @@ failed. For each weight version the server lists every load that was in place wh
 was current and generation was not paused: the loads that may have sampled that version's tokens.
 
 Invariant: a version's weights are *verified* (:meth:`WeightRecords.sha256_of` returns their
-sha256) only when that version had exactly one load and that load was hashed; anything else is
-declared, not verified (``None``).
+sha256) only when every load of that version was hashed and all hash the same (the same weights
+loaded again, or renamed); anything else is declared, not verified (``None``).
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ class WeightRecords:
     paused: bool
 
     def sha256_of(self, version: int) -> str | None:
-        """The sha256 of ``version``'s weights when they are verified (one load, hashed); else ``None``."""
-        loads = self.versions.get(version, ())
-        return loads[0].weights_sha256 if len(loads) == 1 else None
+        """The sha256 of ``version``'s weights when they are verified (every load hashed, one sha256); else ``None``."""
+        hashes = {load.weights_sha256 for load in self.versions.get(version, ())}
+        return hashes.pop() if len(hashes) == 1 else None
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -217,3 +217,18 @@ def test_the_records_need_the_key_and_refuse_a_malformed_announcement(server) ->
             return statuses
 
     assert asyncio.run(run()) == [401, 401, 400, 400, 400, 405]
+
+
+def test_the_same_weights_loaded_again_keep_their_version_verified(server, folder) -> None:
+    """A refit to the start-up folder, then its version named back to 0 (as a shared test server gets it back)."""
+    vllm, guard = server
+
+    async def run() -> WeightRecords:
+        async with await _started(guard, vllm) as client:
+            await _refit(client, 1, hashed_weights(folder), str(folder))
+            await client.post("/update_weight_version", json={"new_version": "0"})
+            return await _records(client)
+
+    records = asyncio.run(run())
+    assert [load.loaded_by for load in records.versions[0]] == [LOADED_AT_START, LOADED_BY_REFIT]
+    assert records.sha256_of(0) == records.sha256_of(1) == hashed_weights(folder)

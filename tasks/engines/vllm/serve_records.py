@@ -13,8 +13,8 @@ unannounced load when nobody announced it, a failed load when it fails (and, whi
 runs, an unannounced load from the moment it begins); ``/pause`` and ``/resume`` say whether
 generation runs; :data:`VERSION_PATHS` change the version, read back from vLLM's engine.
 Whenever generation runs, the weights in place join the loads of the current version. So a
-version whose tokens came from two sets of weights, from weights nobody hashed or from a failed
-load is never one hashed load: clients take it as declared, not verified. Every record is made
+version whose tokens came from two different weights, from weights nobody hashed or from a failed
+load never has its loads all hashed to one sha256: clients take it as declared, not verified. Every record is made
 after vLLM acted, so a reader racing a change sees the version without that load's record yet,
 or not at all: declared, never verified by mistake.
 

@@ -2,7 +2,7 @@
 
 Before the first call (plan and generate), :func:`served_weights` judges the weights of the
 version the servers serve: *verified* when they were hashed where they were loaded (the server's
-weight records, :mod:`tasks.engines.weight_records`, name one hashed load for that version; a
+weight records, :mod:`tasks.engines.weight_records`, hash every load of that version to one sha256; a
 server without records, at its start-up version, loaded a folder on this machine), else
 *declared*, accepted only by the server's model name (``served_model``).
 
@@ -81,8 +81,8 @@ def check_served_weights(
     """:data:`WEIGHTS_VERIFIED` or :data:`WEIGHTS_DECLARED`; a :class:`ModelMismatchError` for another model.
 
     ``planned_folder`` is the planned model, already checked against the plan; a served folder on
-    this machine must have its tokenizer and chat template. Verified: ``records`` name one hashed
-    load for the version the server serves, whose sha256 must be ``planned_sha`` when given (the
+    this machine must have its tokenizer and chat template. Verified: ``records`` hash every load of
+    the version the server serves to one sha256, which must be ``planned_sha`` when given (the
     planned version's weights); without records (a server not started by ``rollout-ledger serve``),
     the server is at its start-up version and the folder it loaded is on this machine, whose weights
     must hash as the planned model's. Declared: weights nobody hashed, accepted only when the
