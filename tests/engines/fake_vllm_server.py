@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Container
 from typing import Any
 
 import uvicorn
@@ -45,8 +46,9 @@ class FakeVllmServer:
         self.spans = True
         self.identity = ""
         self.delay_s = 0.0
-        self.abort_after: int | None = None  # answer ``abort`` from this many generate calls on
+        self.abort_calls: Container[int] = ()  # which generate calls (1, 2, ... in arrival order) answer ``abort``
         self.generated = 0
+        self.answered: dict[str, tuple[str, str, str]] = {}  # request id -> (identity, weight version, finish)
         self.sessions: list[str | None] = []
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -84,6 +86,11 @@ class FakeVllmServer:
             assert time.monotonic() < deadline, "the fake server did not start"
             time.sleep(0.02)
         return self
+
+    @property
+    def started(self) -> bool:
+        """Whether it listens now."""
+        return self._server is not None and self._server.started and not self._server.should_exit
 
     def stop(self) -> None:
         """Stop listening and drop every connection, as a killed server does."""
@@ -123,11 +130,13 @@ class FakeVllmServer:
         reply = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
         ids = reply[: sampling["max_tokens"]]
         finish = "stop" if ids == reply else "length"
-        if self.abort_after is not None and self.generated > self.abort_after:
+        if self.generated in self.abort_calls:
             finish = "abort"
+        finish = self.finish_reason or finish
+        self.answered[body["request_id"]] = (self.identity, self.weight_version, finish)
         choice = {
             "index": 0,
-            "finish_reason": self.finish_reason or finish,
+            "finish_reason": finish,
             "stop_reason": None,
             "token_ids": ids,
             "logprobs": {"content": [{"token_id": i, "logprob": -0.5} for i in ids]},

@@ -166,7 +166,7 @@ def test_replicas_mid_refit_are_read_again_until_they_agree(servers, caplog) -> 
 
 def test_a_shard_whose_replica_starts_aborting_fails_over_and_commits_a_valid_dataset(servers, tmp_path) -> None:
     dying, live = servers
-    dying.abort_after = 3  # then every answer of it is cut: a server shutting down
+    dying.abort_calls = range(4, 10**6)  # from its 4th call on, every answer is cut: a server shutting down
     for server in servers:
         server.weight_version = "default"  # its start-up weights: the planned folder, verified
         server.delay_s = 0.05  # calls overlap, so the abort finds rollouts in flight on both
@@ -202,7 +202,7 @@ def test_status_reads_a_failover_from_two_claims_of_one_process() -> None:
 
 def test_a_replica_lost_with_no_other_ends_the_attempt_for_the_retry(servers, tmp_path) -> None:
     only = servers[0]
-    only.abort_after, only.weight_version = 2, "default"
+    only.abort_calls, only.weight_version = range(3, 10**6), "default"
     engine = EngineSpec(name="vllm_server", options=options(only))
     config = bundled_model_config(batch_id="b-one", num_tasks=2, engine=engine)
     root = str(tmp_path / "runs")
@@ -210,6 +210,6 @@ def test_a_replica_lost_with_no_other_ends_the_attempt_for_the_retry(servers, tm
     with pytest.raises(ReplicaDeadError, match="aborted it"):
         generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
     assert Batch.open(root, config.batch_id).shard_marker(0) is None
-    only.abort_after = None
+    only.abort_calls = ()
     summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
     assert summary.attempt == 1 and summary.failovers == () and summary.rollouts == config.num_rollouts
