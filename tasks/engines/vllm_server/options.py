@@ -31,7 +31,9 @@ class VllmServerOptions(EngineOptions):
     """Options of ``engine: vllm_server``: the replicas to call and how to authenticate.
 
     Each URL is one running ``vllm serve`` (started with the RL endpoints on; ``rollout-ledger
-    serve`` does). Every rollout stays on one replica; new rollouts go to the least loaded one.
+    serve`` does), or a router in front of several. Every rollout stays on one replica and names
+    itself in ``X-Session-ID``; new rollouts go to the least loaded live one; a lost replica's
+    rollouts move to another (docs/servers.md, "Several replicas").
     """
 
     engine = "vllm_server"
