@@ -107,6 +107,8 @@ def test_an_abort_finish_is_the_replicas_death_never_a_completed_reply() -> None
         with pytest.raises(ReplicaDeadError, match=f"server {URL} aborted it after {len(tokens)} tokens") as died:
             parse_generate_answer("c0", body, URL, FakeTokenizer())
         assert isinstance(died.value, EngineDeadError) and died.value.url == URL
+    with pytest.raises(ReplicaDeadError, match="aborted it after 3 tokens"):  # cut short of its logprobs and spans
+        parse_generate_answer("c0", answer(finish_reason="abort", logprobs=None, weight_versions=None), URL, None)
 
 
 def test_a_positive_or_infinite_logprob_is_refused() -> None:

@@ -203,6 +203,8 @@ class VllmServerEngine(Engine):
             raise EngineDeadError("refit: the engine is closed")
         new_version = next_weight_version(self._weight_version, version)
         live = [replica for replica in self.replicas if replica.lost is None]
+        if not live:
+            raise EngineDeadError(f"refit to {model_path}: every server is lost")
         await refit_servers(live, model_path, new_version)
         for replica in live:
             replica.weight_version = new_version
@@ -228,6 +230,13 @@ def parse_generate_answer(request_id: str, answer: Any, url: str, tokenizer: Any
         raise fail(f"answered without exactly one choice: {str(answer)[:200]}")
     choice = choices[0]
     token_ids = choice.get("token_ids")
+    if choice.get("finish_reason") == ABORT:  # whatever else it holds: a cut reply is never a completed one
+        cut = len(token_ids) if isinstance(token_ids, list) else 0
+        raise ReplicaDeadError(
+            url,
+            f"request {request_id}: server {url} aborted it after {cut} tokens (it is shutting down, or paused in "
+            "abort mode): a cut reply, never a completed one",
+        )
     if not _int_list(token_ids):
         raise fail("answered without token ids (it must run the token-in/token-out endpoint with token output)")
     prompt_ids = answer.get("prompt_token_ids")
@@ -246,12 +255,6 @@ def parse_generate_answer(request_id: str, answer: Any, url: str, tokenizer: Any
             raise fail(f"answered logprob {value!r} at position {position}")
         logprobs[position] = value
     finish_reason = choice.get("finish_reason")
-    if finish_reason == ABORT:
-        raise ReplicaDeadError(
-            url,
-            f"request {request_id}: server {url} aborted it after {len(token_ids)} tokens (it is shutting down, or "
-            "paused in abort mode): a cut reply, never a completed one",
-        )
     if finish_reason not in FINISH_REASONS:
         raise fail(f"finished with {finish_reason!r}")
     return GenerationResult(
