@@ -22,7 +22,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tasks.engines.weight_records import LOADED_AT_START, RECORDS_PATH, Load, WeightRecords, version_number
@@ -31,6 +31,7 @@ from tasks.models.provenance import hashed_weights
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 
 MODEL = resolve_model_reference(BUNDLED_REFERENCE)
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."  # vLLM's
 MODEL_WEIGHTS_SHA256 = hashed_weights(MODEL)
 tokenizer = functools.cache(lambda: load_tokenizer(MODEL))  # one load for every fake server of a test run
 
@@ -46,6 +47,8 @@ class FakeVllmServer:
         self.spans = True
         self.identity = ""
         self.delay_s = 0.0
+        self.engine_dead = False  # as vLLM once its engine core is gone: calls answer 500, /health 503
+        self.refuse_status: int | None = None  # calls answer this HTTP error, the server stays healthy
         self.abort_calls: Container[int] = ()  # which generate calls (1, 2, ... in arrival order) answer ``abort``
         self.generated = 0
         self.answered: dict[str, tuple[str, str, str]] = {}  # request id -> (identity, weight version, finish)
@@ -71,6 +74,7 @@ class FakeVllmServer:
                 Route("/server_info", self._server_info),
                 Route("/weight_info", self._weight_info),
                 Route("/is_paused", self._is_paused),
+                Route("/health", self._health),
                 Route(RECORDS_PATH, self._weight_records),
                 Route("/inference/v1/generate", self._generate, methods=["POST"]),
             ]
@@ -119,8 +123,15 @@ class FakeVllmServer:
         version = version_number(self.weight_version)
         return JSONResponse(WeightRecords({version: (load,)}, version, load, self.paused).to_json())
 
+    async def _health(self, request: Request) -> Response:
+        return Response(status_code=503 if self.engine_dead else 200)
+
     async def _generate(self, request: Request) -> JSONResponse:
         body: dict[str, Any] = await request.json()
+        if self.engine_dead or self.refuse_status is not None:
+            status = 500 if self.engine_dead else self.refuse_status
+            error = {"message": ENGINE_DEAD_MESSAGE, "type": "InternalServerError", "param": None, "code": status}
+            return JSONResponse({"error": error}, status_code=status)
         self.sessions.append(request.headers.get("x-session-id"))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)

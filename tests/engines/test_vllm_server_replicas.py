@@ -22,7 +22,7 @@ from tasks.engines import create_engine
 from tasks.engines.base import GenerationRequest, SamplingSettings
 from tasks.engines.vllm_server.claims import ReplicasMidRefitError, read_claims
 from tasks.engines.vllm_server.replica import ReplicaDeadError
-from tasks.errors import ConfigError, EngineDeadError
+from tasks.errors import ConfigError, EngineDeadError, EngineError
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.plan import plan_batch
@@ -116,6 +116,37 @@ def test_an_abort_finish_loses_the_replica_and_its_rollouts_move_to_the_other(se
 
     moved, calls = asyncio.run(abort_then_move())
     assert moved.metadata["server"] == live.url and calls == {dying.url: 0, live.url: 1}
+
+
+def test_a_server_error_from_a_server_whose_engine_is_gone_loses_it_and_from_a_healthy_one_fails_the_call(
+    servers,
+) -> None:
+    server = servers[0]
+
+    async def engine_gone():
+        engine = await connect(server)
+        try:
+            server.engine_dead = True
+            with pytest.raises(ReplicaDeadError, match="/health answers HTTP 503: its engine is gone"):
+                await engine.generate(request(engine, 0))
+        finally:
+            await engine.close()
+
+    asyncio.run(engine_gone())
+    server.engine_dead = False
+
+    async def one_call_refused():
+        engine = await connect(server)
+        try:
+            server.refuse_status = 500  # its /health still answers 200: the call's own failure
+            with pytest.raises(EngineError, match="answered HTTP 500") as failed:
+                await engine.generate(request(engine, 0))
+            return failed.value, engine.replicas[0].lost
+        finally:
+            await engine.close()
+
+    failed, lost = asyncio.run(one_call_refused())
+    assert not isinstance(failed, EngineDeadError) and lost is None
 
 
 def test_every_call_names_its_rollout_in_x_session_id_and_idle_replicas_share_new_rollouts(servers) -> None:

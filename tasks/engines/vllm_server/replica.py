@@ -1,12 +1,13 @@
 """One running vLLM server seen from a client: its HTTP calls, its life, and what each failure means to a shard.
 
-A server that cannot be reached, or drops a connection mid-call, is lost: a
-:class:`ReplicaDeadError` (an :class:`~tasks.errors.EngineDeadError`: the rollouts in flight on
-it are re-run, on another replica or by the retry). So is a server whose start identity changed
-(it restarted: its weights and version are its start-up ones) or whose weight version went down;
-a lost replica stays lost for this client, and every call in flight on it ends the same way. An
-answer that refuses one request is a :class:`ServerAnswerError` (an engine error of that call); a
-refused API key is a :class:`ServerAuthError` naming where the key came from, never the key.
+A server that cannot be reached, drops a connection mid-call, or fails its health check after a
+server error, is lost: a :class:`ReplicaDeadError` (an :class:`~tasks.errors.EngineDeadError`:
+the rollouts in flight on it are re-run, on another replica or by the retry). So is a server
+whose start identity changed (it restarted: its weights and version are its start-up ones) or
+whose weight version went down; a lost replica stays lost for this client, and every call in
+flight on it ends the same way. An answer that refuses one request is a
+:class:`ServerAnswerError` (an engine error of that call); a refused API key is a
+:class:`ServerAuthError` naming where the key came from, never the key.
 
 The start identity is vLLM's ``instance_id`` (``/server_info``: set once when the server process
 builds its config), read when the client connects and again after every answer that arrived
@@ -30,6 +31,7 @@ from tasks.errors import ConfigError, EngineDeadError, EngineError
 # The server's answer is cut to this many characters in messages.
 DETAIL_CHARS = 300
 SERVER_INFO_PATH = "/server_info"
+HEALTH_PATH = "/health"
 # The header a router in front of several servers hashes on (vLLM router's consistent_hash policy).
 SESSION_HEADER = "X-Session-ID"
 
@@ -103,7 +105,8 @@ class ServerReplica:
         """POST a model call; (its answer, the weight version known when it was sent).
 
         The answer is given only while the replica lives: one that came over a new connection, or
-        an HTTP refusal, first has the server's identity confirmed (:meth:`_confirm_identity`).
+        an HTTP refusal, first has the server's identity confirmed (:meth:`_confirm_identity`), and
+        a server error its health (:meth:`_confirm_healthy`).
         """
         self.check_alive()
         sent_version = self.weight_version
@@ -112,7 +115,9 @@ class ServerReplica:
         try:
             try:
                 answer, connection = await self._call("POST", path, json=body, headers=headers)
-            except ServerAnswerError:  # a restarted server's refusal is its death, not this call's failure
+            except ServerAnswerError as refused:  # a dying or restarted server's refusal is no failure of the call
+                if refused.status >= 500:
+                    await self._confirm_healthy(refused)
                 await self._confirm_identity(next(self._ticks))
                 raise
             if connection is None or connection not in self._verified:
@@ -150,6 +155,21 @@ class ServerReplica:
         """Raise the error that lost the replica, if it is lost."""
         if self.lost is not None:
             raise ReplicaDeadError(self.url, f"server {self.url} is lost: {self.lost}")
+
+    async def _confirm_healthy(self, refused: ServerAnswerError) -> None:
+        """Lose the replica when its ``/health`` fails after it ``refused`` a call with a server error.
+
+        vLLM answers every call HTTP 500 once its engine core is gone (a shutdown, a crash), and
+        ``/health`` 503; a server error on a healthy server is that call's failure.
+        """
+        try:
+            await self._call("GET", HEALTH_PATH)
+        except ServerAnswerError as unhealthy:
+            raise self.lose(
+                ReplicaDeadError(
+                    self.url, f"{refused}; its {HEALTH_PATH} answers HTTP {unhealthy.status}: its engine is gone"
+                )
+            ) from None
 
     async def _confirm_identity(self, tick: int) -> None:
         """Confirm that an answer given at ``tick`` came from the server start known at connect.
