@@ -15,6 +15,7 @@ import pytest
 
 from tasks.engines.vllm.serve import generated_key_path, is_loopback, server_env, write_new_key
 from tasks.engines.vllm.serve_auth import KEY_ENV, RequireKey
+from tests.engines.fake_asgi import request_body
 
 KEY = "the-right-key"
 
@@ -30,12 +31,7 @@ class FakeUpstream:
         if scope["type"] == "lifespan":
             self.lifespans += 1
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         self.seen.append(
             {
                 "method": scope["method"],

@@ -28,6 +28,7 @@ from tasks.engines.weight_records import (
     WeightRecords,
 )
 from tasks.models.provenance import hashed_weights
+from tests.engines.fake_asgi import request_body
 
 KEY = "records-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -56,12 +57,7 @@ class FakeVllm:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         if scope["path"] == "/update_weight_version":
             self.engine.version = json.loads(body)["new_version"]
         status = 500 if scope["path"] in self.fail else 200
