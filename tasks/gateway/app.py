@@ -33,10 +33,9 @@ Two rules keep a rollout's calls exactly those its receipt counts:
   before its answer was sent (a client timeout, a dropped connection), is answered from that
   call: it waits for it if it is still running and gets its reply (same id) or its error. It
   starts no call and counts for no turn. A request repeated after its answer was sent to its
-  client, or while a client still waits for it, is a new call (an agent asking again on purpose);
-  while that call runs, the repeated request first waits up to :data:`DEPARTURE_GRACE_SECONDS` for
-  its clients' going away to be seen. A connection whose close the server has not yet seen when
-  the answer is ready counts as one the answer was sent to.
+  client, or while a client still waits for it, is a new call (an agent asking again on purpose).
+  A connection whose close the server has not yet seen when the answer is ready counts as one
+  the answer was sent to.
 """
 
 from __future__ import annotations
@@ -67,9 +66,6 @@ MAX_RESPONSE_ID_CHARS = 256
 MAX_RECORDED_REFUSALS = 32  # per rollout, kept for its receipt; later ones are only counted
 RETRY_AFTER_SECONDS = 1  # told to a client refused for too many concurrent requests
 CLIENT_GONE = 499  # the status of an answer nobody reads (its client went away): never sent
-# How long a repeated request waits for the server to see the clients of the running call it repeats go away
-# (a client that timed out closes its connection; the loop notices it a moment later, later under load).
-DEPARTURE_GRACE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -139,16 +135,6 @@ class RolloutRoute:
         task.add_done_callback(self._finished)
         call = self._latest[digest] = RouteCall(task)
         return call
-
-    async def departures_seen(self, digest: str) -> None:
-        """Wait (at most :data:`DEPARTURE_GRACE_SECONDS`) while the running call with body ``digest`` still has
-        clients waiting: a retry often arrives before the server has seen its first try's client go away."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + DEPARTURE_GRACE_SECONDS
-        while (call := self._latest.get(digest)) is not None and call.waiting and not call.task.done():
-            if loop.time() >= deadline:
-                return
-            await asyncio.sleep(0.02)
 
     def retried(self, digest: str) -> RouteCall | None:
         """The call a request whose body has ``digest`` retries, if any: the latest call with that body, when
@@ -302,10 +288,9 @@ def create_app(rollouts: Rollouts, limits: GatewayLimits = DEFAULT_LIMITS) -> Fa
             except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
                 raise invalid("the request body is not JSON", code="invalid_json") from None
             chat = read_chat_request(parsed, route.sampling, limits)
-            digest = hashlib.sha256(body).hexdigest()
-            await route.departures_seen(digest)
-            if route.ended:  # the episode ended while the body was read: no await from here to the call's start
+            if route.ended:  # the episode ended while the body was read
                 raise _ended(route)
+            digest = hashlib.sha256(body).hexdigest()
             call = route.retried(digest)
             if call is None:
                 if route.calls >= route.max_calls:
