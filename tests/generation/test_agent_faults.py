@@ -52,6 +52,7 @@ def ledger_order(monkeypatch) -> list[tuple[str, str]]:
 
         monkeypatch.setattr(LedgerWriter, method, add)
     fault_agents.SEEN.clear()
+    fault_agents.ADMITTED.clear()  # request ids repeat across batches: a test reads only its own
     return order
 
 
