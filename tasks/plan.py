@@ -119,7 +119,8 @@ def plan_from_values(
     from tasks.models.reference import model_reference, resolve_model_reference
 
     fields = check_values(values, source=source)
-    (runnables or Runnables.operator()).check_named(fields.environment)
+    runnables = runnables or Runnables.operator()
+    runnables.check_named(fields.environment)
     reference = model_reference(fields.model)
     folder = resolve_model_reference(reference)
     facts = {**model_provenance(folder), "weights": planned_weights(fields.engine, fields.engine_options, folder)}

@@ -33,11 +33,12 @@ def form_fields(environ: Mapping[str, str] = os.environ) -> dict[str, dict[str, 
 
 def environment_choices(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The environment field's ``enum`` and labels: the built-in games and the deployment registry's entries."""
-    from tasks.environments.declared import load_registry, registry_file
+    from tasks.environments.declared import registry_file
     from tasks.environments.registry import Runnables
 
-    registry = load_registry(registry_file(environ))
-    names = Runnables(registry, direct=False).choices()
+    runnables = Runnables.triggered(registry_file(environ))
+    registry = runnables.registry
+    names = runnables.choices()
     labels = {
         name: f"{name}: {registry.entries[name].description}" if registry.entries[name].description else name
         for name in registry.entries

@@ -39,26 +39,34 @@ from .test_server_batches_e2e import dataset_rows
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
+def planned_agent_batch(tmp_path, function: str, tasks: list[dict], **fields) -> Batch:
+    """A planned ``agent_callable`` batch under ``tmp_path/runs`` whose task file holds ``tasks``, one rollout each."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    options = {"function": function, "tasks": str(path), **fields.pop("environment_options", {})}
+    config = bundled_model_config(
+        environment="agent_callable", environment_options=options, num_tasks=len(tasks), group_size=1, **fields
+    )
+    batch = Batch.open(str(tmp_path / "runs"), config.batch_id)
+    plan_batch(batch, config)
+    return batch
+
+
 def test_every_agent_shape_on_the_real_model_is_captured_exactly_and_published(vllm_engine, tmp_path):
     engine, loop = vllm_engine
-    tasks = tmp_path / "tasks.jsonl"
     shapes = [*SHAPES, *FAILING_SHAPES]
-    tasks.write_text("".join(json.dumps({"shape": shape, "a": 2 + i, "b": 3}) + "\n" for i, shape in enumerate(shapes)))
-    function = "tests.generation.agents_for_tests:any_shape"
-    config = bundled_model_config(
+    batch = planned_agent_batch(
+        tmp_path,
+        "tests.generation.agents_for_tests:any_shape",
+        [{"shape": shape, "a": 2 + i, "b": 3} for i, shape in enumerate(shapes)],
         batch_id="b-agents",
-        environment="agent_callable",
-        environment_options={"function": function, "tasks": str(tasks), "timeout_s": 60},
-        num_tasks=len(shapes),
-        group_size=1,
+        environment_options={"timeout_s": 60},
         max_turns=8,
         max_in_flight=len(shapes),
         sampling=SamplingSettings(temperature=0.8, max_tokens=24),
         validation=ValidationSpec(max_invalid_row_rate=0.5, max_poisoned_rate=0.5),
     )
-    root = str(tmp_path / "runs")
-    batch = Batch.open(root, config.batch_id)
-    plan_batch(batch, config)
+    root, config = str(tmp_path / "runs"), batch.config
     summary = generate_shard(batch, 0, engine=engine, run=loop.run, progress=False)
     shape_of = {p.rollout_id: json.loads(p.task_json)["shape"] for p in batch.shard_plan(0)}
     rollouts = {shape_of[rollout]: calls for rollout, calls in staged_manifests(batch).items()}
@@ -113,20 +121,15 @@ def test_an_independent_message_graph_on_the_real_model_prompts_each_call_afresh
     vllm_engine, tmp_path
 ):
     engine, loop = vllm_engine
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"shape": "streaming", "a": i, "b": 5}) + "\n" for i in range(2)))
-    config = bundled_model_config(
+    batch = planned_agent_batch(
+        tmp_path,
+        "tests.generation.agents_for_tests:any_shape",
+        [{"shape": "streaming", "a": i, "b": 5} for i in range(2)],
         batch_id="b-independent",
-        environment="agent_callable",
-        environment_options={"function": "tests.generation.agents_for_tests:any_shape", "tasks": str(tasks)},
-        num_tasks=2,
-        group_size=1,
         message_graph="independent",
         sampling=SamplingSettings(temperature=0.8, max_tokens=16),
     )
-    root = str(tmp_path / "runs")
-    batch = Batch.open(root, config.batch_id)
-    plan_batch(batch, config)
+    root, config = str(tmp_path / "runs"), batch.config
     assert generate_shard(batch, 0, engine=engine, run=loop.run, progress=False).ok == 2
     staged = staged_manifests(batch)
     for receipt, calls in staged.values():
@@ -155,20 +158,15 @@ def test_a_late_call_and_a_retried_dropped_connection_on_the_real_model_are_each
     engine, loop = vllm_engine
     slowed = SlowWhenAsked(engine)
     written = ledger_order(monkeypatch)
-    tasks = tmp_path / "tasks.jsonl"
     shapes = ["late_call", "dropped_connection"]
-    tasks.write_text("".join(json.dumps({"shape": shape, "a": i, "b": 3}) + "\n" for i, shape in enumerate(shapes)))
-    config = bundled_model_config(
+    batch = planned_agent_batch(
+        tmp_path,
+        "tests.generation.fault_agents:by_shape",
+        [{"shape": shape, "a": i, "b": 3} for i, shape in enumerate(shapes)],
         batch_id="b-agent-faults",
-        environment="agent_callable",
-        environment_options={"function": "tests.generation.fault_agents:by_shape", "tasks": str(tasks)},
-        num_tasks=2,
-        group_size=1,
         sampling=SamplingSettings(temperature=0.8, max_tokens=16),
     )
-    root = str(tmp_path / "runs")
-    batch = Batch.open(root, config.batch_id)
-    plan_batch(batch, config)
+    root, config = str(tmp_path / "runs"), batch.config
     summary = generate_shard(batch, 0, engine=slowed, run=loop.run, progress=False)
 
     assert summary.ok == 2
