@@ -16,11 +16,13 @@ Agent commands run model-written tool code, so they are untrusted (docs/security
   kills every group still listed when the worker dies, SIGKILL included. The launcher also asks
   the kernel to SIGKILL the agent when the worker's thread that started it ends
   (``PR_SET_PDEATHSIG``). A process that leaves its group (``setsid``) escapes both: limits
-  (``processes``) and the episode's time-out bound what it can do before.
+  (``processes``) and the episode's time-out bound what it can do before, and the agent's output
+  is its own pipes (:class:`OutputPipes`), so holding them open cannot hold the worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -101,6 +103,52 @@ def launcher_argv(command: Sequence[str], limits: AgentLimits) -> list[str]:
     """The argv that runs ``command`` under ``limits``, dying with this process (see the launcher)."""
     settings = ",".join(f"{name}={value}" for name, value in limits.rlimits().items())
     return [sys.executable, "-m", "tasks.environments.agent_launcher", str(os.getpid()), settings, "--", *command]
+
+
+class OutputPipes:
+    """Two pipes for an agent's stdout and stderr: their write ends for the child, readers of the read ends.
+
+    They are this process's own, not ``asyncio.subprocess.PIPE``: asyncio's ``Process.wait`` waits
+    until its pipes reach EOF, and a reader that stopped at the output bound leaves its transport
+    paused, so a killed agent's exit would never be seen. With these, ``wait`` waits for the exit
+    only. :meth:`child_started` closes the write ends here (the readers' EOF is then the child's);
+    leaving the ``async with`` closes everything.
+    """
+
+    def __init__(self) -> None:
+        self._pipes = [os.pipe(), os.pipe()]
+        self.writers = (self._pipes[0][1], self._pipes[1][1])
+        self.readers: list[asyncio.StreamReader] = []
+        self._transports: list[asyncio.BaseTransport] = []
+
+    async def __aenter__(self) -> OutputPipes:
+        loop = asyncio.get_running_loop()
+        try:
+            for read_end, _ in self._pipes:
+                reader = asyncio.StreamReader()
+                protocol = asyncio.StreamReaderProtocol(reader)
+                file = os.fdopen(read_end, "rb", buffering=0)
+                transport, _ = await loop.connect_read_pipe(lambda protocol=protocol: protocol, file)
+                self._transports.append(transport)
+                self.readers.append(reader)
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    def child_started(self) -> None:
+        """Close the write ends here: the child holds its own copies."""
+        for _, write_end in self._pipes:
+            with contextlib.suppress(OSError):
+                os.close(write_end)
+
+    async def __aexit__(self, *_: object) -> None:
+        self.child_started()
+        for transport in self._transports:
+            transport.close()
+        for read_end, _ in self._pipes[len(self._transports) :]:
+            with contextlib.suppress(OSError):
+                os.close(read_end)
 
 
 def kill_group(pgid: int) -> None:

@@ -39,6 +39,7 @@ from tasks.environments.agent_process import (
     LAUNCH_FAILED,
     AgentLimits,
     AgentWatchdog,
+    OutputPipes,
     agent_environment,
     fresh_home,
     kill_group,
@@ -60,6 +61,8 @@ DEFAULT_TIMEOUT_S = 600.0
 MAX_SHOWN_OUTPUT = 2000  # characters of an agent's stderr or stdout a failure keeps
 BASE_URL_VARIABLE, API_KEY_VARIABLE, TASK_VARIABLE = "OPENAI_BASE_URL", "OPENAI_API_KEY", "ROLLOUT_LEDGER_TASK"
 LAUNCH_EXIT = 127
+OUTPUTS = ("stdout", "stderr")
+OUTPUT_GRACE_S = 10.0  # how long the output may stay open after the agent exited and its group was killed
 MIN_REDACTED_CHARS = 8  # a passed variable's value this long or longer is kept out of failure messages
 
 
@@ -279,38 +282,46 @@ class AgentCommand(Agent):
 
     async def _run(self, environ: dict[str, str]) -> tuple[int, bytes, bytes]:
         """Run the command to its end (its whole process group killed then, or on any way out of here)."""
-        process = await asyncio.create_subprocess_exec(
-            *launcher_argv(self.command, self.limits),
-            env=environ,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # its own process group: the agent's children end with it
-        )
-        self._watchdog.watch(process.pid)
-        reading = asyncio.gather(
-            _read_bounded(process.stdout, self.limits.output_bytes, "stdout"),
-            _read_bounded(process.stderr, self.limits.output_bytes, "stderr"),
-        )
-        try:
-            await asyncio.wait({reading, asyncio.ensure_future(process.wait())}, return_when=asyncio.FIRST_COMPLETED)
-            if reading.done():
-                reading.result()  # past the output bound: fail now
-            returncode = await process.wait()
-            kill_group(process.pid)  # what it left running holds the pipes open: the output ends with the agent
-            out, err = await reading
-            return returncode, out, err
-        finally:
-            reading.cancel()
-            kill_group(process.pid)
-            await asyncio.shield(process.wait())
-            self._watchdog.release(process.pid)
+        async with OutputPipes() as pipes:
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    *launcher_argv(self.command, self.limits),
+                    env=environ,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=pipes.writers[0],
+                    stderr=pipes.writers[1],
+                    start_new_session=True,  # its own process group: the agent's children end with it
+                )
+            finally:
+                pipes.child_started()
+            self._watchdog.watch(process.pid)
+            bound = self.limits.output_bytes
+            outputs = zip(pipes.readers, OUTPUTS, strict=True)
+            reading = asyncio.gather(*(_read_bounded(reader, bound, name) for reader, name in outputs))
+            try:
+                exited = asyncio.ensure_future(process.wait())
+                await asyncio.wait({reading, exited}, return_when=asyncio.FIRST_COMPLETED)
+                if reading.done():
+                    reading.result()  # past the output bound: fail now
+                returncode = await process.wait()
+                kill_group(process.pid)  # what it left running holds the pipes open: the output ends with the agent
+                try:
+                    out, err = await asyncio.wait_for(reading, OUTPUT_GRACE_S)
+                except TimeoutError:
+                    detail = f"a process that left the agent's group kept its output open {OUTPUT_GRACE_S:g} s after it"
+                    raise AgentFailure(AGENT_ERROR, detail) from None
+                return returncode, out, err
+            finally:
+                reading.cancel()
+                kill_group(process.pid)
+                await asyncio.shield(process.wait())  # the pipes are ours: this waits for the exit only
+                self._watchdog.release(process.pid)
 
 
-async def _read_bounded(stream: asyncio.StreamReader | None, cap: int, name: str) -> bytes:
+async def _read_bounded(stream: asyncio.StreamReader, cap: int, name: str) -> bytes:
     """Everything ``stream`` gives until EOF, or ``agent_output_limit`` past ``cap`` bytes (nothing more kept)."""
     data = bytearray()
-    while stream is not None and (chunk := await stream.read(64 * 1024)):
+    while chunk := await stream.read(64 * 1024):
         if len(data) + len(chunk) > cap:
             raise AgentFailure(AGENT_OUTPUT_LIMIT, f"the command wrote more than {cap} bytes to {name}")
         data += chunk

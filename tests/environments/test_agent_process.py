@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from tasks.engines.vllm_server.options import API_KEY_ENV
+from tasks.environments import agents
 from tasks.environments.agent_process import AgentLimits
 from tasks.environments.agents import AgentCommand, AgentDoor, AgentFailure
 from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
@@ -45,9 +46,10 @@ def tasks_file(tmp_path: Path) -> Path:
     return path
 
 
-def run(agent: AgentCommand):
+def run(agent: AgentCommand, bound_s: float = 120.0):
+    """The agent's rollout, bounded: one the worker cannot end fails the test in ``bound_s``."""
     try:
-        return asyncio.run(agent.run(DOOR, {"i": 0}))
+        return asyncio.run(asyncio.wait_for(agent.run(DOOR, {"i": 0}), bound_s))
     finally:
         agent.close()
 
@@ -81,14 +83,38 @@ def test_a_passed_secret_the_agent_prints_is_kept_out_of_the_failure(tasks_file,
     assert "token=[redacted]" in failed.value.detail
 
 
-def test_output_past_the_bound_fails_the_rollout_without_holding_it(tasks_file):
+@pytest.mark.parametrize("attempt", range(4))
+def test_output_past_the_bound_fails_the_rollout_without_holding_it(tasks_file, attempt):
+    # Repeated: with asyncio's own pipes, about one flood in three left the reader's transport
+    # paused at the bound, so the killed agent's exit was never seen and the rollout hung.
     script = "import sys\nfor _ in range(64): sys.stdout.write('x' * 65536)\nprint('{\"reward\": 1}')"
     agent = AgentCommand(
         command=[sys.executable, "-c", script], tasks=str(tasks_file), limits={"output_bytes": 1024 * 1024}
     )
     with pytest.raises(AgentFailure) as failed:
-        run(agent)
+        run(agent, bound_s=30)
     assert failed.value.reason == "agent_output_limit" and "stdout" in failed.value.detail
+
+
+def test_a_process_that_left_the_group_cannot_hold_the_rollout_open(tasks_file, tmp_path, monkeypatch):
+    monkeypatch.setattr(agents, "OUTPUT_GRACE_S", 1.0)
+    left = tmp_path / "left"  # the child keeps the agent's stdout open from a session of its own
+    escape = f"import os, time; os.setsid(); open({str(left)!r}, 'w').close(); time.sleep(20)"
+    script = textwrap.dedent(
+        f"""
+        import os, subprocess, sys, time
+        subprocess.Popen([sys.executable, '-c', {escape!r}])
+        while not os.path.exists({str(left)!r}):
+            time.sleep(0.05)
+        print('{{"reward": 1}}')
+        """
+    )
+    agent = AgentCommand(command=[sys.executable, "-c", script], tasks=str(tasks_file))
+    started = time.monotonic()
+    with pytest.raises(AgentFailure) as failed:
+        run(agent, bound_s=15)
+    assert failed.value.reason == "agent_error" and "left the agent's group" in failed.value.detail
+    assert time.monotonic() - started < 10
 
 
 def test_the_limits_are_set_in_the_agent_process(tasks_file):
