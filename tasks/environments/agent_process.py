@@ -116,18 +116,20 @@ class OutputPipes:
     """
 
     def __init__(self) -> None:
-        self._pipes = [os.pipe(), os.pipe()]
-        self.writers = (self._pipes[0][1], self._pipes[1][1])
+        (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
+        self.writers = (out_write, err_write)
         self.readers: list[asyncio.StreamReader] = []
+        self._unread = [out_read, err_read]  # read ends no transport owns yet
+        self._writers_open = True
         self._transports: list[asyncio.BaseTransport] = []
 
     async def __aenter__(self) -> OutputPipes:
         loop = asyncio.get_running_loop()
         try:
-            for read_end, _ in self._pipes:
+            while self._unread:
                 reader = asyncio.StreamReader()
                 protocol = asyncio.StreamReaderProtocol(reader)
-                file = os.fdopen(read_end, "rb", buffering=0)
+                file = os.fdopen(self._unread.pop(0), "rb", buffering=0)
                 transport, _ = await loop.connect_read_pipe(lambda protocol=protocol: protocol, file)
                 self._transports.append(transport)
                 self.readers.append(reader)
@@ -137,18 +139,18 @@ class OutputPipes:
         return self
 
     def child_started(self) -> None:
-        """Close the write ends here: the child holds its own copies."""
-        for _, write_end in self._pipes:
-            with contextlib.suppress(OSError):
+        """Close the write ends here (once: a closed descriptor's number is soon another file's)."""
+        if self._writers_open:
+            self._writers_open = False
+            for write_end in self.writers:
                 os.close(write_end)
 
     async def __aexit__(self, *_: object) -> None:
         self.child_started()
         for transport in self._transports:
             transport.close()
-        for read_end, _ in self._pipes[len(self._transports) :]:
-            with contextlib.suppress(OSError):
-                os.close(read_end)
+        while self._unread:
+            os.close(self._unread.pop())
 
 
 def kill_group(pgid: int) -> None:
