@@ -364,6 +364,10 @@ def _generate(args: argparse.Namespace) -> int:
         )
         for line in signal.describe() if signal is not None else ():
             _say(f"  {line}")
+        if summary.calls_by_replica:
+            _say("  calls per server: " + ", ".join(f"{url} {n}" for url, n in summary.calls_by_replica.items()))
+        for failover in summary.failovers:
+            _say(f"  failed over: {failover}")
     _say_lineage(lineage)
     print(json.dumps([_summary_json(s) for s in summaries], indent=2))
     return EXIT_OK

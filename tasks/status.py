@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import shlex
 import time
 from collections import Counter
@@ -38,6 +39,7 @@ from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.errors import MalformedClaimError, MalformedReviewError, StorageIntegrityError, UncommittedShardError
 from tasks.publish import PUBLISHABLE
+from tasks.records.ledger import FAILED_OVER_NOTE, SERVED_BY_NOTE
 from tasks.records.review import ReviewDecision
 from tasks.records.suite_summary import SUITES
 from tasks.storage.claims import AttemptClaim, read_claims
@@ -112,7 +114,9 @@ class CommittedShard:
 
     ``failures_by_reason`` counts every named failure row; ``poisoned_by_reason`` the poisoned
     receipts; the weight versions range over every named call record (None without calls);
-    ``failovers`` are the earlier attempts that failed over (see the module docstring).
+    ``failovers`` are the earlier attempts that failed over (see the module docstring);
+    ``calls_by_server`` and ``rollouts_failed_over`` sum what the receipts say of where their calls
+    ran (an engine of several servers: :func:`tasks.generate.receipts.capture_notes`).
     """
 
     attempt: int
@@ -123,6 +127,8 @@ class CommittedShard:
     weight_version_min: int | None
     weight_version_max: int | None
     failovers: tuple[int, ...] = ()
+    calls_by_server: dict[str, int] = dataclasses.field(default_factory=dict)
+    rollouts_failed_over: int = 0
 
 
 @dataclass(frozen=True)
@@ -260,6 +266,7 @@ def _committed_shard(ledger: LedgerReader, failovers: tuple[int, ...]) -> Commit
     receipts = tables.receipts
     poisoned = receipts.filter(pc.equal(receipts.column("status"), "poisoned"))
     versions = pc.min_max(tables.calls.column("weight_version")).as_py()
+    calls_by_server, failed_over = _where_calls_ran(receipts.column("reward_info").to_pylist())
     return CommittedShard(
         attempt=ledger.marker.attempt,
         committed_at=ledger.marker.committed_at,
@@ -269,7 +276,30 @@ def _committed_shard(ledger: LedgerReader, failovers: tuple[int, ...]) -> Commit
         weight_version_min=versions["min"],
         weight_version_max=versions["max"],
         failovers=failovers,
+        calls_by_server=calls_by_server,
+        rollouts_failed_over=failed_over,
     )
+
+
+def _where_calls_ran(reward_infos: Iterable[str]) -> tuple[dict[str, int], int]:
+    """Calls per server summed over the receipts' ``served_by`` notes, and the receipts with ``failed_over``.
+
+    The reward info is storage content: a receipt whose notes are not of that shape counts nothing.
+    """
+    calls: Counter[str] = Counter()
+    failed_over = 0
+    for text in reward_infos:
+        try:
+            info = json.loads(text)
+        except (TypeError, ValueError):
+            continue
+        if not isinstance(info, dict):
+            continue
+        served = info.get(SERVED_BY_NOTE)
+        if isinstance(served, dict) and all(isinstance(n, int) and n >= 0 for n in served.values()):
+            calls.update({str(url): n for url, n in served.items()})
+        failed_over += bool(info.get(FAILED_OVER_NOTE))
+    return dict(sorted(calls.items())), failed_over
 
 
 def _value_counts(column: pa.ChunkedArray) -> dict[str, int]:
@@ -499,10 +529,15 @@ def _shard_lines(shard: ShardStatus) -> list[str]:
             f"{counts.failed} failed, {counts.adopted_rollouts} adopted), {counts.calls} calls, "
             f"{counts.failures} failure rows, {counts.staged_rows} staged rows"
             + (f"; failed over from attempt(s) {list(c.failovers)}" if c.failovers else "")
-        ]
+            + (f"; {c.rollouts_failed_over} rollout(s) restarted on a live server" if c.rollouts_failed_over else "")
+        ] + ([f"  calls per server: {_per_server(c.calls_by_server)}"] if c.calls_by_server else [])
     lines = [head.rstrip() + (f" {shard.error}" if shard.error else "")]
     lines += [f"  {_attempt_line(attempt)}" for attempt in shard.attempts]
     return lines
+
+
+def _per_server(calls: Mapping[str, int]) -> str:
+    return ", ".join(f"{url} {n}" for url, n in calls.items())
 
 
 def _attempt_line(attempt: AttemptStatus) -> str:

@@ -36,6 +36,7 @@ import asyncio
 import concurrent.futures
 import copy
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -62,7 +63,7 @@ from tasks.capture.prefix_cache import (
 from tasks.capture.splice import ChatPromptBuilder
 from tasks.capture.terminal import fingerprint_content
 from tasks.crash_points import crash_point
-from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.engines.base import SERVED_BY, Engine, GenerationRequest, GenerationResult, SamplingSettings
 from tasks.environments.base import Message
 from tasks.errors import EngineDeadError, StorageUnavailableError
 from tasks.records.ledger import CallRecord, FailureRow, StagedDelta
@@ -128,11 +129,22 @@ class RolloutCapture:
     last_captured_call_id: str | None = None
     epoch_spans: int = 0
     generated_tokens: int = 0
+    served_by: Counter[str] = field(default_factory=Counter)  # answers per server, where the engine names it
+    failed_over: list[str] = field(default_factory=list)  # each restart after its server was lost: why
 
     @property
     def poisoned_reason(self) -> str | None:
         """The first failure's reason: any failure on the chain poisons the rollout."""
         return self.failures[0].reason if self.failures else None
+
+    def restart(self, why: str) -> None:
+        """Start the rollout again from its first turn: its calls so far stay in the ledger, off the new chain.
+
+        Ordinals go on (no call id repeats), and records and failures are kept: the receipt counts
+        every call the ledger holds of the rollout, and a failure before the restart still poisons it.
+        """
+        self.parent, self.links, self.last_captured_call_id = None, [], None
+        self.failed_over.append(why)
 
 
 ReplyReader = Callable[[str, str], tuple[Message, dict[str, Any]]]
@@ -266,6 +278,8 @@ class CallCapture:
             prompt = await self._rendering(self._prompt, call_id, rendered, parent_tokens, shape.tools)
             completion, admission = await self._generate(call_id, prompt, seed, rollout.rollout_id, shape.max_tokens)
             rollout.generated_tokens += len(completion.token_ids)
+            if isinstance(server := completion.metadata.get(SERVED_BY), str):
+                rollout.served_by[server] += 1
             message: Message = {"role": "assistant", "content": completion.text}
             if shape.read_reply is not None:
                 try:

@@ -70,6 +70,10 @@ class WeightVersionSpan:
     end: int
 
 
+# The key of a result's ``metadata`` naming the server that answered (engines of several servers).
+SERVED_BY = "server"
+
+
 @dataclass(frozen=True)
 class GenerationResult:
     """What the engine did for one request."""

@@ -9,11 +9,11 @@ another writer (a zombie and its retry) is not committed twice: the loser return
 summary.
 
 Failover: when the engine loses one of its replicas and another lives (:meth:`ShardEngine.survives`),
-the attempt ends as on any engine death, and the shard goes on at once in a new attempt on the
-live replicas: it adopts what the ended one receipted, and every other rollout starts again from
-its first turn (the ended attempt's calls of it stay unused). Each replica loss fails over once at
-most, so the loop ends. A resume from a rollout's last committed call would plug in where the new
-attempt adopts (:func:`run_attempt`).
+a stepped rollout whose call the lost replica held starts again from its first turn on a live one,
+in the same attempt (:mod:`tasks.generate.rollouts`); the other rollouts go on undisturbed. An
+agent's call cannot be restarted under its running agent: there the attempt ends as on any
+engine death, and the shard goes on at once in a new attempt on the live replicas, adopting what
+the ended one receipted. Each replica loss ends an attempt once at most, so the loop ends.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ async def run_shard(batch: CheckedBatch, shard: int, engine: ShardEngine) -> Sha
         calls = {name: count - before.get(name, 0) for name, count in engine.calls_by_replica().items()}
         if calls:
             log.info("shard %d: calls answered per server: %s", shard, calls)
-        return dataclasses.replace(summary, calls_by_replica=calls, failovers=tuple(failovers))
+        return dataclasses.replace(summary, calls_by_replica=calls, failovers=(*failovers, *summary.failovers))
 
 
 async def run_attempt(batch: CheckedBatch, claim: AttemptClaim, engine: ShardEngine) -> ShardSummary:
@@ -133,6 +133,7 @@ async def run_attempt(batch: CheckedBatch, claim: AttemptClaim, engine: ShardEng
         "seconds": time.monotonic() - started,
         "already_committed": False,
         "gateway_auth_failures": done.gateway_auth_failures,
+        "failovers": tuple(line for f in finished for line in f.failed_over),
     }
     if not batch.capture:
         return ShardSummary(

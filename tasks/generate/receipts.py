@@ -16,7 +16,7 @@ from typing import Any
 from tasks.capture.calls import RolloutCapture
 from tasks.capture.terminal import attribute_terminal
 from tasks.environments.base import Turn
-from tasks.records.ledger import CallRecord, Receipt, canonical_json
+from tasks.records.ledger import FAILED_OVER_NOTE, SERVED_BY_NOTE, CallRecord, Receipt, canonical_json
 from tasks.records.planned import PlannedRollout
 from tasks.training_signal import RolloutOutcome
 
@@ -44,6 +44,17 @@ class Witnesses:
     content_fingerprint: str | None = None
 
 
+def capture_notes(state: RolloutCapture) -> dict[str, Any]:
+    """What the receipt's reward info says of where the rollout's calls ran: ``served_by`` (answers per
+    server, for an engine of several) and ``failed_over`` (each restart after its server was lost)."""
+    notes: dict[str, Any] = {}
+    if state.served_by:
+        notes[SERVED_BY_NOTE] = dict(sorted(state.served_by.items()))
+    if state.failed_over:
+        notes[FAILED_OVER_NOTE] = list(state.failed_over)
+    return notes
+
+
 def receipt_of(
     planned: PlannedRollout,
     state: RolloutCapture,
@@ -60,10 +71,11 @@ def receipt_of(
 
     ``error`` fails the rollout with ``error_reason``; with ``poisoning_wins`` a poisoned capture
     is the reason instead (an agent often fails because one of its calls was refused). ``notes``
-    join the reward info whatever the outcome (the gateway's refusals).
+    join the reward info whatever the outcome (the gateway's refusals), as do the capture's
+    (:func:`capture_notes`).
     """
     reward = outcome.reward if outcome is not None else None
-    info = {**(outcome.reward_info if outcome is not None else {}), **(notes or {})}
+    info = {**(outcome.reward_info if outcome is not None else {}), **capture_notes(state), **(notes or {})}
     if error is not None:
         info["error"] = error
     common = {

@@ -60,6 +60,7 @@ class Finished:
     outcome: RolloutOutcome
     generated_tokens: int
     calls: int
+    failed_over: tuple[str, ...] = ()  # each restart after its server was lost: "rollout R from call N: why"
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ async def run_rollouts(
     last_flush = [time.monotonic()]
     ledger_or_none = ledger if batch.capture else None
 
-    async with _episodes(batch, agent, capture, progress) as (run_episode, gateway):
+    async with _episodes(batch, agent, capture, progress, engine) as (run_episode, gateway):
 
         async def run_one(planned: PlannedRollout) -> None:
             async with limit:
@@ -136,7 +137,7 @@ Episode = Callable[[PlannedRollout, int, LedgerWriter | None], Awaitable[Finishe
 
 @contextlib.asynccontextmanager
 async def _episodes(
-    batch: CheckedBatch, agent: Agent | None, capture: CallCapture, progress: Progress
+    batch: CheckedBatch, agent: Agent | None, capture: CallCapture, progress: Progress, engine: ShardEngine
 ) -> AsyncIterator[tuple[Episode, Rollouts | None]]:
     """How this attempt runs one rollout: stepping its environment, or its agent behind a gateway served meanwhile
     (yielded with it)."""
@@ -146,7 +147,23 @@ async def _episodes(
         assert isinstance(environment, Environment)
 
         async def stepped(planned: PlannedRollout, attempt: int, ledger: LedgerWriter | None) -> Finished:
-            return await run_rollout(planned, config, attempt, environment, capture, ledger, progress)
+            state = RolloutCapture(
+                batch_id=config.batch_id, rollout_id=planned.rollout_id, attempt=attempt, seed=planned.seed
+            )
+            while True:
+                try:
+                    return await run_rollout(planned, config, state, environment, capture, ledger, progress)
+                except EngineDeadError as error:
+                    if not engine.survives(error):
+                        raise
+                    log.warning(
+                        "rollout %s lost its server (%s): it starts again from its first turn on a live one; "
+                        "its %d call(s) so far stay unused",
+                        planned.rollout_id,
+                        error,
+                        state.next_ordinal,
+                    )
+                    state.restart(f"from call {state.next_ordinal}: {error}")
 
         yield stepped, None
         return
@@ -183,14 +200,14 @@ def first_error(group: BaseExceptionGroup) -> BaseException:
 async def run_rollout(
     planned: PlannedRollout,
     config: BatchConfig,
-    attempt: int,
+    state: RolloutCapture,
     environment: Environment,
     capture: CallCapture,
     ledger: LedgerWriter | None,
     progress: Progress,
 ) -> Finished:
-    """One episode: model calls and environment turns until done, the turn limit, or a dead end."""
-    state = RolloutCapture(batch_id=config.batch_id, rollout_id=planned.rollout_id, attempt=attempt, seed=planned.seed)
+    """One episode from its first turn, captured in ``state``: model calls and environment turns until done, the
+    turn limit, or a dead end."""
     task = json.loads(planned.task_json)
     outcome: Turn | None = None
     error: str | None = None
@@ -219,7 +236,7 @@ async def run_rollout(
         if len(error) > MAX_ERROR_CHARS:  # an environment's message may be huge: bounded in the receipt and the log
             error = f"{error[:MAX_ERROR_CHARS]}... ({len(error)} characters)"
         log.warning("rollout %s failed in its environment: %s", planned.rollout_id, error)
-    return await _finished(receipt_of(planned, state, attempt, outcome, error), state, capture, ledger)
+    return await _finished(receipt_of(planned, state, state.attempt, outcome, error), state, capture, ledger)
 
 
 async def _finished(
@@ -233,4 +250,5 @@ async def _finished(
         outcome=outcome_of(receipt, state.records),
         generated_tokens=state.generated_tokens,
         calls=state.next_ordinal,
+        failed_over=tuple(f"rollout {state.rollout_id} {why}" for why in state.failed_over),
     )

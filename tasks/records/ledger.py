@@ -462,6 +462,11 @@ class FailureRow(ArrowRecord):
         self.rules.check(self)
 
 
+# Keys of a receipt's reward info that the capture adds (tasks.generate.receipts.capture_notes):
+# the answers per server of an engine of several, and each restart after the rollout's server was lost.
+SERVED_BY_NOTE, FAILED_OVER_NOTE = "served_by", "failed_over"
+
+
 @dataclass(frozen=True, eq=False)
 class Receipt(ArrowRecord):
     """The final word on one rollout: its reward, terminal call and status.

@@ -34,6 +34,7 @@ import numpy as np
 
 from tasks.engines.base import (
     FINISH_REASONS,
+    SERVED_BY,
     Engine,
     GenerationRequest,
     GenerationResult,
@@ -265,7 +266,7 @@ def parse_generate_answer(request_id: str, answer: Any, url: str, tokenizer: Any
         finish_reason=finish_reason,
         text=tokenizer.decode(token_ids, skip_special_tokens=True),
         response_id=answer.get("request_id"),
-        metadata={"stop_reason": choice.get("stop_reason"), "server": url},
+        metadata={"stop_reason": choice.get("stop_reason"), SERVED_BY: url},
         weight_spans=_weight_spans(choice.get("weight_versions"), len(token_ids), url, fail),
     )
 
