@@ -60,19 +60,47 @@ def main(argv: list[str] | None = None) -> int:
     home = args.home.resolve()
     environment = local_airflow.airflow_environment(home / "airflow", storage_url=f"file://{home / 'runs'}")
     local_airflow.apply(environment)
-    started = time.monotonic()
+    phases = Phases()
     print(f"[1/4] local Airflow in {home / 'airflow'}: metadata DB, gpu pool", flush=True)
-    local_airflow.prepare(home / "airflow", os.environ)
+    with phases.timed("Airflow setup"):
+        local_airflow.prepare(home / "airflow", os.environ)
     print("[2/4] the bundled model (converted once into the cache)", flush=True)
     from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 
-    folder = resolve_model_reference(BUNDLED_REFERENCE)
-    with demo_server(folder, home, skip="engine" in conf) as engine_fields:
+    with phases.timed("model"):
+        folder = resolve_model_reference(BUNDLED_REFERENCE)
+    with phases.timed("vLLM server start"), demo_server(folder, home, skip="engine" in conf) as engine_fields:
+        phases.end("vLLM server start")
         conf = {**engine_fields, **conf}
         print(f"[4/4] dag.test(): {DAG_ID} with run conf {json.dumps(conf)}", flush=True)
         with quiet_console(DAG_ID, home / "airflow-run.log"):
             dag_run = run_dag(conf)
-    return report(dag_run, conf, seconds=time.monotonic() - started)
+    return report(dag_run, conf, phases=phases)
+
+
+class Phases:
+    """Wall seconds of the demo's phases before the DAG run, and of the whole demo."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.seconds: dict[str, float] = {}
+        self._open: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Time the block as ``name`` (or up to :meth:`end` of it, if that comes first)."""
+        self._open[name] = time.monotonic()
+        try:
+            yield
+        finally:
+            self.end(name)
+
+    def end(self, name: str) -> None:
+        if name in self._open:
+            self.seconds[name] = time.monotonic() - self._open.pop(name)
+
+    def total(self) -> float:
+        return time.monotonic() - self.started
 
 
 @contextlib.contextmanager
@@ -107,15 +135,26 @@ def demo_server(folder: Path, home: Path, *, skip: bool) -> Iterator[dict[str, A
         server.stop()
 
 
-def report(dag_run: Any, conf: dict[str, Any], *, seconds: float) -> int:
-    """Print the run's outcome and the batch summary; 0 when the run succeeded."""
+def dag_run_seconds(dag_run: Any) -> float | None:
+    """The DAG run's own duration, Airflow's run start to end (None while either is unset)."""
+    if dag_run.start_date is None or dag_run.end_date is None:
+        return None
+    return (dag_run.end_date - dag_run.start_date).total_seconds()
+
+
+def report(dag_run: Any, conf: dict[str, Any], *, phases: Phases) -> int:
+    """Print the run's outcome, its duration apart from what came before it, and the batch summary; 0 on success."""
     from tasks.demo import batch_summary, print_summary
     from tasks.orchestration.form import form_defaults
     from tasks.orchestration.steps import run_batch, run_batch_id
 
     params = {**form_defaults(), **conf}
     batch_id = run_batch_id(params, dag_run)
-    print(f"\nDAG run {dag_run.run_id}: {dag_run.state} in {seconds:.0f} s (batch {batch_id})")
+    seconds, run_seconds = phases.total(), dag_run_seconds(dag_run)
+    took = f"in {run_seconds:.0f} s (Airflow's run start to end)" if run_seconds is not None else "(no end time)"
+    print(f"\nDAG run {dag_run.run_id}: {dag_run.state} {took} (batch {batch_id})")
+    before = ", ".join(f"{name} {s:.0f} s" for name, s in phases.seconds.items())
+    print(f"  before the run: {before}; the whole demo {seconds:.0f} s")
     for name, state in task_states(dag_run):
         print(f"  {name.ljust(28)} {state}")
     if str(dag_run.state) != "success":
