@@ -15,15 +15,10 @@ import pytest
 from tasks.config import EngineSpec
 from tasks.engines import check_engine, create_engine
 from tasks.engines.base import SamplingSettings
-from tasks.engines.megatron.engine import (
-    MegatronSampling,
-    MegatronUnavailableError,
-    megatron_sampling,
-    require_gpu,
-    require_megatron,
-    to_generation_result,
-)
+from tasks.engines.megatron.availability import MegatronUnavailableError, require_gpu, require_megatron
 from tasks.engines.megatron.options import MegatronOptions
+from tasks.engines.megatron.results import to_generation_result
+from tasks.engines.megatron.sampling import MegatronSampling, megatron_sampling
 from tasks.errors import ConfigError, EngineError
 
 needs_no_megatron_machine = pytest.mark.skipif(

@@ -2,7 +2,7 @@
 
 ``FakeStepBackend`` stands in for megatron's dynamic engine: a request (payload = how many steps
 it needs) finishes after that many steps and returns the weight versions it was stepped under.
-Also :class:`tasks.engines.megatron.engine._MegatronStepBackend` over a fake megatron engine, to check
+Also :class:`tasks.engines.megatron.step_backend.MegatronStepBackend` over a fake megatron engine, to check
 that megatron's request futures live on the step thread's own loop.
 """
 
@@ -280,7 +280,7 @@ def test_a_caller_cancelling_its_wait_does_not_disturb_the_others() -> None:
 
 
 class _FakeMegatronEngine:
-    """Just the surface of megatron's DynamicInferenceEngine that _MegatronStepBackend uses."""
+    """Just the surface of megatron's DynamicInferenceEngine that MegatronStepBackend uses."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop  # megatron binds the creating loop
@@ -310,19 +310,19 @@ class _FakeMegatronEngine:
 def test_the_megatron_backend_steps_megatron_on_the_thread_own_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """megatron's request futures are created and resolved on the step thread's loop, not the caller's."""
     torch = pytest.importorskip("torch")
-    from tasks.engines.megatron.engine import _Admission, _MegatronStepBackend
+    from tasks.engines.megatron.step_backend import Admission, MegatronStepBackend
 
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
 
     async def scenario() -> tuple[list[Any], BaseException | None, _FakeMegatronEngine]:
         loop = asyncio.get_running_loop()
         fake = _FakeMegatronEngine(loop)
-        stepper = StepThread(_MegatronStepBackend(fake), loop, name="fake-megatron-steps")
+        stepper = StepThread(MegatronStepBackend(fake), loop, name="fake-megatron-steps")
         results = await asyncio.gather(
-            *(stepper.submit(_Admission(f"r{i}", i, [1, 2], i + 1)) for i in range(3))
+            *(stepper.submit(Admission(f"r{i}", i, [1, 2], i + 1)) for i in range(3))
         )  # fmt: skip
         try:
-            await stepper.submit(_Admission("empty", 9, [], 1))
+            await stepper.submit(Admission("empty", 9, [], 1))
             refused = None
         except EngineError as exc:
             refused = exc

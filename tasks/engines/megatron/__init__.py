@@ -1,6 +1,8 @@
 """The Megatron-core engine (docs/megatron.md).
 
-:mod:`.options` is light (what the registry imports anywhere); :mod:`.engine` (``MegatronEngine``,
-the clear refusals), :mod:`.stepper` and :mod:`.weights` import PyTorch; :mod:`.model` imports
-megatron-core itself, only after :func:`.engine.require_megatron` said it is there.
+Light at import: :mod:`.options` (what the registry imports anywhere), :mod:`.availability` (the
+clear refusals), :mod:`.sampling` and :mod:`.tokenizer`. :mod:`.engine` (``MegatronEngine``),
+:mod:`.results`, :mod:`.stepper`, :mod:`.step_backend`, :mod:`.runtime` and :mod:`.weights`
+import numpy or PyTorch; :mod:`.model` imports megatron-core itself, only after
+:func:`.availability.require_megatron` said it is there (:func:`.runtime.start_runtime` imports it).
 """

@@ -1,7 +1,7 @@
 """The megatron-core side of the Megatron engine: process groups, the GPT model of a Llama shape, sampling.
 
 Imports megatron-core at module level: import this module only after
-:func:`tasks.engines.megatron.engine.require_megatron` said it is installed. One process, one GPU:
+:func:`tasks.engines.megatron.availability.require_megatron` said it is installed. One process, one GPU:
 the engine runs with tensor and pipeline parallel size 1 (a process group of one rank is
 created when none exists; an existing larger one is refused, not joined).
 """
