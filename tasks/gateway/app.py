@@ -19,7 +19,9 @@ never reached the capture path, so a retry records nothing twice. The first
 A checked request starts a call: the rollout's :data:`Answer` (the capture path) runs as a task
 of the route, not of the request, so a client that goes away never cuts a call short. Its
 :class:`Reply` becomes a ``chat.completion`` or, with ``stream``, server-sent
-``chat.completion.chunk`` events. A request may also name the rollout's scored response in
+``chat.completion.chunk`` events, built as the ``openai`` package's own models (``openai.types.chat``;
+imported where an answer is built: the package takes half a second to import) and written with
+the fields set, as the API writes them. A request may also name the rollout's scored response in
 :data:`FINAL_RESPONSE_HEADER`.
 
 Two rules keep a rollout's calls exactly those its receipt counts:
@@ -43,12 +45,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -57,6 +58,10 @@ from tasks.engines.base import SamplingSettings
 from tasks.gateway.body import parse_json, read_body
 from tasks.gateway.limits import DEFAULT_LIMITS, GatewayLimits
 from tasks.gateway.protocol import ChatRequest, GatewayError, invalid, read_chat_request
+
+if TYPE_CHECKING:
+    from openai.types import CompletionUsage
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 ROLLOUT_PATH = "/rollouts/{rollout_id}/v1"
 # A client that cannot return a response id with its result names its scored response here, on
@@ -178,11 +183,13 @@ def unauthorized() -> GatewayError:
 class Rollouts:
     """The rollouts a gateway serves, each under its own random bearer key.
 
-    ``auth_failures`` counts the requests refused for want of their route's key (unknown ids included).
+    ``auth_failures`` counts the requests refused for want of their route's key (unknown ids included);
+    ``created`` (Unix seconds) is when the gateway began serving ``model``, as ``/models`` lists it.
     """
 
     def __init__(self, model: str) -> None:
         self.model = model
+        self.created = int(time.time())
         self.auth_failures = 0
         self._routes: dict[str, RolloutRoute] = {}
         self._decoy_key = secrets.token_urlsafe(32)  # compared for an unknown id, as a route's key would be
@@ -264,8 +271,11 @@ def create_app(rollouts: Rollouts, limits: GatewayLimits = DEFAULT_LIMITS) -> Fa
 
     @app.get(ROLLOUT_PATH + "/models")
     async def models(rollout_id: str, request: Request) -> dict[str, Any]:
+        from openai.types import Model
+
         _declare_final_response(rollouts.route(rollout_id, request.headers.get("authorization")), request)
-        return {"object": "list", "data": [{"id": rollouts.model, "object": "model", "owned_by": "rollout-ledger"}]}
+        served = Model(id=rollouts.model, object="model", created=rollouts.created, owned_by="rollout-ledger")
+        return {"object": "list", "data": [served.to_dict(mode="json")]}
 
     @app.post(ROLLOUT_PATH + "/chat/completions", response_model=None)
     async def chat_completions(rollout_id: str, request: Request) -> Response:
@@ -308,7 +318,7 @@ def create_app(rollouts: Rollouts, limits: GatewayLimits = DEFAULT_LIMITS) -> Fa
         if chat.stream:
             events = _chunks(reply, rollouts.model, created, include_usage=chat.include_usage)
             return StreamingResponse(_sse(events), media_type="text/event-stream")
-        return JSONResponse(_completion(reply, rollouts.model, created))
+        return JSONResponse(_completion(reply, rollouts.model, created).to_dict(mode="json"))
 
     return app
 
@@ -338,45 +348,63 @@ async def _client_gone(request: Request) -> None:
         continue
 
 
-def _message(reply: Reply) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-    if reply.tool_calls:
-        message["tool_calls"] = reply.tool_calls
-    return message
+def _completion_id(reply: Reply) -> str:
+    return f"chatcmpl-{reply.call_id}"
 
 
-def _usage(reply: Reply) -> dict[str, int]:
+def _usage(reply: Reply) -> CompletionUsage:
+    from openai.types import CompletionUsage
+
     total = reply.prompt_tokens + reply.completion_tokens
-    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens, "total_tokens": total}
+    return CompletionUsage(
+        prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens, total_tokens=total
+    )
 
 
-def _completion(reply: Reply, model: str, created: int) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{reply.call_id}",
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "message": _message(reply), "finish_reason": reply.finish_reason, "logprobs": None}],
-        "usage": _usage(reply),
-    }
+def _completion(reply: Reply, model: str, created: int) -> ChatCompletion:
+    """The reply as a ``chat.completion``: its message (tool calls only when it has some), finish reason and usage."""
+    from openai.types.chat import ChatCompletion, ChatCompletionMessage
+    from openai.types.chat.chat_completion import Choice
+
+    tool_calls = {"tool_calls": reply.tool_calls} if reply.tool_calls else {}
+    message = ChatCompletionMessage.model_validate({"role": "assistant", "content": reply.content, **tool_calls})
+    return ChatCompletion(
+        id=_completion_id(reply),
+        object="chat.completion",
+        created=created,
+        model=model,
+        choices=[Choice(index=0, message=message, finish_reason=reply.finish_reason, logprobs=None)],
+        usage=_usage(reply),
+    )
 
 
-def _chunks(reply: Reply, model: str, created: int, *, include_usage: bool) -> Iterator[dict[str, Any]]:
+def _chunks(reply: Reply, model: str, created: int, *, include_usage: bool) -> Iterator[ChatCompletionChunk]:
     """The reply as ``chat.completion.chunk`` objects: the role and text, each tool call, the finish, the usage."""
-    base = {"id": f"chatcmpl-{reply.call_id}", "object": "chat.completion.chunk", "created": created, "model": model}
+    from openai.types.chat import ChatCompletionChunk
+    from openai.types.chat.chat_completion_chunk import Choice, ChoiceDelta
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return base | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+    def chunk(choices: list[Choice], **usage: CompletionUsage) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=_completion_id(reply),
+            object="chat.completion.chunk",
+            created=created,
+            model=model,
+            choices=choices,
+            **usage,
+        )
 
-    yield chunk({"role": "assistant", "content": reply.content or ""})
+    def choice(delta: dict[str, Any], finish_reason: str | None = None) -> list[Choice]:
+        return [Choice(index=0, delta=ChoiceDelta.model_validate(delta), finish_reason=finish_reason, logprobs=None)]
+
+    yield chunk(choice({"role": "assistant", "content": reply.content or ""}))
     for index, call in enumerate(reply.tool_calls):
-        yield chunk({"tool_calls": [{"index": index, **call}]})
-    yield chunk({}, reply.finish_reason)
+        yield chunk(choice({"tool_calls": [{"index": index, **call}]}))
+    yield chunk(choice({}, reply.finish_reason))
     if include_usage:
-        yield base | {"choices": [], "usage": _usage(reply)}
+        yield chunk([], usage=_usage(reply))
 
 
-async def _sse(events: Iterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+async def _sse(events: Iterator[ChatCompletionChunk]) -> AsyncIterator[bytes]:
     for event in events:
-        yield f"data: {json.dumps(event)}\n\n".encode()
+        yield f"data: {event.to_json(indent=None)}\n\n".encode()
     yield b"data: [DONE]\n\n"

@@ -64,7 +64,11 @@ class GatewayError(Exception):
         self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        """``{"error": ...}`` holding the ``openai`` package's ``ErrorObject`` (message, type, param, code)."""
+        from openai.types.shared import ErrorObject
+
+        error = ErrorObject(message=self.message, type=self.kind, param=self.param, code=self.code)
+        return {"error": error.to_dict(mode="json")}
 
 
 def invalid(message: str, *, param: str | None = None, code: str | None = None) -> GatewayError:

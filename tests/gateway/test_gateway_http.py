@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import openai
 import pytest
 
@@ -182,5 +183,65 @@ def test_the_final_response_header_is_kept_latest_first_and_a_bad_one_refused():
         r1, r2 = rollouts.end("r1"), rollouts.end("r2")
         assert (r1.final_response_id, r2.final_response_id) == ("chatcmpl-c1", "chatcmpl-c10")
         assert [r.code for r in r2.refusals] == ["invalid_final_response_id"]
+
+    assert len(run(check)) == 2
+
+
+def test_answers_on_the_wire_hold_exactly_the_fields_the_gateway_sets():
+    """What the gateway writes is the ``openai`` types' own dump: set fields only, in the API's names."""
+
+    async def check(clients, rollouts, url):
+        messages = [{"role": "user", "content": "use the tool"}]
+        raw = await clients["r1"].chat.completions.with_raw_response.create(model="m", messages=messages)
+        completion = json.loads(raw.content)
+        assert completion == {
+            "id": "chatcmpl-c1",
+            "object": "chat.completion",
+            "created": completion["created"],
+            "model": "bundled:smollm2-135m-instruct",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+                    "finish_reason": "tool_calls",
+                    "logprobs": None,
+                }
+            ],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12},
+        }
+        headers = {"Authorization": f"Bearer {clients['r1'].api_key}"}
+        async with httpx.AsyncClient(base_url=str(clients["r1"].base_url), headers=headers) as plain:
+            streamed = await plain.post("chat/completions", json={"messages": messages, "stream": True})
+        events = [line.removeprefix("data: ") for line in streamed.text.splitlines() if line]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(event) for event in events[:-1]]
+        assert [c["choices"][0]["delta"] for c in chunks] == [
+            {"role": "assistant", "content": ""},
+            {"tool_calls": [{"index": 0, **TOOL_CALL}]},
+            {},
+        ]
+        assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and "usage" not in chunks[-1]
+        models = json.loads((await clients["r1"].models.with_raw_response.list()).content)
+        assert models == {
+            "object": "list",
+            "data": [
+                {
+                    "id": "bundled:smollm2-135m-instruct",
+                    "object": "model",
+                    "created": rollouts.created,
+                    "owned_by": "rollout-ledger",
+                }
+            ],
+        }
+        with pytest.raises(openai.BadRequestError) as refused:
+            await clients["r1"].chat.completions.create(model="m", messages=messages, n=2)
+        assert refused.value.response.json() == {
+            "error": {
+                "message": "n must be 1: each call is one sampled completion in the ledger",
+                "type": "invalid_request_error",
+                "param": "n",
+                "code": None,
+            }
+        }
 
     assert len(run(check)) == 2
