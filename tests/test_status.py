@@ -20,7 +20,9 @@ from tasks.pipeline import decide_and_report, finalize_and_publish, run_suite
 from tasks.plan import plan_batch
 from tasks.publish import publish_batch
 from tasks.records.review import new_decision
-from tasks.status import AttemptStatus, batch_status, render_status
+from tasks.status.gather import batch_status
+from tasks.status.model import AttemptStatus
+from tasks.status.render import render_status
 from tasks.storage.claims import claim_attempt
 from tasks.storage.marker import read_marker
 from tasks.storage.objects import ObjectStore

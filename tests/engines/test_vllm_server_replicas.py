@@ -26,7 +26,9 @@ from tasks.errors import ConfigError, EngineDeadError, EngineError
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.plan import plan_batch
-from tasks.status import batch_status, failed_over, render_status
+from tasks.status.gather import batch_status
+from tasks.status.render import render_status
+from tasks.status.shards import failed_over
 from tasks.storage.claims import AttemptClaim
 from tests.generation.configs import bundled_model_config
 

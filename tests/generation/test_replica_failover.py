@@ -21,7 +21,8 @@ from tasks.config import EngineSpec
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.plan import plan_batch
-from tasks.status import batch_status, render_status
+from tasks.status.gather import batch_status
+from tasks.status.render import render_status
 from tests.engines.fake_vllm_server import FakeVllmServer
 from tests.generation.configs import bundled_model_config
 

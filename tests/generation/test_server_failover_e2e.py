@@ -40,7 +40,8 @@ from tasks.finalize.stage import FinalizeOptions
 from tasks.generate import generate_shard
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 from tasks.pipeline import finalize_and_publish
-from tasks.status import batch_status, render_status
+from tasks.status.gather import batch_status
+from tasks.status.render import render_status
 
 from .processes import GenerateProcess
 from .test_interruptions_e2e import (

@@ -24,7 +24,7 @@ from tasks.orchestration.review_form import build_review_request
 from tasks.pipeline import run_suite
 from tasks.publish import publish_batch, record_decision
 from tasks.records.review import new_decision
-from tasks.status import batch_status
+from tasks.status.gather import batch_status
 from tasks.storage.objects import ObjectStore
 from tests.local_batch import LocalBatch, copy_batch
 

@@ -14,14 +14,15 @@ import pytest
 
 from tasks import layout
 from tasks.batch import Batch
-from tasks.cli import main
+from tasks.cli.main import main
 from tasks.errors import EXIT_CONFLICT, EXIT_FAILED, EXIT_USAGE, PublishRefusedError, ReviewConflictError
 from tasks.finalize.stage import FinalizeOptions
 from tasks.layout import REVIEW_RECORD
 from tasks.pipeline import decide_and_report, finalize_and_publish, run_suite
 from tasks.publish import publish_batch
 from tasks.records.review import ReviewDecision, new_decision
-from tasks.status import batch_status, render_status
+from tasks.status.gather import batch_status
+from tasks.status.render import render_status
 from tasks.storage.dataset_manifest import read_dataset_marker
 from tests.local_batch import LocalBatch, copy_batch
 
