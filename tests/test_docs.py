@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.capture.calls import FAILURE_REASONS
+from tasks.capture.faults import FAILURE_REASONS
 from tasks.finalize import reasons
 from tasks.records.dataset_row import DatasetRow
 

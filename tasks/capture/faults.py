@@ -1,7 +1,8 @@
-"""Named faults of a call's steps: :class:`CallFault`, and :class:`RenderTokenizer`, which names its own.
+"""Named faults of a call's steps: the failure reasons, :class:`CallFault`, and :class:`RenderTokenizer`.
 
-A step that fails for a reason the ledger should name raises :class:`CallFault`; the call then
-writes its failure row with that reason (:mod:`tasks.capture.calls`). :class:`RenderTokenizer`
+Every step of a call that fails for a reason the ledger should name raises :class:`CallFault`; the
+call then writes its failure row with that reason (:mod:`tasks.capture.calls`). The reasons are
+stable names (:data:`FAILURE_REASONS`, listed in docs/generation.md). :class:`RenderTokenizer`
 wraps the tokenizer prompts are rendered with, so that a chat template that refuses the messages
 (``template_error``: a role-order check, a template bug, no template at all) and a tokenizer that
 fails to encode the render (``tokenizer_error``) are told apart, whatever exception either raised.
@@ -9,20 +10,49 @@ fails to encode the render (``tokenizer_error``) are told apart, whatever except
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from tasks.engines.base import GenerationResult
+
+HISTORY_DIVERGED = "history_diverged"
+PREFIX_MISMATCH = "prefix_mismatch"
+SPLICE_FAILED = "splice_failed"
 TEMPLATE_ERROR = "template_error"
 TOKENIZER_ERROR = "tokenizer_error"
+TOOL_PARSER_MISSING = "tool_parser_missing"  # raised by the gateway's reply reader (tasks.generate.agent_rollouts)
+CONTEXT_LENGTH = "context_length"
+ENGINE_ERROR = "engine_error"
+ENGINE_PROMPT_MISMATCH = "engine_prompt_mismatch"
+INVALID_DELTA = "invalid_delta"
+STAGING_FAILED = "staging_failed"
+LEDGER_FAILED = "ledger_failed"
+FAILURE_REASONS = (
+    HISTORY_DIVERGED,
+    PREFIX_MISMATCH,
+    SPLICE_FAILED,
+    TEMPLATE_ERROR,
+    TOKENIZER_ERROR,
+    TOOL_PARSER_MISSING,
+    CONTEXT_LENGTH,
+    ENGINE_ERROR,
+    ENGINE_PROMPT_MISMATCH,
+    INVALID_DELTA,
+    STAGING_FAILED,
+    LEDGER_FAILED,
+)
 MAX_SHOWN_ERROR = 500  # characters of the underlying error kept in a fault's detail
 
 
 class CallFault(Exception):
-    """A step of a call failed: ``reason`` is the failure row's, ``detail`` says what happened."""
+    """A step of a call failed: ``reason`` is the failure row's, ``detail`` says what happened, and
+    ``completion`` is the engine's answer when the call got one (the caller still gets it)."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, completion: GenerationResult | None = None) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        self.completion = completion
 
 
 def _shown(error: BaseException) -> str:

@@ -1,8 +1,9 @@
 """Agent rollouts: each agent calls the model through its own route on the attempt's capture gateway.
 
 :class:`GatewayCalls` is what stands behind the routes: a checked request becomes one captured
-call (:meth:`tasks.capture.calls.CallCapture.call` with the rollout's message graph) whose
-sampled text is read back into content and tool calls. Tools are rendered by the chat template
+call (:meth:`tasks.capture.calls.CallCapture.call` with the rollout's message graph) in the
+request's :class:`~tasks.gateway.shape.CallShape`, whose sampled text is read back into content and
+tool calls (:class:`~tasks.gateway.reply.ReplyReader`). Tools are rendered by the chat template
 when it renders them, else offered in the fallback format (:mod:`tasks.gateway.tools`).
 
 A call that fails is answered with an error whose ``code`` is its failure reason (the rollout
@@ -15,7 +16,7 @@ or any other error of the capture path (a bug: no named failure) is the attempt'
 the rollout's: the request gets a 503, and :func:`run_agent_rollout` cancels its agent and raises
 the error, which ends the attempt (the retry re-runs the rollout).
 
-Tool parsing runs where the capture renders (its render thread, with its own tokenizer).
+Reading replies runs where the capture renders (its render thread, with its own tokenizer).
 :func:`run_agent_rollout` makes the receipt only once every call started on the rollout's route
 has finished (:meth:`~tasks.gateway.app.RolloutRoute.settled`).
 """
@@ -26,11 +27,11 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
 from typing import Any
 
-from tasks.capture.calls import CONTEXT_LENGTH, TOOL_PARSER_MISSING, CallCapture, CallShape, RolloutCapture
-from tasks.capture.faults import TOKENIZER_ERROR, CallFault
+from tasks.capture.calls import CallCapture
+from tasks.capture.faults import CONTEXT_LENGTH, TOKENIZER_ERROR, TOOL_PARSER_MISSING, CallFault
+from tasks.capture.rollout import RolloutCapture
 from tasks.capture.terminal import fingerprint_content
 from tasks.config import BatchConfig
 from tasks.environments.agents import AGENT_ERROR, MAX_SHOWN_OUTPUT, Agent, AgentDoor, AgentFailure, AgentResult
@@ -38,14 +39,14 @@ from tasks.environments.base import Message, Turn
 from tasks.errors import EngineDeadError, StorageUnavailableError
 from tasks.gateway.app import Answer, Reply, RolloutRoute, Rollouts
 from tasks.gateway.protocol import ChatRequest, GatewayError, invalid
-from tasks.gateway.tools import CALL_START, PARSER, ToolCallReader, call_text, offer_tools
+from tasks.gateway.reply import ReplyReader, ToolParserMissing
+from tasks.gateway.shape import call_shape, renders_tools
 from tasks.generate.progress import Progress
 from tasks.generate.receipts import Witnesses, receipt_of
 from tasks.records.ledger import FailureRow, Receipt
 from tasks.records.planned import PlannedRollout
 
 log = logging.getLogger(__name__)
-UNPARSED_TOOL_CALL = "unparsed"  # the gateway note of a reply that opened a tool call the parser could not read
 SERVER_FAULTS = frozenset({TOKENIZER_ERROR, TOOL_PARSER_MISSING})  # failures answered 500: the gateway's own
 
 
@@ -56,22 +57,14 @@ class GatewayCalls:
         self.capture = capture
         self.progress = progress
         self.fatal: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-        template = getattr(capture.tokenizer, "chat_template", None)
-        self.template_renders_tools = isinstance(template, str) and "tools" in template
-        self._reader: ToolCallReader | None = None  # built on first use, where the capture renders
+        self.template_renders_tools = renders_tools(capture.tokenizer)
+        self._replies = ReplyReader(capture.tokenizer)  # used where the capture renders
 
     def answer(self, state: RolloutCapture) -> Answer:
         """What one rollout's route answers with."""
 
         async def answer(chat: ChatRequest) -> Reply:
-            offered = chat.tools if chat.tool_choice == "auto" else []
-            shape = CallShape(
-                rendered=self._rendered(chat.messages, offered),
-                tools=offered if self.template_renders_tools else (),
-                offered=offered,
-                max_tokens=chat.sampling.max_tokens,
-                read_reply=self._read_reply if offered else None,
-            )
+            shape = call_shape(chat, template_renders_tools=self.template_renders_tools, read_reply=self._read_reply)
             try:
                 outcome = await self.capture.call(state, chat.messages, shape)
             except Exception as error:  # the engine died, storage is unavailable, or a bug: the attempt ends
@@ -99,35 +92,12 @@ class GatewayCalls:
 
         return answer
 
-    def _rendered(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> list[Message]:
-        """What the chat template renders: tool calls as the fallback's text, tools offered, unless it renders them."""
-        if self.template_renders_tools:
-            return [dict(m) for m in messages]
-        rendered: list[Message] = []
-        for message in messages:
-            calls = message.get("tool_calls") or []
-            out = {"role": message["role"], "content": message["content"]}
-            if calls:
-                out["content"] = "\n".join([message["content"], *(call_text(call) for call in calls)]).strip()
-            rendered.append(out)
-        return offer_tools(rendered, tools)
-
     def _read_reply(self, text: str, call_id: str) -> tuple[Message, dict[str, Any]]:
-        """The reply as an assistant message (tool calls read back); runs where the capture renders."""
-        if CALL_START not in text:
-            return {"role": "assistant", "content": text}, {}
-        if self._reader is None:
-            try:
-                self._reader = ToolCallReader(self.capture.tokenizer)
-            except Exception as error:  # vLLM or its parser is not importable, or refuses the tokenizer
-                raise CallFault(
-                    TOOL_PARSER_MISSING, f"vLLM's {PARSER!r} tool parser is unavailable: {error!r}"
-                ) from None
-        read = self._reader.read(text, call_id=call_id)
-        message: Message = {"role": "assistant", "content": read.content or ""}
-        if read.tool_calls:
-            message["tool_calls"] = read.tool_calls  # type: ignore[assignment]
-        return message, ({"tool_calls": UNPARSED_TOOL_CALL} if read.unparsed else {})
+        """The reply read back (runs where the capture renders); a missing tool parser fails the call."""
+        try:
+            return self._replies(text, call_id)
+        except ToolParserMissing as missing:
+            raise CallFault(TOOL_PARSER_MISSING, str(missing)) from None
 
 
 def _failed(failure: FailureRow) -> GatewayError:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.capture.calls import RolloutCapture
+from tasks.capture.rollout import RolloutCapture
 from tasks.capture.terminal import attribute_terminal
 from tasks.environments.base import Turn
 from tasks.records.ledger import FAILED_OVER_NOTE, SERVED_BY_NOTE, CallRecord, Receipt, canonical_json

@@ -9,7 +9,8 @@ re-runs them) and the attempt ends with that error (the engine's death wins over
 
 An agent environment (:class:`~tasks.environments.agents.Agent`) runs its episodes itself: the
 attempt serves a capture gateway on loopback for the time of its rollouts, and each rollout's
-agent calls the model through its own route (:mod:`tasks.generate.agent_rollouts`).
+agent calls the model through its own route (:mod:`tasks.generate.agent_rollouts`, imported only then:
+a stepped environment's attempt loads no gateway, FastAPI or uvicorn).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tasks.capture.calls import CallCapture, RolloutCapture
+from tasks.capture.calls import CallCapture
 from tasks.capture.prefix_cache import ChainPrefixCache
+from tasks.capture.rollout import RolloutCapture
 from tasks.config import BatchConfig
 from tasks.environments.agents import Agent
 from tasks.environments.base import Environment, Turn, check_messages
 from tasks.errors import EngineDeadError, StorageUnavailableError
-from tasks.generate.agent_rollouts import GatewayCalls, run_agent_rollout
 from tasks.generate.checks import CheckedBatch
 from tasks.generate.progress import Progress
 from tasks.generate.receipts import outcome_of, receipt_of
@@ -167,8 +168,10 @@ async def _episodes(
 
         yield stepped, None
         return
+    # The gateway (FastAPI, uvicorn) is imported only where an agent runs.
     from tasks.gateway.app import Rollouts
     from tasks.gateway.server import serving
+    from tasks.generate.agent_rollouts import GatewayCalls, run_agent_rollout
 
     gateway = Rollouts(model=config.model.reference)
     calls = GatewayCalls(capture, progress)

@@ -16,7 +16,7 @@ import pytest
 
 from tasks import layout
 from tasks.batch import Batch
-from tasks.capture.calls import ENGINE_ERROR, STAGING_FAILED
+from tasks.capture.faults import ENGINE_ERROR, STAGING_FAILED
 from tasks.config import ValidationSpec
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.storage.ledger_reader import LedgerReader

@@ -1,0 +1,56 @@
+"""The engine call of a captured call (docs/architecture.md §5, step 4): token ids in, sampled ids out.
+
+:func:`generate` sends the prepared prompt as a :class:`GenerationRequest` with the plan's
+sampling, the call's seed and at most the tokens the context leaves. An engine error is the
+call's named failure (``engine_error``), and so is an answer on a prompt other than the one sent
+(``engine_prompt_mismatch``): a call is never recorded on tokens it was not sampled on. The
+engine dying (:class:`EngineDeadError`) is no failure of the call: it propagates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tasks.capture.admission import AdmittedVersion
+from tasks.capture.faults import ENGINE_ERROR, ENGINE_PROMPT_MISMATCH, CallFault
+from tasks.crash_points import crash_point
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.errors import EngineDeadError
+
+
+async def generate(
+    engine: Engine,
+    sampling: SamplingSettings,
+    call_id: str,
+    prompt: np.ndarray,
+    seed: int,
+    session_id: str,
+    max_tokens: int | None = None,
+) -> tuple[GenerationResult, AdmittedVersion]:
+    """The engine's answer to ``prompt`` and the weight version the call keeps; ``max_tokens`` may
+    only lower the plan's."""
+    admitted = AdmittedVersion.stamp(engine)
+    prompt_ids = tuple(prompt.tolist())
+    request = GenerationRequest(
+        request_id=call_id,
+        prompt_token_ids=prompt_ids,
+        sampling=sampling,
+        seed=seed,
+        max_tokens=min(max_tokens or sampling.max_tokens, engine.max_model_len - prompt.size),
+        session_id=session_id,
+    )
+    try:
+        completion = await engine.generate(request)
+        crash_point("engine_output", call_id)
+    except EngineDeadError:
+        raise
+    except Exception as exc:
+        raise CallFault(ENGINE_ERROR, f"engine failed {call_id}: {exc!r}") from None
+    if tuple(completion.prompt_token_ids) != prompt_ids:
+        raise CallFault(
+            ENGINE_PROMPT_MISMATCH,
+            f"the engine ran {call_id} on a prompt other than the one prepared "
+            f"({len(completion.prompt_token_ids)} vs {len(prompt)} tokens)",
+            completion,
+        )
+    return completion, admitted.spanning(completion.weight_spans)

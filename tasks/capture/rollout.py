@@ -1,0 +1,116 @@
+"""The capture state of one rollout, kept in one place across its calls (docs/architecture.md §5).
+
+:class:`RolloutCapture` is everything a rollout's next call depends on: ids and seed, the next
+ordinal, the calls a child may continue (:class:`ParentLink`), its records and failures, and the
+counts its receipt reports. The steps of a call read it; only the methods below change it, once
+a call has an outcome. Invariants: ordinals only grow (no call id repeats, a restart included);
+any failure poisons the rollout for good; ``parent`` is the latest call on the current chain.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tasks.capture.graph import CanonicalMessage
+from tasks.engines.base import SERVED_BY, GenerationResult
+from tasks.records.ledger import CallRecord, FailureRow
+
+
+@dataclass(frozen=True)
+class ParentLink:
+    """What a child call needs of its parent: the captured call it continues."""
+
+    call_id: str
+    cum_len: int
+    chain_hash: str
+    staging_chain: tuple[str, ...]  # staging keys root→this call
+    conversation: tuple[CanonicalMessage, ...]  # the messages the call saw, plus its assistant reply
+    prompt_length: int  # how many of those messages the call saw
+    tools: str  # the tools it offered the model (tasks.capture.graph.tools_key)
+    token_ids: np.ndarray  # the whole sequence through this call (kept in memory for uncaptured runs)
+
+    @classmethod
+    def of(
+        cls,
+        call_id: str,
+        sequence: np.ndarray,
+        chain_hash: str,
+        chain: tuple[str, ...],
+        conversation: tuple[CanonicalMessage, ...],
+        prompt_length: int,
+        tools: str,
+    ) -> ParentLink:
+        """The link of a finished call whose whole sequence is ``sequence`` (made read-only here)."""
+        sequence.setflags(write=False)
+        return cls(call_id, int(sequence.size), chain_hash, chain, conversation, prompt_length, tools, sequence)
+
+
+@dataclass
+class RolloutCapture:
+    """Capture state of one rollout across its calls."""
+
+    batch_id: str
+    rollout_id: str
+    attempt: int
+    seed: int
+    message_graph: str | None = None  # the gateway's: splice or independent; None: the previous call is the parent
+    next_ordinal: int = 0
+    parent: ParentLink | None = None  # the latest call
+    links: list[ParentLink] = field(default_factory=list)  # every call, when ``message_graph``
+    records: list[CallRecord] = field(default_factory=list)
+    failures: list[FailureRow] = field(default_factory=list)
+    last_captured_call_id: str | None = None
+    epoch_spans: int = 0
+    generated_tokens: int = 0
+    served_by: Counter[str] = field(default_factory=Counter)  # answers per server, where the engine names it
+    failed_over: list[str] = field(default_factory=list)  # each restart after its server was lost: why
+
+    @property
+    def poisoned_reason(self) -> str | None:
+        """The first failure's reason: any failure on the chain poisons the rollout."""
+        return self.failures[0].reason if self.failures else None
+
+    def take_ordinal(self) -> int:
+        """The next call's ordinal; the one after it is next."""
+        self.next_ordinal += 1
+        return self.next_ordinal - 1
+
+    def generated(self, completion: GenerationResult) -> None:
+        """Count an engine answer: its tokens, and the server that gave it where the engine names one."""
+        self.generated_tokens += len(completion.token_ids)
+        if isinstance(server := completion.metadata.get(SERVED_BY), str):
+            self.served_by[server] += 1
+
+    def linked(self, link: ParentLink) -> None:
+        """A call finished: the next call continues it (or, under a message graph, any call linked so far)."""
+        self.parent = link
+        if self.message_graph is not None:
+            self.links.append(link)
+
+    def recorded(self, record: CallRecord, link: ParentLink) -> None:
+        """A captured call's record was handed to the ledger."""
+        self.records.append(record)
+        self.last_captured_call_id = record.call_id
+        self.epoch_spans += int(record.epoch_span)
+        self.linked(link)
+
+    def failed(self, failure: FailureRow) -> None:
+        """A captured call failed: the rollout is poisoned."""
+        self.failures.append(failure)
+
+    def restart(self, why: str) -> None:
+        """Start the rollout again from its first turn: its calls so far stay in the ledger, off the new chain.
+
+        Ordinals go on (no call id repeats), and records and failures are kept: the receipt counts
+        every call the ledger holds of the rollout, and a failure before the restart still poisons it.
+        """
+        self.parent, self.links, self.last_captured_call_id = None, [], None
+        self.failed_over.append(why)
+
+    def release(self) -> None:
+        """Drop the tokens a finished rollout holds (its records stay)."""
+        self.parent = None
+        self.links.clear()
