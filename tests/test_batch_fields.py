@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import subprocess
@@ -11,7 +12,7 @@ import typing
 import jsonschema
 import pytest
 
-from tasks import batch_fields_doc, cli
+from tasks import batch_fields_doc
 from tasks.batch_fields import (
     SECTIONS,
     BatchFields,
@@ -23,6 +24,8 @@ from tasks.batch_fields import (
     plan_flag,
     run_fields,
 )
+from tasks.cli import plan as cli_plan
+from tasks.cli.main import build_parser
 from tasks.config import BatchConfig, ValidationSpec, config_from_values
 from tasks.engines.registry import engine_labels, engine_names
 from tasks.environments.registry import BUILTIN_ENVIRONMENTS
@@ -92,12 +95,12 @@ def _model():
 
 
 def plan_values(*flags: str) -> dict:
-    args = cli.build_parser().parse_args(["plan", "--root", "/tmp/r", "--batch-id", "b1", *flags])
-    return cli._plan_values(args)
+    args = build_parser().parse_args(["plan", "--root", "/tmp/r", "--batch-id", "b1", *flags])
+    return cli_plan.plan_values(args)
 
 
 def test_the_plan_flags_are_the_config_fields_typed_described_and_required_as_declared():
-    plan = next(a for a in cli.build_parser()._actions if isinstance(a, cli.argparse._SubParsersAction)).choices["plan"]
+    plan = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["plan"]
     actions = {a.dest: a for a in plan._actions if a.dest in BatchFields.model_fields and a.dest != "batch_id"}
     assert set(actions) == set(config_paths())
     for name, action in actions.items():

@@ -14,7 +14,7 @@ import pytest
 
 from tasks import layout
 from tasks.batch import Batch
-from tasks.cli import build_parser, main
+from tasks.cli.main import build_parser, main
 from tasks.errors import EXIT_CONFLICT, EXIT_USAGE
 from tasks.storage.ledger_reader import LedgerReader
 
@@ -226,7 +226,7 @@ def test_finalize_prints_the_training_signal_and_the_dataset_as_json(tmp_path, c
 
 
 def test_an_unreachable_server_at_plan_time_is_named_without_generates_retry_advice():
-    from tasks.cli import classify_error
+    from tasks.entry_point import classify_error
     from tasks.errors import EngineDeadError
 
     error = EngineDeadError("server http://127.0.0.1:9 is unreachable: ConnectError: All connection attempts failed")

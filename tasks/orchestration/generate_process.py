@@ -1,8 +1,8 @@
 """Generate one shard in a child process: how a long-lived Airflow worker runs an engine cleanly.
 
-The task process starts the ``rollout-ledger generate`` command for its shard (the CLI's exit
-codes, messages and signal handling: docs/architecture.md §10) through this module's ``__main__``,
-and streams the child's log lines into the task log. The engine lives and dies with the child,
+The task process starts the generate worker for its shard (``python -m tasks.generate.worker``:
+the library's generate run, its exit codes and signal handling: docs/architecture.md §10) and
+streams the child's log lines into the task log. The engine lives and dies with the child,
 so nothing of it outlives the task: on any exit of the task (success, exception, Airflow's
 timeout or kill) the child is stopped with SIGTERM (it flushes the receipts of completed
 rollouts and closes the engine) and killed if it does not stop within
@@ -14,7 +14,6 @@ Docker image's); by default it is this one.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -31,8 +30,8 @@ from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
 
 GENERATE_PYTHON_VARIABLE = "ROLLOUT_LEDGER_GENERATE_PYTHON"
 STOP_GRACE_SECONDS = 120.0
-PERMANENT_EXIT_CODES = (EXIT_USAGE, EXIT_CONFLICT)  # CLI exit codes that a retry of the same command cannot fix
-_PR_SET_PDEATHSIG = 1
+WORKER_MODULE = "tasks.generate.worker"  # run as ``python -m``; imported only in the child
+PERMANENT_EXIT_CODES = (EXIT_USAGE, EXIT_CONFLICT)  # the worker's exit codes that a retry cannot fix
 
 
 class GenerateProcessError(RuntimeError):
@@ -58,8 +57,8 @@ class GenerateCommand:
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)  # e.g. the engine servers' API key
 
     def argv(self, python: str) -> list[str]:
-        argv = [python, "-m", __name__, "generate", "--root", self.location.root_url, "--batch-id", self.batch_id]
-        argv += ["--shard", str(self.shard), "--no-progress", "--declared-only"]  # a triggered batch
+        argv = [python, "-m", WORKER_MODULE, "--root", self.location.root_url, "--batch-id", self.batch_id]
+        argv += ["--shard", str(self.shard)]
         return argv + ([] if self.try_number is None else ["--try-number", str(self.try_number)])
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
@@ -74,7 +73,7 @@ def generate_python(environ: Mapping[str, str] = os.environ) -> str:
 
 
 def run_generate(command: GenerateCommand, *, log: Callable[[str], Any], python: str | None = None) -> dict[str, Any]:
-    """Run the shard in a child process and return its summary (the CLI's JSON for this shard).
+    """Run the shard in a child process and return its summary (the worker's JSON object for this shard).
 
     Raises :class:`GenerateProcessError` when the child fails; any exception raised while waiting
     (a timeout, a kill) stops the child first and then propagates.
@@ -125,18 +124,3 @@ def _pump(stream: Any, log: Callable[[str], Any], tail: list[str]) -> None:
         line = raw.rstrip("\n")
         log(line)
         tail[:] = [*tail[-19:], line]
-
-
-def _stop_with_parent() -> None:
-    """In the child: SIGTERM when the parent (the task process) dies; exit now if it already has."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() == 1:
-        raise SystemExit("generate: the task process that started this one is gone")
-
-
-if __name__ == "__main__":
-    from tasks.cli import main
-
-    _stop_with_parent()
-    raise SystemExit(main(sys.argv[1:]))

@@ -334,7 +334,7 @@ def _permanent(stage: str, root: str | None) -> Iterator[None]:
 
     Errors reaching storage are left to the retries: on a worker they are often transient.
     """
-    from tasks.cli import classify_error
+    from tasks.entry_point import classify_error
     from tasks.errors import LedgerError
 
     try:

@@ -160,7 +160,7 @@ def test_only_loopback_hosts_count_as_loopback(host: str, loopback: bool) -> Non
 def test_serve_on_a_non_loopback_host_without_a_key_file_is_refused_before_anything_starts(
     tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tasks.cli import main
+    from tasks.cli.main import main
 
     monkeypatch.setenv("ROLLOUT_LEDGER_HOME", str(tmp_path))
     assert main(["serve", "--host", "0.0.0.0", "--port", "8123"]) == 2

@@ -157,7 +157,7 @@ def test_a_port_is_taken_while_a_socket_listens_on_it_not_by_connections_closing
 def test_serve_on_a_port_in_use_is_refused_before_a_new_key_replaces_the_old_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tasks.cli import main
+    from tasks.cli.main import main
 
     monkeypatch.setenv("ROLLOUT_LEDGER_HOME", str(tmp_path))
     with socket.socket() as listener:

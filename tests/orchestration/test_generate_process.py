@@ -30,9 +30,8 @@ def test_the_child_gets_the_storage_options_in_its_environment_only():
     command = GenerateCommand(location, "b1", 3, try_number=2)
     argv = command.argv("python")
     assert argv == [
-        *("python", "-m", "tasks.orchestration.generate_process", "generate"),
-        *("--root", "s3://bucket/runs", "--batch-id", "b1", "--shard", "3", "--no-progress", "--declared-only"),
-        *("--try-number", "2"),
+        *("python", "-m", "tasks.generate.worker"),
+        *("--root", "s3://bucket/runs", "--batch-id", "b1", "--shard", "3", "--try-number", "2"),
     ]
     env = command.environment({"ROLLOUT_LEDGER_STORAGE_OPTIONS": "stale", "PATH": "/bin"})
     assert env["PATH"] == "/bin" and '"secret": "s"' in env["ROLLOUT_LEDGER_STORAGE_OPTIONS"]
@@ -83,8 +82,8 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period():
 def test_the_child_is_stopped_when_the_task_process_dies():
     parent_code = (
         "import subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'from tasks.orchestration.generate_process import "
-        "_stop_with_parent; _stop_with_parent(); import time; time.sleep(60)'])\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'from tasks.generate.worker import "
+        "stop_with_parent; stop_with_parent(); import time; time.sleep(60)'])\n"
         "print(child.pid, flush=True); time.sleep(60)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True, env=os.environ)

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.cli import main as cli_main
+from tasks.cli.main import main as cli_main
 from tasks.errors import ConfigError
 from tasks.orchestration import steps
 from tasks.orchestration.generate_process import GenerateCommand

@@ -244,7 +244,7 @@ def test_finalize_and_publish_fail_closed_on_a_dataset_they_cannot_write(tmp_pat
 def test_unavailable_storage_is_a_retryable_failure_for_the_cli_and_the_orchestrator() -> None:
     """The CLI exits 1 (not 2 or 3, which the Airflow generate task never retries) with the named error,
     and the Airflow steps' permanent-failure classes do not include it, so Airflow retries the task."""
-    from tasks.cli import classify_error
+    from tasks.entry_point import classify_error
     from tasks.errors import EXIT_FAILED, is_retryable
     from tasks.orchestration.generate_process import PERMANENT_EXIT_CODES
 

@@ -11,7 +11,7 @@ import pytest
 
 from tasks import layout
 from tasks.batch import Batch
-from tasks.cli import main
+from tasks.cli.main import main
 from tasks.config import ValidationSpec
 from tasks.errors import EXIT_FAILED, PublishRefusedError, ValidationFailedError
 from tasks.finalize.stage import FinalizeOptions

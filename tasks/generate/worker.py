@@ -1,0 +1,80 @@
+"""``python -m tasks.generate.worker``: one shard of a triggered batch, in the process an Airflow task starts.
+
+The task (:mod:`tasks.orchestration.generate_process`) starts this module with the shard and the
+storage root on its command line, the storage options and secrets in its environment. It runs
+:func:`tasks.generate.generate_shards` as ``rollout-ledger generate`` does, but only for what a
+trigger may name (:meth:`Runnables.triggered`: a built-in game or an entry of the deployment's
+registry, docs/security.md), writes log lines (never a progress bar) and the run's lines on
+stderr, prints the shard's JSON summary on stdout (:func:`tasks.generate.console.summaries_json`)
+and exits with the shared codes (:mod:`tasks.entry_point`): its parent tells a retryable failure
+from a permanent one by the code alone. It stops (SIGTERM) when the task process dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from tasks.batch import Batch
+from tasks.entry_point import configure_logging, run_command
+from tasks.environments.registry import Runnables
+from tasks.errors import EXIT_OK
+from tasks.generate.console import engine_notice, shard_lines, summaries_json
+from tasks.generate.stage import generate_shards
+from tasks.storage.options import storage_options_from_env
+
+_PR_SET_PDEATHSIG = 1
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tasks.generate.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--root", required=True, help="storage root URL (its options: $ROLLOUT_LEDGER_STORAGE_OPTIONS)")
+    parser.add_argument("--batch-id", required=True, help="the planned batch")
+    parser.add_argument("--shard", type=int, required=True, help="the shard to generate")
+    parser.add_argument("--try-number", type=int, default=None, help="the task's try, recorded in the attempt claim")
+    return parser.parse_args(argv)
+
+
+def run_shard(args: argparse.Namespace) -> int:
+    """Generate ``args.shard``, say what it did on stderr and print its summary on stdout; 0 when committed."""
+    batch = Batch.open(args.root, args.batch_id, storage_options_from_env(args.root, os.environ))
+    summaries = generate_shards(
+        batch,
+        [args.shard],
+        progress=False,
+        try_number=args.try_number,
+        on_engine_start=engine_notice(args.batch_id, verbose=False, say=_say),
+        runnables=Runnables.triggered(),
+    )
+    for summary in summaries:
+        for line in shard_lines(summary):
+            _say(line)
+    print(summaries_json(summaries))
+    return EXIT_OK
+
+
+def stop_with_parent() -> None:
+    """SIGTERM this process when its parent (the task process) dies; exit now if it already has."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:
+        raise SystemExit("generate: the task process that started this one is gone")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging(verbose=False)
+    return run_command("generate", args.root, lambda: run_shard(args), verbose=False)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    stop_with_parent()
+    raise SystemExit(main())
