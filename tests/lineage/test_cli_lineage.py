@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tasks.batch import Batch
-from tasks.cli import main
+from tasks.cli.main import main
 from tasks.config import BatchConfig, ModelSpec
 from tasks.engines.base import SamplingSettings
 from tasks.errors import ConfigError
