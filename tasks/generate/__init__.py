@@ -24,7 +24,8 @@ Modules, each importing only those listed before it: ``summary`` (:class:`ShardS
 ``checks`` (before the engine), ``shard_engine`` (the engine's life), ``signals`` (stop
 signals), ``progress`` (display), ``receipts`` (a rollout's receipt and outcome), ``rollouts``
 (the rollouts of one attempt), ``attempt`` (claim, adopt, run, commit), ``stage`` (the entry
-points re-exported here).
+points re-exported here), ``console`` (how a run is shown, by the CLI's ``generate`` and the
+worker alike), ``worker`` (``python -m tasks.generate.worker``: what an Airflow generate task starts).
 """
 
 from tasks.generate.rollouts import MAX_ERROR_CHARS
