@@ -8,11 +8,14 @@ COMPLETE or FAIL and the report is a RUNNING event with the datasets. Without Ai
 FAIL (with the error), for a job named ``rollout_batch.<task id>`` (the DAG's task ids) whose parent
 is the batch's run ``rollout_batch``.
 
-Configuration is the provider's: ``AIRFLOW__OPENLINEAGE__TRANSPORT`` (JSON, the ``[openlineage]``
-``transport`` option), or the OpenLineage client's own (``OPENLINEAGE_URL``, ``OPENLINEAGE_CONFIG``,
-``OPENLINEAGE__TRANSPORT__*``); ``AIRFLOW__OPENLINEAGE__DISABLED`` or ``OPENLINEAGE_DISABLED``
-turns it off. With none set, nothing is emitted. Emission never fails a step: an error building
-the datasets or sending an event is logged and counted in :attr:`EventSink.failed`.
+Configuration is the OpenLineage client's own (``OpenLineageClient()`` resolves it: ``OPENLINEAGE_DISABLED``,
+``OPENLINEAGE_CONFIG`` or an ``openlineage.yml`` in the working directory or ``~/.openlineage``,
+``OPENLINEAGE__*`` variables, ``OPENLINEAGE_URL``), plus the two settings of Airflow's provider a
+deployment already has: ``AIRFLOW__OPENLINEAGE__TRANSPORT`` (JSON, the ``[openlineage]``
+``transport`` option), handed to the client as its transport, and ``AIRFLOW__OPENLINEAGE__DISABLED``.
+A client that found no transport (it would print events on the console) means nothing is emitted.
+Emission never fails a step: an error building the datasets or sending an event is logged and
+counted in :attr:`EventSink.failed`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -37,9 +40,11 @@ log = logging.getLogger(__name__)
 DAG_ID = "rollout_batch"  # the job name prefix, as the DAG's tasks are named
 PRODUCER = DOCS_URL.removesuffix("/blob/main/docs")
 DEFAULT_NAMESPACE = "default"  # the provider's default job namespace
-_TRUE = ("1", "true", "yes", "on")
-_DISABLED = ("AIRFLOW__OPENLINEAGE__DISABLED", "OPENLINEAGE_DISABLED")
-_NAMESPACE = ("AIRFLOW__OPENLINEAGE__NAMESPACE", "OPENLINEAGE_NAMESPACE")
+AIRFLOW_TRANSPORT = "AIRFLOW__OPENLINEAGE__TRANSPORT"
+AIRFLOW_DISABLED = "AIRFLOW__OPENLINEAGE__DISABLED"
+_TRUE = ("1", "true", "t")  # as the provider reads its booleans
+_NAMESPACE = ("AIRFLOW__OPENLINEAGE__NAMESPACE", "OPENLINEAGE_NAMESPACE")  # the provider's order
+_CLIENT_LOGGER = "openlineage.client.client"
 
 
 class LineageRun(Protocol):
@@ -77,42 +82,52 @@ class NoLineage:
 NO_LINEAGE = NoLineage()
 
 
-def client_config(environ: Mapping[str, str]) -> dict[str, Any] | None:
-    """The OpenLineage client's config as ``environ`` sets it: ``{}`` to let the client read its own
-    variables, a ``transport`` from ``AIRFLOW__OPENLINEAGE__TRANSPORT``, None when lineage is off.
+def _airflow_transport(text: str) -> dict[str, Any] | None:
+    """The transport ``AIRFLOW__OPENLINEAGE__TRANSPORT`` holds (None when it is empty).
 
-    A transport that is not a JSON object with a ``type`` raises :class:`ConfigError` naming the variable.
+    Anything but a JSON object with a ``type`` raises :class:`ConfigError` naming the variable.
     """
-    if any(environ.get(name, "").strip().lower() in _TRUE for name in _DISABLED):
+    if not text.strip():
         return None
-    text = environ.get("AIRFLOW__OPENLINEAGE__TRANSPORT", "").strip()
-    if text:
-        try:
-            transport = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"AIRFLOW__OPENLINEAGE__TRANSPORT is not JSON: {exc}") from None
-        if not isinstance(transport, dict) or "type" not in transport:
-            raise ConfigError(f"AIRFLOW__OPENLINEAGE__TRANSPORT must be a JSON object with a type, got {text!r}")
-        return {"transport": transport}
-    own = ("OPENLINEAGE_URL", "OPENLINEAGE_CONFIG")
-    if any(environ.get(name) for name in own) or any(
-        k.startswith("OPENLINEAGE__TRANSPORT") and v for k, v in environ.items()
-    ):
-        return {}
-    return None
+    try:
+        transport = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{AIRFLOW_TRANSPORT} is not JSON: {exc}") from None
+    if not isinstance(transport, dict) or "type" not in transport:
+        raise ConfigError(f"{AIRFLOW_TRANSPORT} must be a JSON object with a type, got {text!r}")
+    return transport
 
 
-def sink_from_environment(environ: Mapping[str, str] | None = None) -> EventSink | NoLineage:
-    """:class:`EventSink` when ``environ`` (default: this process's) configures a transport, else :data:`NO_LINEAGE`."""
-    environ = os.environ if environ is None else environ
-    config = client_config(environ)
-    if config is None:
+def sink_from_environment() -> EventSink | NoLineage:
+    """:class:`EventSink` over the client this process's environment configures, else :data:`NO_LINEAGE`."""
+    if os.environ.get(AIRFLOW_DISABLED, "").strip().lower() in _TRUE:
         return NO_LINEAGE
+    transport = _airflow_transport(os.environ.get(AIRFLOW_TRANSPORT, ""))
     from openlineage.client import OpenLineageClient
 
-    client = OpenLineageClient(config=config) if config else OpenLineageClient()
-    namespace = next((environ[name] for name in _NAMESPACE if environ.get(name)), DEFAULT_NAMESPACE)
+    client_log = logging.getLogger(_CLIENT_LOGGER)
+    client_log.addFilter(_not_about_the_console)
+    try:
+        client = OpenLineageClient(config={"transport": transport} if transport else None)
+    finally:
+        client_log.removeFilter(_not_about_the_console)
+    if not _emits(client):
+        return NO_LINEAGE
+    namespace = next((os.environ[name] for name in _NAMESPACE if os.environ.get(name)), DEFAULT_NAMESPACE)
     return EventSink(client, namespace=namespace)
+
+
+def _emits(client: Any) -> bool:
+    """Whether ``client`` sends events somewhere: it is not disabled (a ``noop`` transport) and did not fall
+    back to the console for want of any configured transport."""
+    kind = client.transport.kind
+    configured = bool((client.config.transport or {}).get("type"))
+    return kind != "noop" and (kind != "console" or configured)
+
+
+def _not_about_the_console(record: logging.LogRecord) -> bool:
+    """Drops the client's notices that it prints events on the console: unconfigured, this sink emits nothing."""
+    return "console" not in record.getMessage()
 
 
 class EventSink:

@@ -22,15 +22,15 @@ from tasks.batch import Batch
 from tasks.cli.main import main
 from tasks.config import BatchConfig, ModelSpec
 from tasks.engines.base import SamplingSettings
-from tasks.errors import ConfigError
 from tasks.generate import generate_shards
 from tasks.lineage import facets
 from tasks.lineage.datasets import TaskLineage, generate_lineage, plan_lineage
-from tasks.lineage.emit import NO_LINEAGE, EventSink, batch_run_id, sink_from_environment
+from tasks.lineage.emit import EventSink, batch_run_id
 from tasks.lineage.naming import model, name_of_url
 from tasks.plan import plan_batch
 from tasks.records.dataset_row import DatasetRow
 
+from .client_env import sink_under
 from .graph import descendants
 from .openlineage_schemas import validate_event
 from .parse import parse_event
@@ -57,7 +57,7 @@ def cli_run(tokenizer, tmp_path_factory: pytest.TempPathFactory) -> tuple[Batch,
         "".join(json.dumps({"prompt": f"{i} + 1?", "ground_truth": str(i + 1)}) + "\n" for i in range(6))
     )
     events = where / "events.jsonl"
-    sink = sink_from_environment(file_transport(events))
+    sink = sink_under(file_transport(events), where)
     config = BatchConfig(
         batch_id="b-lineage",
         environment=str(prompts),
@@ -172,7 +172,7 @@ def test_a_failed_suite_run_carries_the_failed_assertion_and_ends_in_fail(cli_ru
 
 def test_a_transport_error_is_logged_and_counted_and_the_step_goes_on(cli_run, tmp_path, caplog):
     batch, _, _ = cli_run
-    sink = sink_from_environment(file_transport(tmp_path))  # a directory: no event can be written
+    sink = sink_under(file_transport(tmp_path), tmp_path)  # a directory: no event can be written
     assert isinstance(sink, EventSink)
     with caplog.at_level(logging.WARNING), sink.task("plan", batch) as run:
         run.report(lambda: plan_lineage(batch))
@@ -181,12 +181,3 @@ def test_a_transport_error_is_logged_and_counted_and_the_step_goes_on(cli_run, t
     with sink.task("plan", batch) as run:
         run.report(lambda: 1 / 0)  # a bug describing the datasets is counted too, never raised
     assert sink.failed == 3 + 3  # START, the description, COMPLETE
-
-
-def test_without_a_transport_nothing_is_emitted_and_a_bad_one_is_named():
-    assert sink_from_environment({}) is NO_LINEAGE
-    assert sink_from_environment({**file_transport(Path("x")), "OPENLINEAGE_DISABLED": "true"}) is NO_LINEAGE
-    with pytest.raises(ConfigError, match="AIRFLOW__OPENLINEAGE__TRANSPORT is not JSON"):
-        sink_from_environment({"AIRFLOW__OPENLINEAGE__TRANSPORT": "{file"})
-    with pytest.raises(ConfigError, match="a JSON object with a type"):
-        sink_from_environment({"AIRFLOW__OPENLINEAGE__TRANSPORT": '{"log_file_path": "x"}'})
