@@ -7,7 +7,9 @@ rollout (one root→terminal; one per call under independent calls, each with th
 and advantage) and one row without tokens for a rollout without chains. With
 ``on_invalid = "mask"`` every planned rollout has rows (invalid and missing ones masked,
 advantage 0), with ``"drop"`` only the valid ones. Advantages are computed per group over its valid rows only
-(:mod:`tasks.finalize.advantages`); a masked row never carries a nonzero advantage.
+(:mod:`tasks.finalize.advantages`); a masked row never carries a nonzero advantage. Each row names
+the weights of every version that sampled its tokens, judged from its calls' extras and the plan
+(:func:`tasks.finalize.weights.row_weights`).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import pyarrow as pa
 from tasks.batch_fields import ADVANTAGES, ON_INVALID
 from tasks.finalize import reasons
 from tasks.finalize.advantages import group_advantages
-from tasks.finalize.ragged import offsets
+from tasks.finalize.ragged import offsets, owners
 from tasks.finalize.verify.verdicts import VerifiedRollouts
-from tasks.records.dataset_row import CALL_SPAN_TYPE, WEIGHT_SPAN_TYPE, DatasetRow
+from tasks.finalize.weights import PlannedWeights, row_weights
+from tasks.records.dataset_row import CALL_SPAN_TYPE, VERSION_WEIGHTS_TYPE, WEIGHT_SPAN_TYPE, DatasetRow
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,14 @@ def assemble_rows(
     *,
     batch_id: str,
     planned: Mapping[str, Sequence[str]],
+    weights: PlannedWeights,
     on_invalid: str = "mask",
     advantage: str = "grpo",
 ) -> AssembledRows:
     """Rows of planned groups (group id -> its planned rollout ids) from their verified rollouts.
+
+    ``weights`` are the plan's (:meth:`PlannedWeights.of_plan`): what a call that names no weights
+    had at the planned version.
 
     ``group_size`` is the number of a group's planned rollouts. With ``on_invalid = "mask"``
     every planned rollout gets its rows, without a verified rollout it is invalid with reason
@@ -95,7 +102,7 @@ def assemble_rows(
     entry_of = _entries_by_rollout(verified, batch_id, groups)
     versions = _per_chain(np.minimum, verified.linearized.weight_version, verified.linearized.call_starts)
     chains_of = [range(c, c + n) for c, n in zip(verified.chain.tolist(), verified.chain_counts.tolist(), strict=True)]
-    rows = _RowsBuilder(verified)
+    rows = _RowsBuilder(verified, weights)
     stats = []
     for group_id, ids in groups.items():
         entries = [entry_of.get(rollout_id) for rollout_id in ids]
@@ -166,8 +173,9 @@ def _per_chain(reduce: np.ufunc, values: np.ndarray, call_starts: np.ndarray) ->
 class _RowsBuilder:
     """Dataset rows added one by one (Python per row: scalars only), built into one table column by column."""
 
-    def __init__(self, verified: VerifiedRollouts) -> None:
+    def __init__(self, verified: VerifiedRollouts, weights: PlannedWeights) -> None:
         self.verified = verified
+        self.weights = weights
         self.entries: list[int] = []
         self.chains: list[int] = []
         self.fields: tuple[list, ...] = ([], [], [], [], [])
@@ -209,6 +217,11 @@ class _RowsBuilder:
         truncated[linearized] = tokens.truncated
         call_tokens = tokens.carry_len + tokens.gen_len
         ends = np.cumsum(call_tokens) - np.repeat(tokens.token_starts[:-1], np.diff(tokens.call_starts))
+        named = row_weights(
+            self.weights, owners(tokens.call_starts), tokens.weight_version, tokens.extras_json, len(tokens)
+        )
+        weights_counts = np.zeros(n, np.int64)
+        weights_counts[linearized] = np.diff(named.starts)
         columns = {
             "batch_id": pa.array([verified.batch_id] * n, pa.string()),
             "group_id": pa.array(group_ids, pa.string()),
@@ -229,6 +242,7 @@ class _RowsBuilder:
                 WEIGHT_SPAN_TYPE,
                 [tokens.call_ids, pa.array(ends - call_tokens), pa.array(ends), pa.array(tokens.weight_version)],
             ),
+            "weights_by_version": _struct_lists(weights_counts, VERSION_WEIGHTS_TYPE, [named.versions, named.sha256]),
             "call_spans": _struct_lists(
                 call_counts, CALL_SPAN_TYPE, [tokens.call_ids, pa.array(tokens.carry_len), pa.array(tokens.gen_len)]
             ),

@@ -18,6 +18,12 @@ from tasks.records.dataset_row import COLUMN_DESCRIPTIONS, DatasetRow
 from tasks.records.review import ReviewDecision, utc_text
 
 PARTS_GLOB = "part-*.parquet"
+# What every row says of its weights (the card's Weights section ends with it).
+ROW_WEIGHTS = (
+    "Each row names the weight version that sampled each call's tokens in `weight_version_spans`, and its "
+    "weights per version in `weights_by_version`: their sha256 where every call of the row naming that version "
+    f"names the same one, else null ({WEIGHTS_DECLARED})."
+)
 
 
 def render_card(
@@ -88,8 +94,7 @@ def _weights(config: Mapping[str, Any], by_version: Mapping[str, Mapping[str, An
     return (
         f"{summary}. A weight version's weights are {WEIGHTS_VERIFIED} only where they were hashed where they "
         "were loaded and every call of that version in the rows names the same sha256; anything else is "
-        f"{WEIGHTS_DECLARED}. Each row names the version that sampled each call's tokens in "
-        "`weight_version_spans`.\n\n"
+        f"{WEIGHTS_DECLARED}. {ROW_WEIGHTS}\n\n"
         + _table(("weight version", "weights", "sha256", "why not verified", "calls"), rows)
     )
 
@@ -100,13 +105,13 @@ def _planned_weights(config: Mapping[str, Any]) -> str:
     if model.get("weights", WEIGHTS_VERIFIED) == WEIGHTS_VERIFIED:
         return (
             f"Weights: {WEIGHTS_VERIFIED}. Their sha256 ({_code(model.get('weights_sha256'))}) was checked "
-            "against the plan where they were loaded.\n"
+            f"against the plan where they were loaded. {ROW_WEIGHTS}\n"
         )
     return (
         f"Weights: {model['weights']}. The {_code(engine.get('name'))} servers that generated this batch "
         f"loaded a model folder the planning machine could not hash; they were accepted by their model name "
         f"{_code(engine.get('options', {}).get('served_model'))}. The token ids and logprobs are exactly the "
-        "servers' own; that they came from the planned weights is the servers' word.\n"
+        f"servers' own; that they came from the planned weights is the servers' word. {ROW_WEIGHTS}\n"
     )
 
 

@@ -150,6 +150,7 @@ def _assembled_shards(
             verified,
             batch_id=config.batch_id,
             planned=planned,
+            weights=metrics.weights.plan,
             on_invalid=config.on_invalid,
             advantage=config.advantage,
         )

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tasks.checks import is_hex_digest
 from tasks.models.bundled import check_model_folder, weight_files
 
 PROVENANCE_DOMAIN = b"rollout-ledger-model-files-v1"
@@ -87,7 +88,7 @@ def read_weights_extras(extras: Any) -> dict[int, str | None] | None:
         return None
     named = extras[WEIGHTS_EXTRAS_KEY]
     if not isinstance(named, dict) or not all(
-        isinstance(v, str) and v.isascii() and v.isdigit() and (sha is None or _is_sha256(sha))
+        isinstance(v, str) and v.isascii() and v.isdigit() and (sha is None or is_hex_digest(sha))
         for v, sha in named.items()
     ):
         raise ValueError(f"extras {WEIGHTS_EXTRAS_KEY}: expected version -> sha256 or null, got {str(named)[:200]}")
@@ -116,10 +117,6 @@ def file_sha256(path: Path) -> str:
         while chunk := handle.read(_CHUNK):
             hasher.update(chunk)
     return hasher.hexdigest()
-
-
-def _is_sha256(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def chat_template_text(folder: Path) -> str | None:

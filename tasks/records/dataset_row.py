@@ -3,7 +3,8 @@
 :class:`DatasetRow` declares every column with its Arrow type (:meth:`DatasetRow.arrow_schema` is
 the schema of every dataset part) and checks its invariants on construction, so a row read back
 is as trustworthy as a row written. :data:`COLUMN_DESCRIPTIONS` says what each column means, for
-the dataset card and the docs.
+the dataset card and the docs. :func:`upgrade_rows` reads a table of an older schema version as
+the current one; every reader of dataset parts calls it.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from tasks.checks import check_choice, check_finite, check_int, check_reason
+from tasks.checks import check_choice, check_finite, check_int, check_reason, is_hex_digest
 from tasks.ids import check_id
 from tasks.records.ledger import TERMINAL_SELECTIONS
 from tasks.schema import ArrowRecord, column
 
-DATASET_SCHEMA_VERSION = 1
+# 2: weights_by_version (version 1 is read as 2 by upgrade_rows)
+DATASET_SCHEMA_VERSION = 2
+READABLE_DATASET_SCHEMA_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,14 @@ class WeightSpan:
     weight_version: int = column(pa.uint64())
 
 
+@dataclass(frozen=True)
+class VersionWeights:
+    """The weights that sampled a row's tokens of ``weight_version``: their sha256, or None (declared, not verified)."""
+
+    weight_version: int = column(pa.uint64())
+    weights_sha256: str | None = column(pa.string(), nullable=True)
+
+
 def _struct_type(item: type) -> pa.StructType:
     """The Arrow struct of a span dataclass: its fields, with the types they declare."""
     return pa.struct([(f.name, f.metadata["arrow"]) for f in dataclasses.fields(item)])
@@ -48,6 +60,7 @@ def _struct_type(item: type) -> pa.StructType:
 
 CALL_SPAN_TYPE = _struct_type(CallSpan)
 WEIGHT_SPAN_TYPE = _struct_type(WeightSpan)
+VERSION_WEIGHTS_TYPE = _struct_type(VersionWeights)
 
 
 # What each column means, for the dataset card and the docs (the types come from the schema).
@@ -67,6 +80,8 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "weight_version_min": "lowest weight version of the calls on the chain (null without tokens)",
     "weight_version_max": "highest weight version of the calls on the chain (null without tokens)",
     "weight_version_spans": "per call: token range [start, end) and the weight version it was admitted at",
+    "weights_by_version": "per weight version that sampled a token of the row, ascending: the sha256 of its weights "
+    "where every call of the row naming that version names that one sha256, else null (declared, not verified)",
     "call_spans": "per call, in order: carried tokens (carry_len) then sampled tokens (gen_len)",
     "truncated": "the terminal call stopped on the length limit",
     "num_turns": "model calls on the chain root→terminal",
@@ -85,7 +100,9 @@ class DatasetRow(ArrowRecord):
     Invariants: the three token lists have equal length; ``loss_mask`` is 0 on each call's
     carried tokens and 1 on its sampled tokens, as ``call_spans`` says; ``logprobs`` are finite
     and exactly 0 where the mask is 0; weight spans are one per call, in order, inside that
-    call's tokens, and ``weight_version_min``/``max`` summarize them (null without tokens).
+    call's tokens, and ``weight_version_min``/``max`` summarize them (null without tokens);
+    ``weights_by_version`` names each version at most once, ascending, every version of the spans
+    among them, each with a sha256 (64 lowercase hex digits) or None, and is empty exactly without tokens.
     ``sample_mask`` 1 ⇔ ``mask_reason`` null; a trainable row has tokens, a sampled token, a
     reward and a terminal selection; a masked row has advantage exactly 0.
     """
@@ -105,6 +122,7 @@ class DatasetRow(ArrowRecord):
     weight_version_min: int | None = column(pa.uint64(), nullable=True)
     weight_version_max: int | None = column(pa.uint64(), nullable=True)
     weight_version_spans: tuple[WeightSpan, ...] = column(pa.list_(WEIGHT_SPAN_TYPE), item=WeightSpan)
+    weights_by_version: tuple[VersionWeights, ...] = column(pa.list_(VERSION_WEIGHTS_TYPE), item=VersionWeights)
     call_spans: tuple[CallSpan, ...] = column(pa.list_(CALL_SPAN_TYPE), item=CallSpan)
     truncated: bool = column(pa.bool_())
     num_turns: int = column(pa.int32())
@@ -115,11 +133,12 @@ class DatasetRow(ArrowRecord):
             check_id(getattr(self, name), field=name)
         for name, dtype in (("input_ids", np.int32), ("loss_mask", np.uint8), ("logprobs", np.float32)):
             object.__setattr__(self, name, self._array(name, dtype))
-        for name in ("weight_version_spans", "call_spans"):
+        for name in ("weight_version_spans", "weights_by_version", "call_spans"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         self._check_scalars()
         self._check_tokens()
         self._check_spans()
+        self._check_weights()
         self._check_sample_mask()
 
     def _fail(self, message: str) -> InvalidDatasetRowError:
@@ -215,6 +234,28 @@ class DatasetRow(ArrowRecord):
                 f"the spans' ({min(versions)}, {max(versions)})"
             )
 
+    def _check_weights(self) -> None:
+        weights = self.weights_by_version
+        if not all(isinstance(w, VersionWeights) for w in weights):
+            raise self._fail("weights_by_version must hold VersionWeights items")
+        if bool(weights) != bool(self.input_ids.size):
+            raise self._fail("weights_by_version is empty exactly when the row has no tokens")
+        versions = [w.weight_version for w in weights]
+        try:
+            for version in versions:
+                check_int(version, field="weights_by_version weight_version", minimum=0)
+        except (TypeError, ValueError) as exc:
+            raise self._fail(str(exc)) from None
+        if versions != sorted(set(versions)):
+            raise self._fail(f"weights_by_version must name each version once, ascending, got {versions}")
+        named = [w.weights_sha256 for w in weights if w.weights_sha256 is not None]
+        bad = [sha for sha in named if not is_hex_digest(sha)]
+        if bad:
+            raise self._fail(f"weights_by_version names {str(bad[0])[:80]!r}, not a sha256 (64 lowercase hex digits)")
+        unnamed = sorted({s.weight_version for s in self.weight_version_spans} - set(versions))
+        if unnamed:
+            raise self._fail(f"weights_by_version does not name weight version(s) {unnamed} of weight_version_spans")
+
     def _check_sample_mask(self) -> None:
         if self.sample_mask == 1:
             if self.mask_reason is not None:
@@ -228,3 +269,35 @@ class DatasetRow(ArrowRecord):
                 raise self._fail(f"a masked row has advantage {self.advantage}, expected 0")
         else:
             raise self._fail(f"sample_mask must be 0 or 1, got {self.sample_mask!r}")
+
+
+def upgrade_rows(table: pa.Table) -> pa.Table:
+    """``table`` of dataset rows in the current schema: a version-1 table gains its ``weights_by_version``.
+
+    Version 1 (:data:`V1_SCHEMA`) rows never named their weights, so each version of a row's
+    ``weight_version_spans`` is named with a null sha256: declared, not verified. A table of any
+    other schema is returned as it is (:meth:`DatasetRow.check_table` then names what is wrong).
+    """
+    if not table.schema.equals(V1_SCHEMA):
+        return table
+    spans = table.column("weight_version_spans").combine_chunks()
+    lengths = pc.list_value_length(spans).to_numpy(zero_copy_only=False)
+    row = np.repeat(np.arange(table.num_rows, dtype=np.int64), lengths)
+    version = pc.struct_field(pc.list_flatten(spans), "weight_version").to_numpy(zero_copy_only=False)
+    order = np.lexsort((version, row))
+    row, version = row[order], version[order]
+    kept = np.ones(row.size, bool)
+    kept[1:] = (row[1:] != row[:-1]) | (version[1:] != version[:-1])
+    starts = np.zeros(table.num_rows + 1, np.int32)
+    np.cumsum(np.bincount(row[kept], minlength=table.num_rows), out=starts[1:])
+    items = pa.StructArray.from_arrays(
+        [pa.array(version[kept], pa.uint64()), pa.nulls(int(kept.sum()), pa.string())],
+        fields=list(VERSION_WEIGHTS_TYPE),
+    )
+    weights = pa.ListArray.from_arrays(pa.array(starts), items, type=pa.list_(VERSION_WEIGHTS_TYPE))
+    where = DatasetRow.arrow_schema().get_field_index("weights_by_version")
+    return table.add_column(where, DatasetRow.arrow_schema().field(where), weights)
+
+
+# The schema of version-1 parts: today's without weights_by_version (pinned by tests/compat).
+V1_SCHEMA = DatasetRow.arrow_schema().remove(DatasetRow.arrow_schema().get_field_index("weights_by_version"))

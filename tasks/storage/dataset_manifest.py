@@ -5,7 +5,9 @@ Both are a :class:`DatasetMarker`: every file of the dataset (``dataset/part-NNN
 sha256, the counts, the dataset schema version, the batch config finalize used and the shards a
 partial dataset was finalized without. The committed manifest adds each validation suite's outcome
 and the review decision; it is the one object consumers trust. Readers trust only what a manifest
-names and check each file's size and sha256 (:func:`read_dataset_part`).
+names and check each file's size and sha256 (:func:`read_dataset_part`). ``schema_version`` is
+the dataset rows' (:data:`~tasks.records.dataset_row.DATASET_SCHEMA_VERSION`); parts of every readable
+version are read as the current one (:func:`~tasks.records.dataset_row.upgrade_rows`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tasks import layout
 from tasks.checks import check_int, is_int
 from tasks.errors import MalformedDatasetMarkerError, MalformedReviewError
 from tasks.ids import check_id
-from tasks.records.dataset_row import DATASET_SCHEMA_VERSION, DatasetRow
+from tasks.records.dataset_row import READABLE_DATASET_SCHEMA_VERSIONS, DatasetRow, upgrade_rows
 from tasks.records.review import ReviewDecision, upgrade_record
 from tasks.schema import read_parquet_bytes
 from tasks.storage.marker import MarkedFile, read_marked_bytes
@@ -62,10 +64,11 @@ class DatasetMarker:
     marker_version: int = MARKER_VERSION
 
     def __post_init__(self) -> None:
-        if self.marker_version != MARKER_VERSION or self.schema_version != DATASET_SCHEMA_VERSION:
+        readable = self.schema_version in READABLE_DATASET_SCHEMA_VERSIONS and type(self.schema_version) is int
+        if self.marker_version != MARKER_VERSION or not readable:
             raise MalformedDatasetMarkerError(
                 f"marker_version {self.marker_version!r} / schema_version {self.schema_version!r} not supported "
-                f"(expected {MARKER_VERSION} / {DATASET_SCHEMA_VERSION})"
+                f"(expected {MARKER_VERSION} / one of {list(READABLE_DATASET_SCHEMA_VERSIONS)})"
             )
         try:
             check_id(self.batch_id, field="batch_id")
@@ -194,8 +197,10 @@ def _read_manifest(store: ObjectStore, path: str, *, validated: bool) -> Dataset
 
 
 def read_dataset_part(store: ObjectStore, part: MarkedFile) -> pa.Table:
-    """A part the marker names, after checking its size and sha256 and its schema."""
-    table = read_parquet_bytes(read_marked_bytes(store, part, marker="the dataset marker"), use_threads=True)
+    """A part the marker names, after checking its size and sha256 and its schema, in the current schema
+    (a part of an older version upgraded, :func:`~tasks.records.dataset_row.upgrade_rows`)."""
+    data = read_marked_bytes(store, part, marker="the dataset marker")
+    table = upgrade_rows(read_parquet_bytes(data, use_threads=True))
     DatasetRow.check_table(table, source=f"{store.url}/{part.path}")
     return table
 

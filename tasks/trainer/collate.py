@@ -1,7 +1,8 @@
 """Trainer side: torch access to a published GRPO dataset, a map-style Dataset and a right-padding collator.
 
 :class:`PublishedDataset` reads only the parts a batch's ``dataset/_COMMITTED.json`` names,
-checking each part's size, sha256 and schema, and keeps the columns as flat numpy arrays (no
+checking each part's size, sha256 and schema (a part of an older schema version read as the current
+one, :func:`~tasks.records.dataset_row.upgrade_rows`), and keeps the columns as flat numpy arrays (no
 per-row Python objects). :class:`GrpoCollator` pads a list of rows — from this Dataset or from
 Hugging Face ``datasets`` (lists of numbers) — into a batch where every per-token tensor has
 the same shape and padding never counts: ``attention_mask``, ``loss_mask`` and ``train_mask``
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from tasks.records.dataset_row import DatasetRow
+from tasks.records.dataset_row import DatasetRow, upgrade_rows
 from tasks.storage.dataset_manifest import read_dataset_marker, read_dataset_part
 from tasks.storage.objects import ObjectStore
 from tasks.storage.options import StorageOptions
@@ -32,6 +33,7 @@ class PublishedDataset(torch.utils.data.Dataset):
     """Rows of a GRPO dataset; item ``i`` is a dict of tensors plus its ``rollout_id`` and ``group_id``."""
 
     def __init__(self, table: pa.Table) -> None:
+        table = upgrade_rows(table)
         DatasetRow.check_table(table)
         self._tokens: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for name in TOKEN_COLUMNS:
@@ -54,7 +56,7 @@ class PublishedDataset(torch.utils.data.Dataset):
     @classmethod
     def from_files(cls, paths: Sequence[str]) -> Self:
         """Rows of local Parquet parts, unchecked against any marker (for files copied elsewhere)."""
-        tables = [pq.read_table(p) for p in paths]
+        tables = [upgrade_rows(pq.read_table(p)) for p in paths]
         for path, table in zip(paths, tables, strict=True):
             DatasetRow.check_table(table, source=str(path))
         return cls(pa.concat_tables(tables) if tables else DatasetRow.to_table([]))

@@ -13,6 +13,8 @@ profile (decoding a part whole allocated, and faulted in, hundreds of MB per par
   ``nonzero_carried_logprobs`` (loss_mask 0, logprob != 0, NaN included); the token counts are
   null for a row whose loss_mask and logprobs lengths differ (no token pairs them); and its
   scalars (sample_mask, mask_reason, advantage, ``advantage_finite``, reward, group_size);
+  ``weights_within_batch``: every sha256 the row's ``weights_by_version`` names is the one the
+  batch verified for that version (``weights_by_version`` of ``metrics.json``);
 * ``groups``: per group its ``rollouts`` (with rows), ``group_size`` and ``advantage_mean`` over
   its trainable rollouts, null when fewer than two are trainable or their rewards are all equal
   (their advantages are 0 by definition, :mod:`tasks.finalize.advantages`);
@@ -21,8 +23,9 @@ profile (decoding a part whole allocated, and faulted in, hundreds of MB per par
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +35,8 @@ import pyarrow.parquet as pq
 from tasks.batch import Batch
 from tasks.finalize.ragged import offsets, owners_of, run_sums
 from tasks.ids import shard_name
-from tasks.records.dataset_row import DatasetRow
+from tasks.models.provenance import WEIGHTS_VERIFIED
+from tasks.records.dataset_row import DatasetRow, upgrade_rows
 from tasks.storage.dataset_manifest import DatasetMarker
 from tasks.storage.marker import MarkedFile, read_marked_bytes
 from tasks.storage.objects import ObjectStore
@@ -47,9 +51,12 @@ _TOKEN_COUNTS = ("sampled_tokens", "nonfinite_logprobs", "positive_sampled_logpr
 def profile_dataset(batch: Batch, manifest: DatasetMarker) -> dict[str, pa.Table]:
     """The four profile tables of the dataset ``manifest`` names; rows keep the manifest's part order."""
     store, config = batch.store, batch.config
-    empty = row_profile(DatasetRow.arrow_schema().empty_table())  # the profile's schema, whatever the parts hold
+    verified = verified_weights(batch.dataset_metrics(manifest))
+    empty = row_profile(DatasetRow.arrow_schema().empty_table(), verified)  # the profile's schema, whatever the parts
     with ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="dataset-profile") as pool:
-        parts = list(pool.map(lambda part: [row_profile(b) for b in part_batches(store, part)], manifest.parts))
+        parts = list(
+            pool.map(lambda part: [row_profile(b, verified) for b in part_batches(store, part)], manifest.parts)
+        )
     rows = pa.concat_tables([empty, *(batch for part in parts for batch in part)])
     present = [shard for shard in range(config.shards) if shard not in manifest.missing_shards]
     planned = pa.array([p.rollout_id for s in present for p in batch.shard_plan(s)], pa.string())
@@ -70,20 +77,32 @@ def profile_dataset(batch: Batch, manifest: DatasetMarker) -> dict[str, pa.Table
 def part_batches(store: ObjectStore, part: MarkedFile) -> Iterator[pa.Table]:
     """The rows of a part the marker names, :data:`BATCH_ROWS` at a time; its size, sha256 and schema checked first.
 
-    The checks are :func:`tasks.finalize.dataset_writer.read_dataset_part`'s: the file's schema is checked
-    before any row is decoded, and each batch's nulls as it is.
+    The checks are :func:`tasks.storage.dataset_manifest.read_dataset_part`'s: the file's schema is checked
+    before any row is decoded, and each batch's nulls as it is; a part of an older schema version is read
+    as the current one (:func:`~tasks.records.dataset_row.upgrade_rows`).
     """
     file = pq.ParquetFile(pa.BufferReader(read_marked_bytes(store, part, marker="the dataset marker")))
     source = f"{store.url}/{part.path}"
-    DatasetRow.check_table(file.schema_arrow.empty_table(), source=source)
+    DatasetRow.check_table(upgrade_rows(file.schema_arrow.empty_table()), source=source)
     for batch in file.iter_batches(batch_size=BATCH_ROWS):
-        table = pa.Table.from_batches([batch])
+        table = upgrade_rows(pa.Table.from_batches([batch]))
         DatasetRow.check_table(table, source=source)
         yield table
 
 
-def row_profile(part: pa.Table) -> pa.Table:
-    """One row of counts and scalars per dataset row of ``part`` (module docstring)."""
+def verified_weights(metrics: Mapping[str, Any]) -> dict[int, str]:
+    """Version -> sha256 of every weight version the batch verified (``weights_by_version`` of its metrics)."""
+    by_version = metrics.get("weights_by_version") or {}
+    return {
+        int(version): entry["weights_sha256"]
+        for version, entry in by_version.items()
+        if entry.get("weights") == WEIGHTS_VERIFIED and entry.get("weights_sha256")
+    }
+
+
+def row_profile(part: pa.Table, verified: Mapping[int, str]) -> pa.Table:
+    """One row of counts and scalars per dataset row of ``part`` (module docstring); ``verified`` is
+    :func:`verified_weights`."""
     lengths = {name: pc.list_value_length(part[name]) for name in ("input_ids", "loss_mask", "logprobs")}
     paired = pc.equal(lengths["loss_mask"], lengths["logprobs"]).to_numpy(zero_copy_only=False)
     counts = _token_counts(part.filter(pa.array(paired)) if not paired.all() else part)
@@ -95,7 +114,22 @@ def row_profile(part: pa.Table) -> pa.Table:
         columns[name] = pa.array(full, mask=~paired)
     columns |= {name: part[name] for name in _SCALARS[2:]}
     columns["advantage_finite"] = pc.fill_null(pc.is_finite(part["advantage"]), False)
+    columns["weights_within_batch"] = _weights_within_batch(part, verified)
     return pa.table(columns)
+
+
+def _weights_within_batch(part: pa.Table, verified: Mapping[int, str]) -> pa.Array:
+    """Per row: every (version, sha256) its ``weights_by_version`` names is one the batch verified (null sha256s
+    claim nothing)."""
+    weights = part["weights_by_version"].combine_chunks()
+    lengths = pc.list_value_length(weights).to_numpy(zero_copy_only=False)
+    items = pc.list_flatten(weights)
+    sha256 = pc.struct_field(items, "weights_sha256")
+    named = pc.binary_join_element_wise(pc.cast(pc.struct_field(items, "weight_version"), pa.string()), sha256, ":")
+    allowed = pa.array([f"{version}:{sha}" for version, sha in verified.items()], pa.string())
+    within = pc.or_kleene(pc.is_null(sha256), pc.is_in(named, value_set=allowed))  # a null sha256 claims nothing
+    unverified = np.flatnonzero(~within.to_numpy(zero_copy_only=False))
+    return pa.array(np.bincount(owners_of(offsets(lengths), unverified), minlength=part.num_rows) == 0)
 
 
 def _token_counts(part: pa.Table) -> dict[str, np.ndarray]:

@@ -378,6 +378,16 @@ def dataset_suite(thresholds: ValidationSpec, *, on_invalid: str) -> SuiteSpec:
             severity="fail",
             rule="sample_mask is 1 with a null mask_reason, or 0 with a mask_reason.",
         ),
+        ExpectationSpec(
+            name="row_weights_within_batch",
+            table="rows",
+            expectation="expect_column_values_to_be_in_set",
+            kwargs={"column": "weights_within_batch", "value_set": [True]},
+            severity="warn",
+            rule="A row names a sha256 in weights_by_version only for a weight version the batch verified with that "
+            "sha256 (metrics weights_by_version): a row whose calls agree on weights the batch judged declared, "
+            "not verified (other calls of that version named others, or none) is flagged for review.",
+        ),
         group_rollouts,
         ExpectationSpec(
             name="group_advantage_mean_near_zero",

@@ -2,7 +2,8 @@
 
 Each file is produced by running a snippet against the ``tasks`` package of the commit named
 beside it (``git archive``), so its bytes are that code's own serialization, not a hand-written
-imitation. Run from the repository root (a git checkout with that history)::
+imitation. A name ending in ``/`` is a folder: its snippet writes files under ``target`` instead.
+Run from the repository root (a git checkout with that history)::
 
     python tests/compat/make_old_formats.py
 
@@ -64,6 +65,60 @@ validation = {suite: {"status": "warned" if suite == "lineage" else "passed",
 _REVIEW = """
 from tasks.review import new_decision
 review = new_decision("old-b1", "publish", "partial on purpose", decided_by="alice", via="cli", now=1764600200.0)
+"""
+# A whole published dataset of schema version 1 (its part, metrics, card, both manifests), as finalize
+# and publish wrote it: one group of two rollouts, a trainable row whose calls were admitted at
+# weight versions 0, 1 and 1, and a masked row without tokens (the second rollout's receipt missing).
+_DATASET_ROWS_V1 = """
+import dataclasses, json
+from pathlib import Path
+import numpy as np
+from tasks import ids, layout
+from tasks.finalize.assemble import AssembledRows, GroupStats
+from tasks.finalize.card import render_card
+from tasks.finalize.dataset_writer import stage_dataset
+from tasks.records.dataset_row import CallSpan, DatasetRow, WeightSpan
+from tasks.storage.marker import MarkedFile
+from tasks.storage.objects import ObjectStore
+config = BatchConfig(batch_id="old-b1", environment="arithmetic", num_tasks=1, group_size=2, shards=1,
+                     model=ModelSpec(reference="bundled:smollm2-135m-instruct"), code_version="old")
+trained = ids.rollout_id(0, 0)
+calls, versions = ((5, 3), (2, 4), (1, 2)), (0, 1, 1)
+spans, weights, mask, start = [], [], [], 0
+for ordinal, ((carry, gen), version) in enumerate(zip(calls, versions)):
+    call = ids.call_id(trained, 0, ordinal)
+    spans.append(CallSpan(call_id=call, carry_len=carry, gen_len=gen))
+    weights.append(WeightSpan(call_id=call, start=start, end=start + carry + gen, weight_version=version))
+    mask += [0] * carry + [1] * gen
+    start += carry + gen
+mask = np.array(mask, np.uint8)
+common = dict(batch_id="old-b1", group_id=ids.group_id(0), group_size=2, advantage=0.0)
+rows = [
+    DatasetRow(**common, rollout_id=trained, input_ids=np.arange(100, 100 + mask.size, dtype=np.int32),
+               loss_mask=mask, logprobs=np.where(mask == 1, -0.5, 0.0).astype(np.float32), prompt_len=5,
+               reward=1.0, sample_mask=1, mask_reason=None, weight_version_min=0, weight_version_max=1,
+               weight_version_spans=tuple(weights), call_spans=tuple(spans), truncated=False, num_turns=3,
+               terminal_selection="declared"),
+    DatasetRow(**common, rollout_id=ids.rollout_id(0, 1), input_ids=[], loss_mask=[], logprobs=[], prompt_len=0,
+               reward=None, sample_mask=0, mask_reason="missing_receipt", weight_version_min=None,
+               weight_version_max=None, weight_version_spans=(), call_spans=(), truncated=False, num_turns=0,
+               terminal_selection=None),
+]
+stats = GroupStats(group_id=ids.group_id(0), planned=2, valid=1, missing=1, rows=2, advantage_outcome="single_valid",
+                   weight_version=0, invalid_reasons=(("missing_receipt", 1),))
+assembled = AssembledRows(table=DatasetRow.to_table(rows), groups=(stats,), receipts=1, epoch_span_count=0,
+                          terminal_selections=(("declared", 1),))
+store = ObjectStore(target)
+staged = stage_dataset(store, [assembled], config=config, now=1764600000.0).marker
+outcomes = {suite: {"status": "passed", "warned": [], "report": f"reports/{suite}/run-000/index.html",
+                    "gx_version": "1.24.1", "validated_at": 1764600100.0} for suite in ("lineage", "dataset")}
+metrics = json.loads(store.read_bytes(layout.DATASET_METRICS))
+card = render_card(batch_id="old-b1", config=staged.config, metrics=metrics,
+                   parts=[dataclasses.asdict(p) for p in staged.parts], validation=outcomes, review=None)
+card_file = MarkedFile.of(store.write_once(layout.DATASET_CARD, card.encode()), kind="card", rows=0)
+committed = dataclasses.replace(staged, card=card_file, validation=outcomes)
+store.write_once(layout.DATASET_MARKER, committed.to_json().encode())
+out = ""
 """
 
 # file name -> (commit whose code writes it, snippet that leaves the bytes in `out`)
@@ -171,18 +226,22 @@ from tasks.finalize.dataset import DatasetRow
 out = DatasetRow.arrow_schema().to_string(show_schema_metadata=True) + "\\n"
 """,
     ),
+    "dataset-rows-v1/": ("39f6146", _CONFIG_V2 + _DATASET_ROWS_V1),
 }
 
 
 def write(name: str, commit: str, snippet: str, *, checkout: Path) -> None:
-    """Run ``snippet`` on ``commit``'s ``tasks`` package and store what it leaves in ``out`` as ``name``."""
+    """Run ``snippet`` on ``commit``'s ``tasks`` package and store what it leaves in ``out`` as ``name``
+    (a folder ``name`` ending in ``/``: what it writes under ``target``)."""
     with tempfile.TemporaryDirectory() as tree:
         archive = subprocess.run(
             ["git", "-C", str(checkout), "archive", commit, "tasks"], check=True, capture_output=True
         ).stdout
         with tarfile.open(fileobj=BytesIO(archive)) as tar:
             tar.extractall(tree, filter="data")
-        program = snippet + "\nimport sys\nsys.stdout.write(out)\n"
+        path = HERE / name
+        target = f"target = {str(path)!r}\n" if name.endswith("/") else ""
+        program = target + snippet + "\nimport sys\nsys.stdout.write(out)\n"
         result = subprocess.run(
             [sys.executable, "-c", program],
             check=True,
@@ -190,7 +249,8 @@ def write(name: str, commit: str, snippet: str, *, checkout: Path) -> None:
             cwd=tree,
             env={**os.environ, "PYTHONPATH": tree},
         )
-    (HERE / name).write_bytes(result.stdout)
+    if not name.endswith("/"):
+        path.write_bytes(result.stdout)
 
 
 def main() -> None:

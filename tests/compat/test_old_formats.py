@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from tasks import layout
@@ -18,12 +19,14 @@ from tasks.config import ValidationSpec
 from tasks.errors import ConfigError, MalformedDatasetMarkerError, ReviewConflictError
 from tasks.layout import REVIEW_RECORD
 from tasks.publish import publish_batch, record_decision
-from tasks.records.dataset_row import DatasetRow
+from tasks.records.dataset_row import DATASET_SCHEMA_VERSION, V1_SCHEMA, DatasetRow
 from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.records.review import new_decision
 from tasks.storage.claims import read_claims
-from tasks.storage.dataset_manifest import read_dataset_marker, read_staged_marker
+from tasks.storage.dataset_manifest import read_dataset_marker, read_dataset_part, read_staged_marker
 from tasks.storage.marker import read_marker
+from tasks.trainer.collate import GrpoCollator, PublishedDataset
+from tasks.validate.dataset_profile import part_batches
 
 OLD = Path(__file__).parent / "old_formats"
 BATCH = "old-b1"  # the batch every old record names
@@ -145,11 +148,52 @@ def test_older_dataset_manifests_are_refused_naming_the_file_version_and_the_reb
 
 
 def test_the_parquet_schemas_are_the_ones_their_versions_were_first_written_with():
-    """Only one version of each was ever written; a change to a schema needs a new version number and a reader."""
+    """A change to a schema needs a new version number and a reader of the old one."""
     ledger = "".join(
         f"{c.__name__}\n{c.arrow_schema().to_string(show_schema_metadata=True)}\n"
         for c in (StagedDelta, CallRecord, FailureRow, Receipt)
     )
     assert ledger == old("ledger-schemas-v2.txt").decode(), "bump tasks/records/digest.py SCHEMA_VERSION"
+    assert DATASET_SCHEMA_VERSION == 2
     rows = DatasetRow.arrow_schema().to_string(show_schema_metadata=True) + "\n"
-    assert rows == old("dataset-row-schema-v1.txt").decode(), "bump DATASET_SCHEMA_VERSION"
+    assert rows == old("dataset-row-schema-v2.txt").decode(), "bump DATASET_SCHEMA_VERSION"
+    # the schema upgrade_rows reads as version 1 is the one version 1 was written with
+    assert V1_SCHEMA.to_string(show_schema_metadata=True) + "\n" == old("dataset-row-schema-v1.txt").decode()
+
+
+@pytest.fixture
+def v1_dataset(root, store) -> str:
+    """The batch URL of a published dataset of schema version 1, every file as that code wrote it."""
+    for path in sorted((OLD / "dataset-rows-v1").rglob("*")):
+        if path.is_file():
+            store.write_once(path.relative_to(OLD / "dataset-rows-v1").as_posix(), path.read_bytes())
+    return store.url
+
+
+# What a version-1 row reads as: each version of its weight spans named, its weights declared, not verified.
+V1_WEIGHTS = [[{"weight_version": 0, "weights_sha256": None}, {"weight_version": 1, "weights_sha256": None}], []]
+
+
+def test_a_version_1_dataset_reads_with_each_rows_weights_declared_not_verified(v1_dataset, store):
+    marker = read_dataset_marker(store)
+    assert marker is not None and (marker.schema_version, marker.rows) == (1, 2)
+    (part,) = marker.parts
+    written = pq.read_table(OLD / "dataset-rows-v1" / part.path)
+    assert "weights_by_version" not in written.column_names
+    table = read_dataset_part(store, part)
+    assert table.schema.equals(DatasetRow.arrow_schema())
+    assert table.column("weights_by_version").to_pylist() == V1_WEIGHTS
+    assert table.drop_columns(["weights_by_version"]).equals(written)  # nothing else changed
+    trained, placeholder = DatasetRow.from_table(table)  # every row invariant holds
+    assert [w.weight_version for w in trained.weights_by_version] == [0, 1] and placeholder.weights_by_version == ()
+    (batch,) = part_batches(store, part)  # the dataset suite's reader
+    assert batch.column("weights_by_version").to_pylist() == V1_WEIGHTS
+
+
+def test_the_trainer_loads_a_version_1_dataset_through_its_manifest_and_from_copied_files(v1_dataset, store):
+    data = PublishedDataset.from_url(v1_dataset)
+    assert len(data) == 2 and data[0]["input_ids"].tolist() == list(range(100, 117))
+    batch = GrpoCollator()([data[0], data[1]])
+    assert batch["train_mask"].sum().item() == 9 and batch["rollout_id"] == ["r000000-00", "r000000-01"]
+    copied = PublishedDataset.from_files([str(OLD / "dataset-rows-v1" / layout.dataset_part(0))])
+    assert len(copied) == 2 and copied[0]["input_ids"].tolist() == data[0]["input_ids"].tolist()

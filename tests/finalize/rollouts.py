@@ -12,7 +12,9 @@ from tasks import ids, layout
 from tasks.config import BatchConfig, ModelSpec
 from tasks.finalize.assemble import AssembledRows, assemble_rows
 from tasks.finalize.card import render_card
+from tasks.finalize.weights import PlannedWeights
 from tasks.records.dataset_row import CallSpan, DatasetRow, WeightSpan
+from tasks.records.ledger import canonical_json
 from tasks.storage.dataset_manifest import DatasetMarker
 from tasks.storage.marker import MarkedFile
 from tasks.storage.objects import ObjectStore
@@ -20,6 +22,7 @@ from tasks.storage.objects import ObjectStore
 from .verdicts import VerifiedRollout, columns_of
 
 BATCH_ID = "batch-test"
+UNVERIFIED_PLAN = PlannedWeights()  # planned version 0, its weights not verified: a call naming none names null
 
 
 def make_rollout(
@@ -34,8 +37,10 @@ def make_rollout(
     truncated: bool = False,
     terminal_selection: str | None = "declared",
     epoch_span_count: int = 0,
+    extras: Sequence[object] | None = None,
 ) -> VerifiedRollout:
-    """A rollout of task ``task``: one (carry_len, gen_len) per call, tokens derived from the ids."""
+    """A rollout of task ``task``: one (carry_len, gen_len) per call, tokens derived from the ids; ``extras``
+    per call as the engine gave them (none given: null each)."""
     rollout_id = ids.rollout_id(task, sample)
     base = {"batch_id": BATCH_ID, "group_id": ids.group_id(task), "rollout_id": rollout_id, "reward": reward}
     if not linearized:
@@ -61,6 +66,7 @@ def make_rollout(
         prompt_len=calls[0][0],
         call_spans=tuple(call_spans),
         weight_spans=tuple(weight_spans),
+        extras_json=tuple(canonical_json(e) for e in extras) if extras is not None else (),
         truncated=truncated,
         num_turns=len(calls),
         terminal_selection=terminal_selection,
@@ -101,13 +107,20 @@ def mixed_rollouts(config: BatchConfig) -> dict[str, list[VerifiedRollout]]:
 
 
 def assemble(
-    verified: Sequence[VerifiedRollout], *, task: int = 0, group_size: int = 4, **options: str
+    verified: Sequence[VerifiedRollout],
+    *,
+    task: int = 0,
+    group_size: int = 4,
+    weights: PlannedWeights = UNVERIFIED_PLAN,
+    **options: str,
 ) -> AssembledRows:
-    """The rows of task ``task``'s planned group (``group_size`` rollouts) from ``verified``."""
+    """The rows of task ``task``'s planned group (``group_size`` rollouts) from ``verified``; ``weights`` the plan's
+    (by default: planned version 0, its weights not verified)."""
     return assemble_rows(
         columns_of(BATCH_ID, verified),
         batch_id=BATCH_ID,
         planned={ids.group_id(task): planned_ids(task, group_size)},
+        weights=weights,
         **options,
     )
 

@@ -11,7 +11,17 @@ from hypothesis import strategies as st
 from tasks.finalize import reasons
 from tasks.finalize.assemble import assemble_rows
 
-from .rollouts import BATCH_ID, assemble, batch_config, make_rollout, mixed_groups, mixed_rollouts, planned_ids, rows_of
+from .rollouts import (
+    BATCH_ID,
+    UNVERIFIED_PLAN,
+    assemble,
+    batch_config,
+    make_rollout,
+    mixed_groups,
+    mixed_rollouts,
+    planned_ids,
+    rows_of,
+)
 from .verdicts import columns_of
 
 
@@ -116,6 +126,7 @@ def test_a_group_assembles_the_same_rows_alone_as_among_other_groups_given_in_an
         columns_of(BATCH_ID, given),
         batch_id=BATCH_ID,
         planned={group_id: planned_ids(task, config.group_size) for task, group_id in enumerate(by_group)},
+        weights=UNVERIFIED_PLAN,
         on_invalid=on_invalid,
         advantage="rloo",
     )

@@ -17,7 +17,7 @@ from tasks.finalize.card import render_card
 from tasks.finalize.dataset_writer import stage_dataset
 from tasks.finalize.metrics import DatasetMetrics
 from tasks.models.provenance import WEIGHTS_DECLARED
-from tasks.records.dataset_row import DatasetRow
+from tasks.records.dataset_row import DATASET_SCHEMA_VERSION, DatasetRow
 from tasks.storage.dataset_manifest import DatasetMarker, read_dataset_part, read_staged_marker
 from tasks.storage.objects import ObjectStore
 
@@ -169,7 +169,7 @@ def test_marker_round_trips_through_json(tmp_path):
     marker = stage_dataset(store, mixed_groups(batch_config()), config=batch_config()).marker
     assert read_staged_marker(store) == marker
     raw = json.loads(store.read_bytes(layout.DATASET_STAGED))
-    assert raw["metrics"]["path"] == layout.DATASET_METRICS and raw["schema_version"] == 1
+    assert raw["metrics"]["path"] == layout.DATASET_METRICS and raw["schema_version"] == DATASET_SCHEMA_VERSION == 2
 
 
 def test_metrics_and_card_describe_the_batch_and_the_audit(tmp_path):

@@ -33,6 +33,7 @@ class VerifiedRollout:
     prompt_len: int = 0
     call_spans: tuple[CallSpan, ...] = ()
     weight_spans: tuple[WeightSpan, ...] = ()
+    extras_json: tuple[str, ...] = ()  # per call, as staged (canonical JSON); none given: "null" each
     truncated: bool = False
     num_turns: int = 0
     terminal_selection: str | None = None
@@ -89,6 +90,7 @@ def _chain_fields(chains: Linearized, chain: int) -> dict[str, object]:
         "prompt_len": call_spans[0].carry_len,
         "call_spans": tuple(call_spans),
         "weight_spans": tuple(weight_spans),
+        "extras_json": tuple(chains.extras_json[calls].to_pylist()),
         "truncated": bool(chains.truncated[chain]),
         "num_turns": len(call_spans),
     }
@@ -123,6 +125,9 @@ def columns_of(batch_id: str, rollouts: Sequence[VerifiedRollout]) -> VerifiedRo
             carry_len=np.array([c.carry_len for c in spans], np.int64),
             gen_len=np.array([c.gen_len for c in spans], np.int64),
             weight_version=np.array([w.weight_version for v in linearized for w in v.weight_spans], np.uint64),
+            extras_json=pa.array(
+                [text for v in linearized for text in v.extras_json or ("null",) * len(v.call_spans)], pa.string()
+            ),
             call_starts=offsets([len(v.call_spans) for v in linearized]),
             truncated=np.array([v.truncated for v in linearized], bool),
         ),

@@ -12,8 +12,8 @@ import pytest
 
 from tasks.finalize import reasons
 from tasks.finalize.assemble import assemble_rows
-from tasks.records.dataset_row import DatasetRow, InvalidDatasetRowError, WeightSpan
-from tests.finalize.rollouts import BATCH_ID, assemble, make_rollout, rows_of
+from tasks.records.dataset_row import DatasetRow, InvalidDatasetRowError, VersionWeights, WeightSpan
+from tests.finalize.rollouts import BATCH_ID, UNVERIFIED_PLAN, assemble, make_rollout, rows_of
 from tests.finalize.verdicts import columns_of
 
 
@@ -33,7 +33,7 @@ def test_rows_built_column_wise_equal_the_record_by_record_encoding_of_the_same_
 
 
 def test_no_group_assembles_the_empty_table_of_the_schema() -> None:
-    empty = assemble_rows(columns_of(BATCH_ID, []), batch_id=BATCH_ID, planned={})
+    empty = assemble_rows(columns_of(BATCH_ID, []), batch_id=BATCH_ID, planned={}, weights=UNVERIFIED_PLAN)
     assert empty.table.equals(DatasetRow.to_table([]))
 
 
@@ -124,3 +124,32 @@ def test_prompt_len_must_be_the_root_carry():
 def test_token_ids_wider_than_int32_are_refused():
     with pytest.raises(InvalidDatasetRowError, match="1-d int32 array"):
         a_row(input_ids=a_row().input_ids.astype(np.int64))
+
+
+SHA = "ab" * 32
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        ((), "empty exactly when the row has no tokens"),
+        ((VersionWeights(0, SHA), VersionWeights(0, None)), r"each version once, ascending, got \[0, 0\]"),
+        ((VersionWeights(2, None), VersionWeights(0, SHA)), r"each version once, ascending, got \[2, 0\]"),
+        ((VersionWeights(0, SHA.upper()),), "not a sha256"),
+        ((VersionWeights(0, "declared, not verified"),), "not a sha256"),
+        ((VersionWeights(1, SHA),), r"does not name weight version\(s\) \[0\] of weight_version_spans"),
+        (((0, SHA),), "must hold VersionWeights items"),
+    ],
+)
+def test_weights_by_version_breaking_its_rules_is_refused(weights, message):
+    with pytest.raises(InvalidDatasetRowError, match=message):
+        a_row(weights_by_version=weights)
+
+
+def test_weights_by_version_names_versions_beyond_the_spans_and_nothing_without_tokens():
+    row = a_row(weights_by_version=(VersionWeights(0, SHA), VersionWeights(1, None)))  # a call spanning a refit
+    assert row.weights_by_version == (VersionWeights(0, SHA), VersionWeights(1, None))
+    (placeholder,) = rows_of(assemble([make_rollout(reason=reasons.NO_REWARD, linearized=False)], group_size=1))
+    assert placeholder.input_ids.size == 0 and placeholder.weights_by_version == ()
+    with pytest.raises(InvalidDatasetRowError, match="empty exactly when the row has no tokens"):
+        dataclasses.replace(placeholder, weights_by_version=(VersionWeights(0, None),))

@@ -19,13 +19,20 @@ from tasks.errors import SchemaMismatchError, SegmentChecksumMismatchError
 from tasks.records.dataset_row import DatasetRow
 from tasks.storage.dataset_manifest import read_staged_marker
 from tasks.validate import SuiteOutcome, dataset_profile, validate_dataset
-from tasks.validate.dataset_profile import group_profile, part_batches, profile_dataset, row_profile
+from tasks.validate.dataset_profile import (
+    group_profile,
+    part_batches,
+    profile_dataset,
+    row_profile,
+    verified_weights,
+)
 from tasks.validate.gx_run import run_gx_suite
 from tasks.validate.suites import dataset_suite
 from tests.local_batch import LocalBatch, copy_batch
 
 from .batches import StagedDataset, row_of
 
+VERIFIED, OTHER = "ab" * 32, "cd" * 32
 THRESHOLDS = ValidationSpec(max_invalid_row_rate=0.0, reward_min=0.0, reward_max=1.0)
 EXPECTED = {
     "token_list_lengths_equal": {"r000000-00"},
@@ -39,6 +46,7 @@ EXPECTED = {
     "group_advantage_mean_near_zero": {"g000004"},
     "masked_rows_have_zero_advantage": {"r000005-00"},
     "mask_reason_iff_masked": {"r000005-01"},
+    "row_weights_within_batch": {"r000005-02"},  # a warning: the only expectation of EXPECTED that is one
     "invalid_row_rate": {"r000003-01", "r000005-00"},
 }
 
@@ -64,6 +72,7 @@ def corrupt(rows: list[dict]) -> None:
         row_of(rows, rollout).update(reward=reward, advantage=1.0)
     row_of(rows, "r000005-00").update(sample_mask=0, mask_reason="capture_poisoned", advantage=0.5)
     row_of(rows, "r000005-01").update(mask_reason="rollout_failed")
+    row_of(rows, "r000005-02")["weights_by_version"][0]["weights_sha256"] = "cd" * 32  # the batch verified none
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +85,8 @@ def corrupted(finalized_batch: LocalBatch, tmp_path_factory: pytest.TempPathFact
 def test_the_corrupted_dataset_fails_exactly_the_violated_expectations(corrupted):
     assert {e.name for e in corrupted.summary.expectations if not e.success} == set(EXPECTED)
     assert [e.name for e in corrupted.summary.expectations if e.success] == ["dataset_complete"]
-    assert corrupted.status == "failed" and corrupted.summary.counts.failed == len(EXPECTED)
+    counts = corrupted.summary.counts
+    assert corrupted.status == "failed" and (counts.failed, counts.warned) == (len(EXPECTED) - 1, 1)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -153,15 +163,34 @@ def test_row_profile_counts_tokens_per_row_and_leaves_unpaired_rows_unmeasured()
             "advantage": [r[3] for r in rows],
             "reward": [1.0, 0.0, 0.0, None],
             "group_size": pa.array([4] * len(rows), pa.int32()),
+            "weights_by_version": pa.array(
+                [
+                    [{"weight_version": 0, "weights_sha256": VERIFIED}],  # the batch's sha256 of version 0
+                    [{"weight_version": 0, "weights_sha256": VERIFIED}, {"weight_version": 1, "weights_sha256": OTHER}],
+                    [{"weight_version": 1, "weights_sha256": None}],  # declared, not verified: claims nothing
+                    [],
+                ],
+                schema.field("weights_by_version").type,
+            ),
         }
     )
-    profile = row_profile(part).to_pydict()
+    profile = row_profile(part, {0: VERIFIED}).to_pydict()
     assert profile["input_ids_len"] == [4, 3, 2, 0] and profile["logprobs_len"] == [4, 3, 1, 0]
     assert profile["sampled_tokens"] == [2, 2, None, 0]
     assert profile["nonfinite_logprobs"] == [0, 1, None, 0]
     assert profile["positive_sampled_logprobs"] == [0, 1, None, 0]
     assert profile["nonzero_carried_logprobs"] == [0, 1, None, 0]
     assert profile["advantage_finite"] == [True, False, True, True]
+    assert profile["weights_within_batch"] == [True, False, True, True]
+
+
+def test_only_the_versions_the_batch_verified_are_a_rows_to_name():
+    by_version = {
+        "2": {"calls": 9, "weights": "verified", "weights_sha256": VERIFIED},
+        "3": {"calls": 2, "weights": "declared, not verified", "weights_sha256": None, "why": "not hashed"},
+    }
+    assert verified_weights({"weights_by_version": by_version}) == {2: VERIFIED}
+    assert verified_weights({}) == {}  # metrics written before versions were judged
 
 
 def test_a_group_counts_rollouts_once_however_many_rows_each_has():

@@ -103,7 +103,10 @@ class ChainRows:
         chains = np.array(linearized, np.int64)
         epoch_span = self.calls.column("epoch_span").to_numpy(zero_copy_only=False)
         epoch_spans = np.add.reduceat(epoch_span, first_rows, dtype=np.int64)[chains]
-        return ChainVerdicts(verdicts, self.tokens.linearize(chains, first_rows, self.lengths, self.calls), epoch_spans)
+        linearized = self.tokens.linearize(
+            chains, first_rows, self.lengths, self.calls, self.table.column("extras_json")
+        )
+        return ChainVerdicts(verdicts, linearized, epoch_spans)
 
 
 class _Checks:
@@ -173,8 +176,18 @@ class _Tokens:
         bad |= carried & (logprobs != 0.0)
         self.bad_values = self.rows[owners_of(self.starts, np.flatnonzero(bad))]
 
-    def linearize(self, chains: np.ndarray, first_rows: np.ndarray, lengths: np.ndarray, calls: pa.Table) -> Linearized:
-        """The given chains (every row of which passed every check) root→terminal, as flat columns."""
+    def linearize(
+        self,
+        chains: np.ndarray,
+        first_rows: np.ndarray,
+        lengths: np.ndarray,
+        calls: pa.Table,
+        extras_json: pa.ChunkedArray,
+    ) -> Linearized:
+        """The given chains (every row of which passed every check) root→terminal, as flat columns.
+
+        ``calls`` are the rows' call records and ``extras_json`` the rows' own (checked against their digests).
+        """
         rows, call_starts = ranges(first_rows[chains], lengths[chains])
         positions = self.position[rows]
         first = self.position[first_rows[chains]]
@@ -195,6 +208,7 @@ class _Tokens:
             carry_len=self.starts[positions + 1] - self.starts[positions] - gen,
             gen_len=gen,
             weight_version=calls.column("weight_version").to_numpy()[rows],
+            extras_json=extras_json.take(pa.array(rows)).combine_chunks(),
             call_starts=call_starts,
             truncated=ends[first_rows[chains] + lengths[chains] - 1],
         )

@@ -24,9 +24,10 @@ class Linearized:
     Chain ``k`` holds tokens ``token_starts[k]:token_starts[k + 1]`` of ``input_ids`` (int32),
     ``loss_mask`` (uint8) and ``logprobs`` (float32), and calls ``call_starts[k]:call_starts[k + 1]``
     root→terminal: each call's id, its ``carry_len`` carried then ``gen_len`` sampled tokens
-    (int64) and the ``weight_version`` (uint64) it was admitted at, which covers the call's
-    tokens. ``truncated`` (per chain): the terminal call stopped on length. Every chain has at
-    least one call and one token.
+    (int64), the ``weight_version`` (uint64) it was admitted at, which covers the call's
+    tokens, and its verified ``extras_json`` (which may name the weights that sampled them,
+    :mod:`tasks.finalize.weights`). ``truncated`` (per chain): the terminal call stopped on
+    length. Every chain has at least one call and one token.
     """
 
     input_ids: np.ndarray
@@ -37,6 +38,7 @@ class Linearized:
     carry_len: np.ndarray
     gen_len: np.ndarray
     weight_version: np.ndarray
+    extras_json: pa.Array
     call_starts: np.ndarray
     truncated: np.ndarray
 
@@ -56,6 +58,7 @@ class Linearized:
             carry_len=np.zeros(0, np.int64),
             gen_len=np.zeros(0, np.int64),
             weight_version=np.zeros(0, np.uint64),
+            extras_json=pa.array([], pa.string()),
             call_starts=none,
             truncated=np.zeros(0, bool),
         )
@@ -76,6 +79,7 @@ class Linearized:
             carry_len=self.carry_len[calls],
             gen_len=self.gen_len[calls],
             weight_version=self.weight_version[calls],
+            extras_json=self.extras_json.take(pa.array(calls)),
             call_starts=call_starts,
             truncated=self.truncated[chains],
         )
