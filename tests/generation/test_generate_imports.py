@@ -14,7 +14,7 @@ import sys
 import pytest
 
 HEAVY = ("fastapi", "starlette", "uvicorn", "vllm", "great_expectations", "torch")
-IMPORTED = ("tasks.generate", "tasks.generate.rollouts", "tasks.capture.calls")
+IMPORTED = ("tasks.generate", "tasks.generate.rollouts", "tasks.generate.worker", "tasks.capture.calls")
 
 
 @pytest.fixture(scope="module")
