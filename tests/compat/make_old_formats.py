@@ -227,6 +227,13 @@ out = DatasetRow.arrow_schema().to_string(show_schema_metadata=True) + "\\n"
 """,
     ),
     "dataset-rows-v1/": ("39f6146", _CONFIG_V2 + _DATASET_ROWS_V1),
+    "dataset-row-schema-v2.txt": (
+        "3e4c138",
+        """
+from tasks.records.dataset_row import DatasetRow
+out = DatasetRow.arrow_schema().to_string(show_schema_metadata=True) + "\\n"
+""",
+    ),
 }
 
 
