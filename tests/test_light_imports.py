@@ -28,6 +28,7 @@ ENTRIES: dict[str, frozenset[str]] = {
     "tasks.publish": NOTHING,
     "tasks.status": NOTHING,
     "tasks.pipeline": NOTHING,
+    "tasks.demo": NOTHING,  # built-in environments: no gateway
     "tasks.cli": NOTHING,
     "tasks.report": NOTHING,
     "tasks.engines.registry": NOTHING,  # planning checks engine options on any machine
