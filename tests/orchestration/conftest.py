@@ -16,6 +16,7 @@ import pytest
 
 from tasks.orchestration import local_airflow
 from tasks.orchestration.engine_servers import SERVERS_CONN_ID
+from tasks.orchestration.provider_info import SERVERS_CONN_TYPE
 
 AIRFLOW_TEST_HOME = Path(tempfile.mkdtemp(prefix="rollout-ledger-airflow-")) / "airflow"
 local_airflow.apply(local_airflow.airflow_environment(AIRFLOW_TEST_HOME))
@@ -47,10 +48,10 @@ def api_server_url(airflow_db, tmp_path_factory):
 
 
 def server_connection(server) -> tuple[str, str]:
-    """The environment variable (name, value) defining :data:`SERVERS_CONN_ID` as the http connection of ``server``:
-    host, port, password = its API key."""
+    """The environment variable (name, value) defining :data:`SERVERS_CONN_ID` as the ``rollout_servers``
+    connection of ``server``: host, port, password = its API key."""
     url = urlsplit(server.url)
-    connection = {"conn_type": "http", "host": url.hostname, "port": url.port, "password": server.key}
+    connection = {"conn_type": SERVERS_CONN_TYPE, "host": url.hostname, "port": url.port, "password": server.key}
     return f"AIRFLOW_CONN_{SERVERS_CONN_ID.upper()}", json.dumps(connection)
 
 
@@ -58,7 +59,7 @@ def server_connection(server) -> tuple[str, str]:
 def published_run(airflow_db, tmp_path_factory, vllm_server):
     """One successful ``rollout_batch`` run (2 shards, params from the run conf) on the test run's vLLM server,
     refit to weight version 3 as a trainer would before planning: ``(dag_run, conf)``. The server is named by
-    the Airflow http connection :data:`SERVERS_CONN_ID` (host, port, password = the server's API key)."""
+    the Airflow ``rollout_servers`` connection :data:`SERVERS_CONN_ID` (host, port, password = the server's API key)."""
     dag = local_airflow.dag_bag("rollout_batch.py").dags["rollout_batch"]
     root = tmp_path_factory.mktemp("published-run")
     conf = {

@@ -1,4 +1,7 @@
-"""The engine servers of a DAG run, named by an Airflow http connection (real ``airflow.sdk.Connection`` objects)."""
+"""The engine servers of a DAG run, named by an Airflow connection (real ``airflow.sdk.Connection`` objects).
+
+How a connection is read is the hook's (test_rollout_server_hook.py); here, how its servers enter a run.
+"""
 
 from __future__ import annotations
 
@@ -8,53 +11,38 @@ import pytest
 
 from tasks.engines.vllm_server.options import API_KEY_ENV, VllmServerOptions
 from tasks.errors import ConfigError
-from tasks.orchestration.engine_servers import server_connection, servers_of_connection
+from tasks.orchestration.engine_servers import ServerConnection, server_connection
 from tasks.orchestration.generate_process import GenerateCommand
+from tasks.orchestration.hooks.rollout_servers import server_pool
 from tasks.orchestration.rollout_dag import generate_placement
 from tasks.orchestration.storage_location import StorageLocation
 
 KEY = "server-key-leakcheck"
 
 
-def connection(**fields):
+def connection_of(**fields) -> ServerConnection:
     from airflow.sdk import Connection
 
-    return Connection(conn_id="servers", **{"conn_type": "http", **fields})
-
-
-def test_host_and_port_are_the_first_server_the_extra_adds_replicas_and_the_password_is_the_key():
-    conn = connection(host="10.0.0.5", port=8000, password=KEY, extra=json.dumps({"urls": ["https://b.example:9"]}))
-    servers = servers_of_connection("servers", conn)
-    assert servers.urls == ("http://10.0.0.5:8000", "https://b.example:9")
-    assert servers.environment()[API_KEY_ENV] == KEY
-    assert KEY not in repr(servers)
-    assert servers_of_connection("s", connection(host="https://a.example/v", password="")).urls == (
-        "https://a.example/v",
+    return ServerConnection(
+        server_pool("servers", Connection(conn_id="servers", conn_type="rollout_servers", **fields))
     )
-    assert servers_of_connection("s", connection(host="a", schema="https")).environment() == {}
 
 
-@pytest.mark.parametrize(
-    ("fields", "needle"),
-    [
-        ({"conn_type": "aws", "host": "a"}, "is a 'aws' connection; name the servers in an 'http' connection"),
-        ({}, "names no server: set its host"),
-        ({"host": "a", "extra": json.dumps({"urls": "http://b"})}, "extra urls must be a list of URLs"),
-    ],
-)
-def test_a_connection_that_names_no_servers_is_refused(fields, needle):
-    with pytest.raises(ConfigError, match=needle):
-        servers_of_connection("servers", connection(**fields))
+def test_the_key_is_handed_on_only_when_the_connection_has_one():
+    assert connection_of(host="10.0.0.5", port=8000, password=KEY).environment()[API_KEY_ENV] == KEY
+    assert connection_of(host="a", schema="https").environment() == {}
 
 
-def test_a_missing_connection_is_named(monkeypatch):
+def test_a_run_reads_its_connection_through_the_hook_and_a_missing_one_is_named(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_RUN_SERVERS", json.dumps({"conn_type": "rollout_servers", "host": "h", "port": 1}))
+    assert server_connection("run_servers").pool.urls == ("http://h:1",)
     monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_SERVERS", raising=False)
     with pytest.raises(ConfigError, match="engine_conn_id 'no_such_servers': no such Airflow connection"):
         server_connection("no_such_servers")
 
 
 def test_the_connection_names_the_urls_of_a_vllm_server_batch_and_nothing_else():
-    servers = servers_of_connection("servers", connection(host="h", port=1, password=KEY))
+    servers = connection_of(host="h", port=1, password=KEY)
     values = servers.batch_values({"engine": "vllm_server", "engine_options": {"max_model_len": 512}})
     assert values["engine_options"] == {"max_model_len": 512, "urls": ["http://h:1"]}
     assert KEY not in json.dumps(values)
@@ -65,7 +53,7 @@ def test_the_connection_names_the_urls_of_a_vllm_server_batch_and_nothing_else()
 
 
 def test_a_refused_key_names_the_connection_it_came_from_never_the_key(monkeypatch):
-    servers = servers_of_connection("servers", connection(host="h", port=1, password=KEY))
+    servers = connection_of(host="h", port=1, password=KEY)
     for name, value in servers.environment().items():
         monkeypatch.setenv(name, value)
     options = VllmServerOptions(urls=["http://h:1"])
@@ -73,7 +61,7 @@ def test_a_refused_key_names_the_connection_it_came_from_never_the_key(monkeypat
 
 
 def test_the_key_reaches_the_generate_process_by_environment_only():
-    servers = servers_of_connection("servers", connection(host="h", port=1, password=KEY))
+    servers = connection_of(host="h", port=1, password=KEY)
     command = GenerateCommand(StorageLocation("file:///tmp/runs"), "b1", 0, secrets=servers.environment())
     assert KEY not in " ".join(command.argv("python")) and KEY not in repr(command)
     assert command.environment({"PATH": "/bin"})[API_KEY_ENV] == KEY

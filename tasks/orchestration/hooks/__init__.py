@@ -1,0 +1,1 @@
+"""Airflow hooks: one per external system a DAG run reaches (connection parsing, its test, its secrets masked)."""
