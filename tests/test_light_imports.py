@@ -29,7 +29,7 @@ ENTRIES: dict[str, frozenset[str]] = {
     "tasks.status": NOTHING,
     "tasks.pipeline": NOTHING,
     "tasks.demo": NOTHING,  # built-in environments: no gateway
-    "tasks.cli": NOTHING,
+    "tasks.cli.main": NOTHING,
     "tasks.report": NOTHING,
     "tasks.engines.registry": NOTHING,  # planning checks engine options on any machine
     "tasks.engines.vllm.engine": NOTHING,  # vLLM inside create
