@@ -74,9 +74,7 @@ def _unconditional_imports(source: str) -> set[str]:
             for child in node.orelse:
                 visit(child)
             return
-        if isinstance(node, ast.Try) and any(
-            "ImportError" in ast.unparse(h.type or ast.Constant()) for h in node.handlers
-        ):
+        if isinstance(node, ast.Try) and any(h.type and "ImportError" in ast.unparse(h.type) for h in node.handlers):
             for child in [*node.handlers, *node.orelse, *node.finalbody]:
                 visit(child)
             return
