@@ -5,6 +5,10 @@ Airflow the storage is named like any Object Storage path — ``file:///data/bat
 ``s3://bucket/prefix``, or ``s3://conn_id@bucket/prefix`` / a separate connection id — and the
 connection's credentials become the options. They are resolved in each task from the run's
 params and never cross XCom, logs or the batch itself.
+
+The options are read from the filesystem Airflow builds for the path (the Amazon provider's
+``get_fs``, over its ``S3Hook``: endpoint, ``config_kwargs``, proxies, anonymous access), not
+rebuilt from the hook here, so they stay exactly what Airflow's own Object Storage uses.
 """
 
 from __future__ import annotations
@@ -77,7 +81,13 @@ def storage_location(url: str, conn_id: str | None = None) -> StorageLocation:
 
 
 def _s3_options(fs: Any) -> dict[str, Any]:
-    """Plain s3fs options from the filesystem Airflow built for the connection (its botocore session)."""
+    """Plain s3fs options from the filesystem Airflow built for the connection (its botocore session).
+
+    The secret key and session token are masked in Airflow's logs, as ``S3Hook.get_credentials`` masks them
+    (a role's temporary credentials are no connection field, so nothing else masks them).
+    """
+    from airflow.sdk.log import mask_secret
+
     built = fs.storage_options
     options: dict[str, Any] = {}
     session = built.get("session")
@@ -85,8 +95,10 @@ def _s3_options(fs: Any) -> dict[str, Any]:
         credentials = asyncio.run(_frozen_credentials(session))
         if credentials is not None:
             options.update(key=credentials.access_key, secret=credentials.secret_key)
+            mask_secret(credentials.secret_key)
             if credentials.token:
                 options["token"] = credentials.token
+                mask_secret(credentials.token)
         region = session.get_config_variable("region")
         if region:
             options["client_kwargs"] = {"region_name": region}

@@ -70,12 +70,17 @@ def test_the_connections_own_config_kwargs_are_kept_and_the_s3_defaults_fill_the
 
 
 @pytest.mark.parametrize("form", ["s3://ledger_s3@{bucket}/runs/", "s3://{bucket}/runs"])
-def test_s3_storage_gets_the_connections_credentials(s3_connection, s3_endpoint, form):
+def test_s3_storage_gets_the_connections_credentials(s3_connection, s3_endpoint, form, monkeypatch):
+    import airflow.sdk.log
+
+    masked = []
+    monkeypatch.setattr(airflow.sdk.log, "mask_secret", lambda secret, name=None: masked.append(secret))
     bucket = s3_connection.removeprefix("s3://")
     conn_id = None if "@" in form else "ledger_s3"
     where = storage_location(form.format(bucket=bucket), conn_id)
     assert where.root_url == f"{s3_connection}/runs"
     assert where.storage_options["key"] == "testing" and where.storage_options["endpoint_url"] == s3_endpoint
+    assert where.storage_options["secret"] in masked  # masked in Airflow's logs, whatever gave the credentials
     assert "testing" not in repr(where)
     store = ObjectStore(where.root_url, **where.storage_options)
     store.write_once("probe.txt", b"reachable")
