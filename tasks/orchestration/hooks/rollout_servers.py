@@ -3,8 +3,9 @@
 A ``rollout_servers`` connection names the servers a batch calls: ``host`` and ``port`` are the
 first (``schema`` is the scheme, ``http`` by default; a host may also be a whole base URL), the
 extra ``urls`` lists more replicas of the same model, and the password is the servers' API key.
-An ``http`` connection (the type server connections had before this one) reads the same way. The key goes to
-Airflow's secrets masker as soon as the connection is read, and into no message or ``repr``.
+An ``http`` connection (the type server connections had before this one) reads the same way.
+The key goes to Airflow's secrets masker as soon as the connection is read, and into no message
+or ``repr``.
 
 The type's form in Airflow's UI is declared in :mod:`tasks.orchestration.provider_info`, as
 Airflow 3.3 asks (a hook's ``get_connection_form_widgets``/``get_ui_field_behaviour`` are deprecated).
