@@ -38,8 +38,8 @@ from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
 from tasks.engines.base import GenerationRequest, SamplingSettings
 from tasks.engines.vllm.options import VllmOptions
-from tasks.engines.vllm.serve import VllmServer, free_port
 from tasks.engines.vllm_server.engine import GENERATE_PATH
+from tasks.engines.vllm_server.serving.launch import VllmServer, free_port
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 
 TARGET_RATIO_AT_64 = 0.9

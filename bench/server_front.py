@@ -1,7 +1,7 @@
 """What the key guard of ``rollout-ledger serve`` costs per call: guarded server ÷ the same server without it.
 
 ``serve`` needs no authenticating proxy: vLLM's ``--middleware`` hook puts
-:class:`~tasks.engines.vllm.serve_auth.RequireKey` around vLLM's own app (the "front" is that
+:class:`~tasks.engines.vllm_server.serving.auth.RequireKey` around vLLM's own app (the "front" is that
 middleware, in the server's process, on its port). So the comparison is two servers of the bundled
 model started side by side in one run: *guarded*, exactly as ``serve`` starts it, and *plain*, the
 same command line and environment (the same key, which vLLM's own check still asks on ``/v1``
@@ -37,9 +37,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.engines.vllm.options import VllmOptions
-from tasks.engines.vllm.serve import VllmServer, free_port, server_argv, server_env
-from tasks.engines.vllm.serve_auth import KEY_ENV, RequireKey
 from tasks.engines.vllm_server.engine import GENERATE_PATH
+from tasks.engines.vllm_server.serving.auth import KEY_ENV, RequireKey
+from tasks.engines.vllm_server.serving.launch import VllmServer, free_port, server_argv, server_env
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 
 KEY = "bench-key-0123456789"

@@ -53,14 +53,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from tasks.engines.options import read_key_file
     from tasks.engines.startup import engine_log_path
     from tasks.engines.vllm.options import VllmOptions
-    from tasks.engines.vllm.serve import (
-        VllmServer,
-        generated_key_path,
-        is_loopback,
-        port_taken,
-        serve_until_stopped,
-        write_new_key,
-    )
+    from tasks.engines.vllm_server.serving.keys import generated_key_path, is_loopback, write_new_key
+    from tasks.engines.vllm_server.serving.launch import VllmServer, port_taken, serve_until_stopped
     from tasks.models.reference import resolve_model_reference
 
     if args.api_key_file is None and not is_loopback(args.host):

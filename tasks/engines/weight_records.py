@@ -1,7 +1,7 @@
 """The weight records a ``rollout-ledger serve`` server keeps: which weights served each weight version.
 
-The shape of the server's records routes, shared by the server (:mod:`tasks.engines.vllm.serve_records`)
-and its clients (:mod:`tasks.engines.vllm_server`). A *load* is one set of weights the server
+The shape of the server's records routes, shared by the server (:mod:`tasks.engines.vllm_server.serving.records`)
+and its clients (the rest of :mod:`tasks.engines.vllm_server`). A *load* is one set of weights the server
 loaded: its start-up folder (hashed by the server itself), a refit's folder (hashed by
 ``rollout-ledger refit`` and announced before the load), a load nobody announced, or a load that
 failed. For each weight version the server lists every load that was in place while that version

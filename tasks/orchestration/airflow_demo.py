@@ -112,7 +112,7 @@ def demo_server(folder: Path, home: Path, *, skip: bool) -> Iterator[dict[str, A
         return
     from tasks.batch_fields import field_default
     from tasks.engines.vllm.options import VllmOptions
-    from tasks.engines.vllm.serve import VllmServer, free_port
+    from tasks.engines.vllm_server.serving.launch import VllmServer, free_port
 
     key_file = home / "server-key"
     key_file.write_text(secrets.token_hex(16))

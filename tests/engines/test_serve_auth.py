@@ -13,8 +13,9 @@ import stat
 import httpx
 import pytest
 
-from tasks.engines.vllm.serve import generated_key_path, is_loopback, server_env, write_new_key
-from tasks.engines.vllm.serve_auth import KEY_ENV, RequireKey
+from tasks.engines.vllm_server.serving.auth import KEY_ENV, RequireKey
+from tasks.engines.vllm_server.serving.keys import generated_key_path, is_loopback, write_new_key
+from tasks.engines.vllm_server.serving.launch import server_env
 from tests.engines.fake_asgi import request_body
 
 KEY = "the-right-key"

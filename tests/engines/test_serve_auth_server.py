@@ -24,8 +24,8 @@ import pytest
 
 from tasks.engines import create_engine
 from tasks.engines.base import GenerationRequest, SamplingSettings
-from tasks.engines.vllm.serve import free_port
 from tasks.engines.vllm_server.engine import GENERATE_PATH
+from tasks.engines.vllm_server.serving.launch import free_port
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 from tests.serving import serve_process
 

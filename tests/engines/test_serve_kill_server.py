@@ -22,8 +22,8 @@ import httpx
 import psutil
 import pytest
 
-from tasks.engines.vllm.serve import free_port, port_taken
 from tasks.engines.vllm_server.engine import GENERATE_PATH
+from tasks.engines.vllm_server.serving.launch import free_port, port_taken
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 from tests.serving import serve_process
 

@@ -4,6 +4,7 @@ No vLLM here: the "server" is a small program that listens on a port and starts 
 (standing in for vLLM's API server and its engine core), launched through :meth:`VllmServer.launch`
 by a launcher process (standing in for ``rollout-ledger serve``), which the test then kills with
 SIGKILL, alone or with its whole process group. The real server: ``test_serve_kill_server.py``.
+Readiness (``/health`` polled with httpx) is shown by a stand-in that answers it.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
-from tasks.engines.vllm.serve import VllmServer, free_port, port_taken
+from tasks.engines.vllm_server.serving.launch import VllmServer, free_port, port_taken
+from tasks.errors import EngineError
 
 REAP_TIMEOUT_SECONDS = 15.0  # the watchdog's poll, the fake server's SIGTERM, start-up of a busy machine
 SERVER = """
@@ -32,10 +35,18 @@ listener.listen()
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 time.sleep(600)
 """
+HEALTH_SERVER = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
 LAUNCHER = """
 import json, sys, time
 from pathlib import Path
-from tasks.engines.vllm.serve import VllmServer, serve_until_stopped
+from tasks.engines.vllm_server.serving.launch import VllmServer, serve_until_stopped
 port, log = sys.argv[1], Path(sys.argv[2])
 server = VllmServer.launch([sys.executable, "-c", sys.argv[3], port], {}, url="http://127.0.0.1:" + port, log_path=log)
 print(json.dumps({"server": server.process.pid, "watchdog": server.reaper.pid}), flush=True)
@@ -139,6 +150,22 @@ def test_stop_ends_the_server_its_children_and_the_watchdog(tmp_path: Path) -> N
     assert [pid for pid in [*tree, server.reaper.pid] if running(pid)] == []
     assert not port_taken("127.0.0.1", port)
     server.stop()  # idempotent
+
+
+def test_wait_ready_returns_once_health_answers_200_and_names_the_log_of_a_server_that_exits(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = VllmServer.launch([sys.executable, "-c", HEALTH_SERVER, str(port)], {}, url=url, log_path=tmp_path / "up")
+    try:
+        server.wait_ready(timeout=30)
+        assert httpx.get(f"{url}/health").status_code == 200
+    finally:
+        server.stop()
+    exits = [sys.executable, "-c", "import sys; print('no model here', flush=True); sys.exit(3)"]
+    dead = VllmServer.launch(exits, {}, url=url, log_path=tmp_path / "dead")
+    with pytest.raises(EngineError, match=r"(?s)exited with 3 before it was ready; .*no model here"):
+        dead.wait_ready(timeout=30)
+    dead.stop()
 
 
 def test_a_port_is_taken_while_a_socket_listens_on_it_not_by_connections_closing_in_time_wait() -> None:

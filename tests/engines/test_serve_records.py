@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tasks.engines.vllm.serve_auth import KEY_ENV, RequireKey
+from tasks.engines.vllm_server.serving.auth import KEY_ENV, RequireKey
 from tasks.engines.weight_records import (
     ANNOUNCE_PATH,
     FAILED_LOAD,

@@ -12,7 +12,7 @@ import pytest
 
 from tasks.engines import check_engine, create_engine
 from tasks.engines.base import GenerationRequest, SamplingSettings
-from tasks.engines.vllm.engine import VllmEngine, cpu_env_defaults, to_generation_result
+from tasks.engines.vllm.engine import VllmEngine, to_generation_result
 from tasks.engines.vllm.options import LOGPROBS_MODE, VllmOptions
 from tasks.errors import EngineError
 
@@ -104,14 +104,14 @@ def test_out_of_range_option_is_refused_by_name(field: str, value: Any) -> None:
 
 
 def test_cpu_env_defaults_never_override_the_user() -> None:
-    assert set(cpu_env_defaults(VllmOptions(), {})) == {"VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND"}
-    assert cpu_env_defaults(VllmOptions(), {"VLLM_CPU_KVCACHE_SPACE": "4"}).keys() == {"VLLM_CPU_OMP_THREADS_BIND"}
+    assert set(VllmOptions().cpu_env_defaults({})) == {"VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND"}
+    assert VllmOptions().cpu_env_defaults({"VLLM_CPU_KVCACHE_SPACE": "4"}).keys() == {"VLLM_CPU_OMP_THREADS_BIND"}
     user = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0"}
-    assert cpu_env_defaults(VllmOptions(), user) == {}
+    assert VllmOptions().cpu_env_defaults(user) == {}
 
 
 def test_thread_binding_is_left_to_vllm_for_multi_rank_engines() -> None:
-    assert cpu_env_defaults(VllmOptions(tensor_parallel_size=2), {}) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert VllmOptions(tensor_parallel_size=2).cpu_env_defaults({}) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 def _output(token_ids: list[int], finish_reason: str | None, logprobs: list[dict[int, float]] | None = None) -> Any:

@@ -40,8 +40,8 @@ from tasks.batch import Batch
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
 from tasks.engines.base import GenerationRequest, GenerationResult, SamplingSettings
-from tasks.engines.vllm.serve import free_port
 from tasks.engines.vllm_server.refit import RefitFailedError, refit_urls
+from tasks.engines.vllm_server.serving.launch import free_port
 from tasks.engines.weight_records import FAILED_LOAD, RECORDS_PATH, UNANNOUNCED_LOAD, WeightRecords
 from tasks.errors import ModelMismatchError
 from tasks.finalize.card import render_card

@@ -33,8 +33,8 @@ from tasks.config import EngineSpec
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
 from tasks.engines.base import GenerationRequest, SamplingSettings
-from tasks.engines.vllm.serve import free_port
 from tasks.engines.vllm_server.replica import ReplicaDeadError
+from tasks.engines.vllm_server.serving.launch import free_port
 from tasks.errors import ConfigError
 from tasks.finalize.stage import FinalizeOptions
 from tasks.generate import generate_shard

@@ -37,20 +37,6 @@ from tasks.models.provenance import model_provenance
 log = logging.getLogger(__name__)
 ENGINE_EXIT_GRACE_SECONDS = 10.0
 ENGINE_PROCESS_PREFIX = "VLLM"
-# vLLM-CPU settings applied only where the user has not set them (CPU platform only).
-CPU_KVCACHE_GIB = "1"
-
-
-def cpu_env_defaults(options: VllmOptions, environ: Mapping[str, str]) -> dict[str, str]:
-    """The vLLM-CPU environment settings to add: only those the user has not set.
-
-    KV cache of 1 GiB (vLLM-CPU needs one); OpenMP threads bound to every CPU this process
-    may use, for a single-rank engine (about 2x faster than vLLM's ``auto`` on small hosts).
-    """
-    defaults = {"VLLM_CPU_KVCACHE_SPACE": CPU_KVCACHE_GIB}
-    if options.tensor_parallel_size * options.data_parallel_size == 1:
-        defaults["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
-    return {key: value for key, value in defaults.items() if key not in environ}
 
 
 class VllmEngine(Engine):
@@ -80,7 +66,7 @@ class VllmEngine(Engine):
         """Start an engine on a checked local model folder at ``weight_version``; blocks this loop while it starts.
 
         The engine is bound to the running event loop: call it from that loop only. vLLM-CPU's
-        environment settings (:func:`cpu_env_defaults`) are set only while the engine processes
+        environment settings (:meth:`VllmOptions.cpu_env_defaults`) are set only while the engine processes
         start, then the process environment is restored (workers are long-lived). The watchdog
         (:class:`~tasks.engines.reaper.Reaper`) is up before the first engine process starts: a
         kill of this process at any moment of start-up, or a failed start, leaves none behind.
@@ -99,7 +85,7 @@ class VllmEngine(Engine):
         before = {p.pid for p in engine_processes()}
         reaper = Reaper.start()
         try:
-            with scoped_environ(**(cpu_env_defaults(options, os.environ) if on_cpu else {})):
+            with scoped_environ(**(options.cpu_env_defaults(os.environ) if on_cpu else {})):
                 # No local holds the AsyncLLM: a module vLLM imports lazily keeps this frame alive, and a
                 # local here would keep the engine alive past close() (its __del__ then fails at exit).
                 engine = cls(

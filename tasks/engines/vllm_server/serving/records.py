@@ -1,6 +1,6 @@
 """The weight records of a ``rollout-ledger serve`` server, kept in the server's own process.
 
-:class:`ServeRecords` wraps vLLM's app inside the key guard (:class:`~.serve_auth.RequireKey`), so
+:class:`ServeRecords` wraps vLLM's app inside the key guard (:class:`~.auth.RequireKey`), so
 its two routes need the key like every other: ``GET /rollout-ledger/weights[?since=N]`` answers
 the records (:class:`~tasks.engines.weight_records.WeightRecords`, versions N and above), and
 ``POST /rollout-ledger/weights/next`` announces the weights the next load brings (``rollout-ledger

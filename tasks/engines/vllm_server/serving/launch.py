@@ -3,11 +3,14 @@
 A thin launcher, not a second server: it runs vLLM's API server entry point with the flags this
 project's capture needs (``--logprobs-mode processed_logprobs``, the token-in/token-out endpoint
 ``--enable-scale-out``, the RL endpoints through ``VLLM_SERVER_DEV_MODE=1``) and the same
-defaults the in-process engine takes (:meth:`~tasks.engines.vllm.options.VllmOptions.engine_args`:
-float32, eager, whole prefills on CPU). Every server has an API key, and every route but
-``/health`` requires it: vLLM's ``--middleware`` hook installs :class:`~.serve_auth.RequireKey`
+defaults the in-process engine takes: the launcher takes any :class:`LaunchOptions`, and the vLLM
+engine's :class:`~tasks.engines.vllm.options.VllmOptions` is one (float32, eager, whole prefills
+on CPU), so this package never imports the other engine. Every server has an API key, and every
+route but ``/health`` requires it: vLLM's ``--middleware`` hook installs :class:`~.auth.RequireKey`
 (vLLM's own key check leaves the RL endpoints and ``/metrics`` open). The key travels in
-``VLLM_API_KEY``, never on a command line; :func:`write_new_key` makes one (a file of mode 0600).
+``VLLM_API_KEY``, never on a command line (:mod:`.keys` makes one). Readiness is ``/health``
+answering 200, polled with httpx.
+
 The server runs in its own process group (a terminal's Ctrl-C reaches only this process, which
 stops it in order); :meth:`VllmServer.stop` ends the whole group (SIGTERM, then SIGKILL after a
 grace period) and returns only when no process of it is left. The server lives no longer than the
@@ -20,40 +23,46 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import ipaddress
 import os
-import secrets
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import httpx
 import psutil
 
 from tasks.engines.reaper import Reaper
-from tasks.engines.vllm.engine import cpu_env_defaults
-from tasks.engines.vllm.options import VllmOptions
-from tasks.engines.vllm.serve_auth import KEY_ENV, MIDDLEWARE_PATH
+from tasks.engines.vllm_server.serving.auth import KEY_ENV, MIDDLEWARE_PATH
 from tasks.errors import EngineError
-from tasks.models.bundled import cache_dir
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 READY_TIMEOUT_SECONDS = 600.0
 STOP_GRACE_SECONDS = 30.0
 LAUNCH_SCAN_SECONDS = 0.01  # how often the watchdog looks for the server while it is being started
 LOG_TAIL_CHARS = 3000
+HEALTH_TIMEOUT_SECONDS = 2.0  # one /health request while waiting for the server
 
 
-def server_argv(model_folder: Path, options: VllmOptions, *, host: str, port: int, on_cpu: bool) -> list[str]:
+class LaunchOptions(Protocol):
+    """What the launcher asks of vLLM's options (:class:`tasks.engines.vllm.options.VllmOptions` answers)."""
+
+    def engine_args(self, model_path: Path, *, on_cpu: bool) -> dict[str, Any]:
+        """vLLM's engine arguments for serving ``model_path`` (each becomes a ``--flag``)."""
+        ...
+
+    def cpu_env_defaults(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The vLLM-CPU environment settings ``environ`` lacks."""
+        ...
+
+
+def server_argv(model_folder: Path, options: LaunchOptions, *, host: str, port: int, on_cpu: bool) -> list[str]:
     """The command line of a vLLM server for ``model_folder`` with ``options`` (no secret in it)."""
     argv = [sys.executable, "-m", SERVER_MODULE, "--host", host, "--port", str(port), "--enable-scale-out"]
     argv += ["--middleware", MIDDLEWARE_PATH]
@@ -68,46 +77,14 @@ def server_argv(model_folder: Path, options: VllmOptions, *, host: str, port: in
     return argv
 
 
-def server_env(options: VllmOptions, *, api_key: str, on_cpu: bool) -> dict[str, str]:
+def server_env(options: LaunchOptions, *, api_key: str, on_cpu: bool) -> dict[str, str]:
     """The server's environment: this one, the RL endpoints on, vLLM-CPU defaults where unset, the key."""
     if not api_key:
         raise ValueError("a vLLM server of rollout-ledger serve needs an API key")
     env = dict(os.environ) | {"VLLM_SERVER_DEV_MODE": "1", KEY_ENV: api_key}
     if on_cpu:
-        env |= cpu_env_defaults(options, env)
+        env |= options.cpu_env_defaults(env)
     return env
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine only: ``localhost`` or a loopback address (any other name is not)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def generated_key_path(port: int) -> Path:
-    """Where ``serve`` without a key file keeps the key it made for ``port``: ``<cache>/serve/port-<port>.key``."""
-    return cache_dir() / "serve" / f"port-{port}.key"
-
-
-def write_new_key(path: Path) -> str:
-    """Write a new random key to ``path`` (mode 0600, replaced atomically: a reader sees the old or the new key) and
-    return it; a folder it creates is mode 0700."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    key = secrets.token_urlsafe(32)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mkstemp: mode 0600
-    try:
-        with os.fdopen(descriptor, "w") as file:
-            file.write(key + "\n")
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    return key
 
 
 @dataclass
@@ -123,7 +100,7 @@ class VllmServer:
     def start(
         cls,
         model_folder: Path,
-        options: VllmOptions,
+        options: LaunchOptions,
         *,
         host: str = "127.0.0.1",
         port: int = 8000,
@@ -242,10 +219,10 @@ def group_members(group: int) -> list[psutil.Process]:
 
 
 def _healthy(url: str) -> bool:
+    """Whether the server at ``url`` answers ``GET /health`` with 200 now."""
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
+        return httpx.get(f"{url}/health", timeout=HEALTH_TIMEOUT_SECONDS).status_code == 200
+    except httpx.HTTPError:
         return False
 
 

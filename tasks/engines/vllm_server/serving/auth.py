@@ -13,7 +13,7 @@ streaming answers pass through untouched. Invariants: the key is read from ``VLL
 once, in the server's own process (a server started without one refuses to start); a request is
 let through only with ``Authorization: Bearer <key>`` (compared with :func:`hmac.compare_digest`
 on SHA-256 digests, so neither content nor length leaks through timing) or when its path is
-exactly ``/health``; the key is never logged or echoed. Inside the guard, :class:`~.serve_records.ServeRecords`
+exactly ``/health``; the key is never logged or echoed. Inside the guard, :class:`~.records.ServeRecords`
 keeps the server's weight records (its routes need the key like every other).
 """
 
@@ -27,11 +27,11 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tasks.engines.vllm.serve_records import ServeRecords
+from tasks.engines.vllm_server.serving.records import ServeRecords
 
 KEY_ENV = "VLLM_API_KEY"
 OPEN_PATHS = frozenset({"/health"})  # the bare liveness check
-# The value of ``--middleware`` that installs the guard (``server_argv`` passes it).
+# The value of ``--middleware`` that installs the guard (``server_argv`` passes it): this module's import path.
 MIDDLEWARE_PATH = f"{__name__}.RequireKey"
 
 
