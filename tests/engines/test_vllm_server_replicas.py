@@ -10,6 +10,7 @@ fails over to the other and commits a valid dataset, its summary and status nami
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -210,10 +211,9 @@ def test_a_shard_whose_replica_starts_aborting_fails_over_and_commits_a_valid_da
 
     summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
 
-    assert summary.attempt == 1 and len(summary.failovers) == 1
-    assert (
-        summary.failovers[0].startswith("attempt 0: request ") and f"server {dying.url} aborted" in summary.failovers[0]
-    )
+    # The rollouts whose calls it cut start again on the live one, in the same attempt.
+    assert summary.attempt == 0 and summary.failovers
+    assert all(f.startswith("rollout ") and f"server {dying.url} aborted" in f for f in summary.failovers)
     assert summary.calls_by_replica[dying.url] == 3 and summary.calls_by_replica[live.url] > 0
     assert summary.rollouts == config.num_rollouts and summary.poisoned == 0 and summary.failed == 0
     staged = finalize_batch(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))  # fake logprobs
@@ -221,8 +221,41 @@ def test_a_shard_whose_replica_starts_aborting_fails_over_and_commits_a_valid_da
     ledger = Batch.open(root, config.batch_id).ledger(0)
     assert set(ledger.tables.calls.column("weight_version").to_pylist()) == {0}
     status = batch_status(Batch.open(root, config.batch_id))
+    committed = status.shards[0].committed
+    assert committed.failovers == () and committed.rollouts_failed_over == len(summary.failovers)
+    assert f"staged rows; {len(summary.failovers)} rollout(s) restarted on a live server" in render_status(status)
+
+
+def test_an_agent_shard_whose_replica_is_lost_goes_on_in_a_new_attempt(servers, tmp_path) -> None:
+    """An agent's call cannot be restarted under its running agent: the attempt ends and a new one adopts."""
+    dying, live = servers
+    dying.abort_calls = range(3, 10**6)
+    for server in servers:
+        server.weight_version, server.delay_s = "default", 0.05
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"a": i, "b": 1}) + "\n" for i in range(8)))
+    environment = {"function": "tests.generation.agents_for_tests:tool_agent", "tasks": str(tasks)}
+    config = bundled_model_config(
+        batch_id="b-agent-failover",
+        environment="agent_callable",
+        environment_options=environment,
+        num_tasks=8,
+        group_size=1,
+        max_in_flight=4,
+        engine=EngineSpec(name="vllm_server", options=options(dying, live)),
+    )
+    root = str(tmp_path / "runs")
+    plan_batch(Batch.open(root, config.batch_id), config)
+
+    summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
+
+    assert summary.attempt == 1 and len(summary.failovers) == 1 and summary.failovers[0].startswith("attempt 0: ")
+    assert summary.rollouts == config.num_rollouts and summary.poisoned == summary.failed == 0
+    staged = finalize_batch(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))  # fake logprobs
+    assert staged.marker.rows == config.num_rollouts
+    status = batch_status(Batch.open(root, config.batch_id))
     assert status.shards[0].committed.failovers == (0,)
-    assert "staged rows; failed over from attempt(s) [0]" in render_status(status)
+    assert "failed over from attempt(s) [0]" in render_status(status)
 
 
 def test_status_reads_a_failover_from_two_claims_of_one_process() -> None:
