@@ -34,11 +34,12 @@ from tasks.batch import Batch
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
-from tasks.engines.base import Engine, SamplingSettings
+from tasks.engines.base import Engine
 from tasks.generate import generate_shard
 from tasks.models.provenance import model_provenance
 from tasks.models.reference import model_reference, resolve_model_reference
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 
 TARGET_RATIO = 0.98
 ENGINE_OPTIONS = {"max_model_len": 2048}

@@ -53,8 +53,8 @@ def build(root: str, tokens: float, shards: int) -> dict:
     """Plan a synthetic batch and stage/commit every shard without an engine."""
     from tasks import ids
     from tasks.config import BatchConfig, ModelSpec
-    from tasks.engines.base import SamplingSettings
     from tasks.records.ledger import CallRecord, Receipt, StagedDelta, canonical_json
+    from tasks.sampling import SamplingSettings
     from tasks.storage.ledger_writer import LedgerWriter
     from tasks.storage.staging import StagingWriter
 

@@ -53,13 +53,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.batch import Batch
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
-from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult
 from tasks.environments.agents import AgentCallable
 from tasks.environments.base import Environment, Message, Turn
 from tasks.environments.pinned_file import seeded_sample
 from tasks.generate import generate_shard
 from tasks.generate.summary import ShardSummary
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 from tests.generation.fakes import DelegatingEngine, FakeScriptedEngine
 
 SEED = 1234

@@ -35,9 +35,9 @@ from bench.capture_overhead import TARGET_RATIO, Run, median, mode, spread, time
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
-from tasks.engines.base import SamplingSettings
 from tasks.models.provenance import model_provenance
 from tasks.models.reference import model_reference, resolve_model_reference
+from tasks.sampling import SamplingSettings
 
 
 def engine_options(args: argparse.Namespace) -> dict:

@@ -83,11 +83,12 @@ def build(root: str, tasks: int, group_size: int, shards: int) -> str:
     from tasks import layout
     from tasks.batch import Batch
     from tasks.config import BatchConfig, ModelSpec, ValidationSpec
-    from tasks.engines.base import EngineError, SamplingSettings
+    from tasks.engines.base import EngineError
     from tasks.finalize.stage import FinalizeOptions, finalize_batch
     from tasks.generate import generate_shards
     from tasks.models.bundled import load_bundled_tokenizer
     from tasks.plan import plan_batch
+    from tasks.sampling import SamplingSettings
     from tasks.validate.gx_run import ExpectationResult
     from tasks.validate.suites import dataset_suite, lineage_suite
     from tasks.validate.summary import build_summary

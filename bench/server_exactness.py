@@ -36,11 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
-from tasks.engines.base import GenerationRequest, SamplingSettings
+from tasks.engines.base import GenerationRequest
 from tasks.engines.vllm.options import VllmOptions
 from tasks.engines.vllm_server.engine import GENERATE_PATH
 from tasks.engines.vllm_server.serving.launch import VllmServer, free_port
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+from tasks.sampling import SamplingSettings
 
 TARGET_RATIO_AT_64 = 0.9
 ENGINE_OPTIONS = {"max_model_len": 2048}

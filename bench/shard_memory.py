@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
-from tasks.engines.base import SamplingSettings
+from tasks.sampling import SamplingSettings
 from tests.generation.fakes import FakeScriptedEngine
 
 TARGET_RATIO = 1.5

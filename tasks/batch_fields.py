@@ -10,8 +10,10 @@ reaches the config). Everything else is derived from it: the Airflow trigger for
 docs/configuration.md (:mod:`tasks.batch_fields_doc`). A new field is one attribute here plus
 its test (docs/configuration.md says so too).
 
-Importing this module is light (pydantic, the engine registry, :mod:`tasks.ids`; no numpy,
-pyarrow, fsspec or Airflow): the DAG file imports it at parse time.
+Importing this module is light (pydantic, :mod:`tasks.ids`, the bundled model's name; no numpy,
+pyarrow, fsspec or Airflow): the DAG file imports it at parse time. It sits below the engines:
+the engine field is a name here, checked against the registry with its options when the config
+is built (:class:`tasks.config.EngineSpec`), and offered as a choice where the form is built.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from tasks.engines.registry import engine_labels, engine_names
 from tasks.errors import ConfigError
 from tasks.ids import ID_PATTERN, MAX_ID_LENGTH
 from tasks.models.reference import BUNDLED_REFERENCE
@@ -80,17 +81,8 @@ def default_storage_url(environ: Mapping[str, str] = os.environ) -> str:
     return f"file://{os.path.abspath(home)}/rollout-ledger"
 
 
-def _builtin_environments(schema: dict[str, Any]) -> None:
-    """The environment field's examples: the built-ins (imported when the schema is built, not with this module)."""
-    from tasks.environments.registry import BUILTIN_ENVIRONMENTS
-
-    names = sorted(BUILTIN_ENVIRONMENTS)
-    schema.update(section="Environment", examples=names, values_display={n: f"{n} (built-in)" for n in names})
-
-
 _THRESHOLDS = {"section": "Validation thresholds"}
 Rate = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]  # a share of rows: finite, in [0, 1]
-EngineName = Literal[engine_names()]  # type: ignore[valid-type]
 
 
 class BatchFields(BaseModel):
@@ -162,7 +154,7 @@ class BatchFields(BaseModel):
         description="a built-in game or a name declared in the environment registry (dags/environments.yaml); "
         "the CLI also takes agent_command, agent_callable, a package.module:Class or a prompt file "
         "(.parquet, .jsonl, .json) every worker can read",
-        json_schema_extra=_builtin_environments,
+        json_schema_extra={"section": "Environment"},  # its choices are added where the form is built
     )
     environment_options: Annotated[dict[str, Any], InConfig("environment_options"), PlanFlag("--env-option")] = Field(
         {"lo": 1, "hi": 10},
@@ -189,11 +181,12 @@ class BatchFields(BaseModel):
             "values_display": {BUNDLED_REFERENCE: "SmolLM2-135M-Instruct (bundled)"},
         },
     )
-    engine: Annotated[EngineName, InConfig("engine.name")] = Field(
+    engine: Annotated[str, InConfig("engine.name")] = Field(  # a registered engine: checked with its options
         "vllm",
+        min_length=1,
         title="Engine",
         description="inference backend",
-        json_schema_extra={"section": "Model and engine", "values_display": engine_labels()},
+        json_schema_extra={"section": "Model and engine"},
     )
     engine_options: Annotated[dict[str, Any], InConfig("engine.options"), PlanFlag("--engine-option")] = Field(
         {"max_model_len": 2048},

@@ -20,10 +20,10 @@ from typing import Any, Self
 
 from tasks.batch_fields import check_recorded, check_values, config_paths, field_default
 from tasks.checks import check_choice, check_finite, check_hex_digest, check_int, check_text
-from tasks.engines.base import SamplingSettings
 from tasks.errors import ConfigError
 from tasks.ids import check_id
 from tasks.models.provenance import WEIGHT_CHECKS, WEIGHTS_VERIFIED
+from tasks.sampling import SamplingSettings
 from tasks.strict_json import load_dataclass, parse_json
 
 CONFIG_VERSION = 2  # 2: portable model reference, validated engine, weight_version honoured
@@ -112,6 +112,11 @@ class ValidationSpec:
         check_recorded(self, prefix="validation")
         if self.reward_min is not None and self.reward_max is not None and self.reward_min > self.reward_max:
             raise ConfigError(f"validation.reward_min {self.reward_min} exceeds reward_max {self.reward_max}")
+
+    @classmethod
+    def of_recorded(cls, thresholds: Mapping[str, float | None], *, source: str = "thresholds") -> ValidationSpec:
+        """The spec a suite summary recorded (its ``thresholds``); fields it lacks take their defaults."""
+        return load_dataclass(cls, dict(thresholds), source=source, error=ConfigError)
 
 
 def _default_sampling() -> SamplingSettings:

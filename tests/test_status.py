@@ -12,7 +12,6 @@ import pytest
 from tasks import layout
 from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec, ValidationSpec
-from tasks.engines.base import SamplingSettings
 from tasks.errors import ConfigError, EngineError, PublishRefusedError
 from tasks.finalize.stage import FinalizeOptions
 from tasks.generate import generate_shard
@@ -20,6 +19,7 @@ from tasks.pipeline import decide_and_report, finalize_and_publish, run_suite
 from tasks.plan import plan_batch
 from tasks.publish import publish_batch
 from tasks.records.review import new_decision
+from tasks.sampling import SamplingSettings
 from tasks.status.gather import batch_status
 from tasks.status.model import AttemptStatus
 from tasks.status.render import render_status

@@ -40,9 +40,10 @@ from tasks.capture.prefix_cache import ChainPrefixCache
 from tasks.capture.prompt import Prompts
 from tasks.capture.recording import CallRecorder, failure_row, staged_extras
 from tasks.capture.rollout import ParentLink, RolloutCapture
-from tasks.engines.base import Engine, GenerationResult, SamplingSettings
+from tasks.engines.base import Engine, GenerationResult
 from tasks.environments.base import Message
 from tasks.records.ledger import FailureRow
+from tasks.sampling import SamplingSettings
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.staging import CommitCoordinates, StagingWriter
 

@@ -14,8 +14,9 @@ import numpy as np
 from tasks.capture.admission import AdmittedVersion
 from tasks.capture.faults import ENGINE_ERROR, ENGINE_PROMPT_MISMATCH, CallFault
 from tasks.crash_points import crash_point
-from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult
 from tasks.errors import EngineDeadError
+from tasks.sampling import SamplingSettings
 
 
 async def generate(

@@ -24,9 +24,10 @@ from tasks.capture.admission import Admitted, AdmittedVersion
 from tasks.capture.faults import INVALID_DELTA, LEDGER_FAILED, STAGING_FAILED, CallFault
 from tasks.capture.rollout import RolloutCapture
 from tasks.capture.terminal import fingerprint_content
-from tasks.engines.base import Engine, GenerationResult, SamplingSettings
+from tasks.engines.base import Engine, GenerationResult
 from tasks.errors import StorageUnavailableError
 from tasks.records.ledger import CallRecord, FailureRow, StagedDelta
+from tasks.sampling import SamplingSettings
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.staging import CommitCoordinates, StagingWriter
 

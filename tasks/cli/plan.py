@@ -10,6 +10,7 @@ from typing import Any
 from tasks.batch_fields import OPTIONS_OF, BatchFields, check_values, config_paths, field_default, plan_flag
 from tasks.cli.context import lineage_sink, open_batch, say_lineage
 from tasks.cli.flags import AddCommand, key_json_pairs, root_and_batch
+from tasks.engines.registry import engine_names
 from tasks.errors import EXIT_OK
 
 
@@ -81,7 +82,7 @@ def _batch_field_flags(parser: argparse.ArgumentParser) -> None:
                 f"none given: {default} for {choice} {field_default(choice)}, none for another",
             }
         else:
-            kind = _flag_type(info.annotation)
+            kind = engine_names() if name == "engine" else _flag_type(info.annotation)  # the registry's engines
             kwargs |= {"choices": kind} if isinstance(kind, tuple) else {"type": kind}
             kwargs |= {"required": True} if flag.required else {"default": field_default(name)}
         parser.add_argument(flag.name, **kwargs)

@@ -15,38 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.checks import check_finite, check_int, is_int
+from tasks.checks import check_int
 from tasks.errors import EngineError
 from tasks.models.provenance import WEIGHTS_VERIFIED
+from tasks.sampling import SamplingSettings
 
 if TYPE_CHECKING:
-    import numpy as np  # the config imports SamplingSettings at DAG parse time: no numpy import there
+    import numpy as np  # engine modules are imported at DAG parse time (the registry): no numpy import there
 
 FINISH_REASONS = ("stop", "length", "abort")
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """Per-call sampling settings; recorded on every staged delta."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 256
-    logprobs_mode: str = "processed"
-
-    def __post_init__(self) -> None:
-        check_finite(self.temperature, field="temperature", error=ValueError)
-        check_finite(self.top_p, field="top_p", error=ValueError)
-        if not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be in [0, 100], got {self.temperature!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not is_int(self.top_k) or self.top_k < -1 or self.top_k == 0:
-            raise ValueError(f"top_k must be -1 (off) or a positive int, got {self.top_k!r}")
-        check_int(self.max_tokens, field="max_tokens", minimum=1, error=ValueError)
-        if self.logprobs_mode != "processed":
-            raise ValueError(f"logprobs_mode must be 'processed', got {self.logprobs_mode!r}")
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,10 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from tasks.engines.base import SamplingSettings
 from tasks.gateway.body import parse_json, read_body
 from tasks.gateway.limits import DEFAULT_LIMITS, GatewayLimits
 from tasks.gateway.protocol import ChatRequest, GatewayError, invalid, read_chat_request
+from tasks.sampling import SamplingSettings
 
 if TYPE_CHECKING:
     from openai.types import CompletionUsage

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.engines.base import SamplingSettings
 from tasks.environments.base import Message, check_messages
 from tasks.gateway.limits import DEFAULT_LIMITS, GatewayLimits
+from tasks.sampling import SamplingSettings
 
 # Accepted and used, or accepted because they change nothing that is sampled or recorded.
 USED_FIELDS = frozenset(

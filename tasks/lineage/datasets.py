@@ -25,7 +25,7 @@ from openlineage.client.generated.base import DatasetFacet, InputDatasetFacet, O
 
 from tasks import layout
 from tasks.batch import Batch
-from tasks.config import BatchConfig
+from tasks.config import BatchConfig, ValidationSpec
 from tasks.lineage import facets
 from tasks.lineage.naming import (
     DatasetName,
@@ -104,7 +104,8 @@ def suite_lineage(batch: Batch, summary: SuiteSummary) -> TaskLineage:
     """A suite run: its inputs with the run's assertions and profile, its report as the output."""
     profile = batch.suite_profile(summary)
     if summary.suite == LINEAGE:
-        specs = lineage_suite(summary.thresholds, weight_version=batch.config.weight_version).expectations
+        thresholds = ValidationSpec.of_recorded(summary.thresholds)
+        specs = lineage_suite(thresholds, weight_version=batch.config.weight_version).expectations
         assertions = facets.assertions(summary, specs)
         inputs = []
         for shard, marker in _committed(batch).items():
@@ -117,7 +118,7 @@ def suite_lineage(batch: Batch, summary: SuiteSummary) -> TaskLineage:
     else:
         manifest = batch.staged_dataset()
         on_invalid = manifest.config["on_invalid"] if manifest else batch.config.on_invalid
-        specs = dataset_suite(summary.thresholds, on_invalid=on_invalid).expectations
+        specs = dataset_suite(ValidationSpec.of_recorded(summary.thresholds), on_invalid=on_invalid).expectations
         checked = {"dataQualityAssertions": facets.assertions(summary, specs)}
         if profile is not None and manifest is not None:
             size, files = sum(p.size for p in manifest.parts), len(manifest.parts)

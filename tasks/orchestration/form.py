@@ -22,13 +22,21 @@ def form_fields(environ: Mapping[str, str] = os.environ) -> dict[str, dict[str, 
     """Field name -> ``default``, ``section``, ``title``, ``description`` and the JSON Schema keywords.
 
     ``storage_url``'s default follows ``environ`` (:func:`tasks.batch_fields.default_storage_url`);
-    ``environment`` is a choice among what a trigger may run (:func:`environment_choices`).
+    ``environment`` is a choice among what a trigger may run (:func:`environment_choices`), ``engine``
+    among the registered engines (:func:`engine_choices`).
     """
     defaults = field_defaults(environ)
     fields = {name: {"default": defaults[name], **schema} for name, schema in json_schemas().items()}
-    suggested = {k: v for k, v in fields["environment"].items() if k != "examples"}  # the CLI's free-text hints
-    fields["environment"] = {**suggested, **environment_choices(environ)}
+    fields["environment"] = {**fields["environment"], **environment_choices(environ)}
+    fields["engine"] = {**fields["engine"], **engine_choices()}
     return fields
+
+
+def engine_choices() -> dict[str, Any]:
+    """The engine field's ``enum`` and labels: the registered engines."""
+    from tasks.engines.registry import engine_labels, engine_names
+
+    return {"enum": list(engine_names()), "values_display": engine_labels()}
 
 
 def environment_choices(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:

@@ -9,11 +9,11 @@ missing or inconsistent field raises :class:`MalformedSummaryError` naming it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Self
 
 from tasks.checks import check_choice, check_finite, check_int, check_text, is_hex_digest, is_number
-from tasks.config import ValidationSpec
 from tasks.errors import MalformedSummaryError
 from tasks.strict_json import dump_document, load_document
 
@@ -77,7 +77,9 @@ class SuiteSummary:
 
     ``report`` is the batch-relative path of the run's Data Docs index; ``run`` the run directory's
     name; ``run_key`` the sha256 of what the run read and the thresholds it used (an identical
-    re-run is a no-op); ``inputs`` the sha256 of each marker the run trusted.
+    re-run is a no-op); ``inputs`` the sha256 of each marker the run trusted. ``thresholds`` are
+    the validation spec's fields the run used (a number, or null for no bound), as recorded:
+    records know nothing of the config (``ValidationSpec.of_recorded`` reads them back).
     """
 
     suite: str
@@ -86,7 +88,7 @@ class SuiteSummary:
     success: bool
     expectations: tuple[ExpectationOutcome, ...]
     counts: SummaryCounts
-    thresholds: ValidationSpec
+    thresholds: dict[str, float | None]
     gx_version: str
     report: str
     created_at: float
@@ -102,6 +104,11 @@ class SuiteSummary:
             check_text(getattr(self, name), field=name)
         if not is_hex_digest(self.run_key):
             raise ValueError(f"run_key must be 64 lowercase hex digits, got {self.run_key!r}")
+        if not isinstance(self.thresholds, dict) or not all(
+            isinstance(k, str) and (v is None or (is_number(v) and math.isfinite(v)))
+            for k, v in self.thresholds.items()
+        ):
+            raise ValueError(f"thresholds must map names to numbers or null, got {str(self.thresholds)[:200]}")
         if not isinstance(self.inputs, dict) or not all(is_hex_digest(v) for v in self.inputs.values()):
             raise ValueError(f"inputs must map paths to sha256 digests, got {self.inputs!r}")
         failed, warned = failures(self.expectations)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from tasks.config import ValidationSpec
@@ -52,7 +53,7 @@ def build_summary(
         success=status != "failed",
         expectations=outcomes,
         counts=SummaryCounts(expectations=len(outcomes), failed=failed, warned=warned, rows=rows),
-        thresholds=thresholds,
+        thresholds=dataclasses.asdict(thresholds),
         gx_version=gx_version,
         report=report,
         created_at=created_at,

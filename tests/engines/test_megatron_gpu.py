@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from tasks.batch import Batch
-from tasks.engines.base import GenerationRequest, GenerationResult, SamplingSettings
+from tasks.engines.base import GenerationRequest, GenerationResult
 from tasks.errors import EngineError
+from tasks.sampling import SamplingSettings
 
 
 def _gpu_ready() -> bool:

@@ -14,12 +14,12 @@ import pytest
 
 from tasks.config import EngineSpec
 from tasks.engines import check_engine, create_engine
-from tasks.engines.base import SamplingSettings
 from tasks.engines.megatron.availability import MegatronUnavailableError, require_gpu, require_megatron
 from tasks.engines.megatron.options import MegatronOptions
 from tasks.engines.megatron.results import to_generation_result
 from tasks.engines.megatron.sampling import MegatronSampling, megatron_sampling
 from tasks.errors import ConfigError, EngineError
+from tasks.sampling import SamplingSettings
 
 needs_no_megatron_machine = pytest.mark.skipif(
     sys.version_info >= (3, 12), reason="checks the refusal on machines without the megatron extra (CI: 3.11)"

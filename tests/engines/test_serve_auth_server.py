@@ -23,10 +23,11 @@ import httpx
 import pytest
 
 from tasks.engines import create_engine
-from tasks.engines.base import GenerationRequest, SamplingSettings
+from tasks.engines.base import GenerationRequest
 from tasks.engines.vllm_server.engine import GENERATE_PATH
 from tasks.engines.vllm_server.serving.launch import free_port
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+from tasks.sampling import SamplingSettings
 from tests.serving import serve_process
 
 # The same worker as the test run's shared server (conftest.py): the vLLM servers' tests run on one worker.

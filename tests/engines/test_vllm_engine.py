@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tasks.engines.base import GenerationRequest, GenerationResult, SamplingSettings
+from tasks.engines.base import GenerationRequest, GenerationResult
 from tasks.errors import EngineError
+from tasks.sampling import SamplingSettings
 
 pytestmark = pytest.mark.e2e
 

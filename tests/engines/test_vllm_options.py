@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from tasks.engines import check_engine, create_engine
-from tasks.engines.base import GenerationRequest, SamplingSettings
+from tasks.engines.base import GenerationRequest
 from tasks.engines.vllm.engine import VllmEngine, to_generation_result
 from tasks.engines.vllm.options import LOGPROBS_MODE, VllmOptions
 from tasks.errors import EngineError
+from tasks.sampling import SamplingSettings
 
 MODEL = Path("/models/m")
 

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 from tasks.engines import create_engine
-from tasks.engines.base import GenerationRequest, SamplingSettings
+from tasks.engines.base import GenerationRequest
 from tasks.engines.vllm_server.replica import ServerAuthError
 from tasks.errors import EngineDeadError, ModelMismatchError
 from tasks.models.provenance import WEIGHTS_DECLARED, WEIGHTS_VERIFIED
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+from tasks.sampling import SamplingSettings
 
 pytestmark = pytest.mark.e2e
 

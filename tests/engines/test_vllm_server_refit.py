@@ -39,7 +39,7 @@ from safetensors.numpy import load_file, save_file
 from tasks.batch import Batch
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
-from tasks.engines.base import GenerationRequest, GenerationResult, SamplingSettings
+from tasks.engines.base import GenerationRequest, GenerationResult
 from tasks.engines.vllm_server.refit import RefitFailedError, refit_urls
 from tasks.engines.vllm_server.serving.launch import free_port
 from tasks.engines.weight_records import FAILED_LOAD, RECORDS_PATH, UNANNOUNCED_LOAD, WeightRecords
@@ -52,6 +52,7 @@ from tasks.models.provenance import WEIGHTS_DECLARED, WEIGHTS_VERIFIED, hashed_w
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import plan_from_values
+from tasks.sampling import SamplingSettings
 from tests.generation.fakes import DelegatingEngine
 from tests.serving import serve_process
 

@@ -20,13 +20,14 @@ import pytest
 from tasks.batch import Batch
 from tasks.config import EngineSpec
 from tasks.engines import create_engine
-from tasks.engines.base import GenerationRequest, SamplingSettings
+from tasks.engines.base import GenerationRequest
 from tasks.engines.vllm_server.claims import ReplicasMidRefitError, read_claims
 from tasks.engines.vllm_server.replica import ReplicaDeadError
 from tasks.errors import ConfigError, EngineDeadError, EngineError
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 from tasks.status.gather import batch_status
 from tasks.status.render import render_status
 from tasks.status.shards import failed_over

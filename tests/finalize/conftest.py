@@ -17,10 +17,10 @@ import pytest
 
 from tasks.batch import Batch
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
-from tasks.engines.base import SamplingSettings
 from tasks.finalize.verify.shard import prepare_shard
 from tasks.generate import generate_shard
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 from tasks.storage.ledger_files import RolloutBundle
 from tasks.storage.ledger_reader import LedgerReader
 from tests.local_batch import LocalBatch

@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.config import BatchConfig, ModelSpec
-from tasks.engines.base import SamplingSettings
 from tasks.finalize.verify.shard import prepare_ledger
 from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.records.planned import PlannedRollout
+from tasks.sampling import SamplingSettings
 from tasks.storage.ledger_files import RolloutBundle
 from tasks.storage.ledger_reader import LedgerTables
 from tasks.storage.objects import ObjectStore

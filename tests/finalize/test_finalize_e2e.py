@@ -10,13 +10,14 @@ import torch
 
 from tasks.batch import Batch
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
-from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult
 from tasks.errors import UncommittedShardsError
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.models.provenance import model_provenance
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 from tasks.trainer.collate import GrpoCollator, PublishedDataset
 from tests.generation.fakes import DelegatingEngine
 

@@ -21,8 +21,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.engines.base import GenerationRequest, SamplingSettings
+from tasks.engines.base import GenerationRequest
 from tasks.finalize.logprob_audit import AuditRowError, audit_logprobs, processed_log_softmax, sample_rows
+from tasks.sampling import SamplingSettings
 
 VOCAB = 64
 FILTERING = SamplingSettings(temperature=0.7, top_p=0.9, top_k=20)

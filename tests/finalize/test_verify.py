@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from tasks import layout
 from tasks.capture import terminal
-from tasks.engines.base import SamplingSettings
 from tasks.errors import UncommittedShardError
 from tasks.finalize import reasons as r
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.finalize.verify.guards import OFF_CHAIN_TOLERATED_FAILURE
 from tasks.finalize.verify.shard import prepare_shard
+from tasks.sampling import SamplingSettings
 from tasks.storage.ledger_files import RolloutBundle
 from tasks.storage.objects import ObjectStore
 from tests.generation.chains import linearized, verified_sequences

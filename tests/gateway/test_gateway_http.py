@@ -14,10 +14,10 @@ import httpx
 import openai
 import pytest
 
-from tasks.engines.base import SamplingSettings
 from tasks.gateway.app import Reply, Rollouts
 from tasks.gateway.protocol import ChatRequest
 from tasks.gateway.server import serving
+from tasks.sampling import SamplingSettings
 
 PLAN = SamplingSettings(temperature=0.8, top_p=1.0, max_tokens=32)
 TOOL_CALL = {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}

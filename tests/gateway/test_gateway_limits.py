@@ -16,13 +16,13 @@ import httpx
 import openai
 import pytest
 
-from tasks.engines.base import SamplingSettings
 from tasks.gateway.app import MAX_RECORDED_REFUSALS, Reply, RolloutRoute, Rollouts
 from tasks.gateway.body import INLINE_PARSE_BYTES, parse_json
 from tasks.gateway.limits import GatewayLimits
 from tasks.gateway.protocol import ChatRequest
 from tasks.gateway.server import serving
 from tasks.generate.agent_rollouts import refusal_notes
+from tasks.sampling import SamplingSettings
 
 PLAN = SamplingSettings(temperature=0.8, top_p=1.0, max_tokens=32)
 CAP = 64 * 1024  # the body cap of these tests: small, so that going past it is quick

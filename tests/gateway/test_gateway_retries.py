@@ -17,10 +17,10 @@ import httpx
 import openai
 import pytest
 
-from tasks.engines.base import SamplingSettings
 from tasks.gateway.app import Reply, RolloutRoute, Rollouts
 from tasks.gateway.protocol import ChatRequest, GatewayError
 from tasks.gateway.server import serving
+from tasks.sampling import SamplingSettings
 
 PLAN = SamplingSettings(temperature=0.8, top_p=1.0, max_tokens=32)
 HELLO = [{"role": "user", "content": "hello"}]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.engines.base import SamplingSettings
 from tasks.gateway.limits import GatewayLimits
 from tasks.gateway.protocol import GatewayError, read_chat_request
+from tasks.sampling import SamplingSettings
 
 PLAN = SamplingSettings(temperature=1.0, top_p=0.9, top_k=20, max_tokens=64)
 

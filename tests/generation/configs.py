@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
-from tasks.engines.base import SamplingSettings
 from tasks.models.provenance import model_provenance
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+from tasks.sampling import SamplingSettings
 
 
 def fake_model_config(**overrides: Any) -> BatchConfig:

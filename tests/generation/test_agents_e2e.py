@@ -21,11 +21,11 @@ import pytest
 
 from tasks.batch import Batch
 from tasks.config import ValidationSpec
-from tasks.engines.base import SamplingSettings
 from tasks.finalize.stage import FinalizeOptions
 from tasks.generate import generate_shard
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 from tasks.storage.ledger_reader import LedgerReader
 from tests.generation import fault_agents
 

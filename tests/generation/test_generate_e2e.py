@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from tasks.batch import Batch
-from tasks.engines.base import Engine, GenerationRequest, GenerationResult, SamplingSettings
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult
 from tasks.generate import generate_shard
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.objects import ObjectStore
 

@@ -21,10 +21,10 @@ import pytest
 
 from tasks.batch import Batch
 from tasks.config import BatchConfig, EngineSpec
-from tasks.engines.base import SamplingSettings
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 from tasks.storage.claims import read_claims
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import read_marker

@@ -21,11 +21,11 @@ import pytest
 
 from tasks.batch import Batch
 from tasks.config import EngineSpec
-from tasks.engines.base import SamplingSettings
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shards
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 
 from .configs import bundled_model_config
 

@@ -32,7 +32,7 @@ from tasks.batch import Batch
 from tasks.config import EngineSpec
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
-from tasks.engines.base import GenerationRequest, SamplingSettings
+from tasks.engines.base import GenerationRequest
 from tasks.engines.vllm_server.replica import ReplicaDeadError
 from tasks.engines.vllm_server.serving.launch import free_port
 from tasks.errors import ConfigError
@@ -40,6 +40,7 @@ from tasks.finalize.stage import FinalizeOptions
 from tasks.generate import generate_shard
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 from tasks.pipeline import finalize_and_publish
+from tasks.sampling import SamplingSettings
 from tasks.status.gather import batch_status
 from tasks.status.render import render_status
 

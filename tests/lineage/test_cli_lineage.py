@@ -21,7 +21,6 @@ import pytest
 from tasks.batch import Batch
 from tasks.cli.main import main
 from tasks.config import BatchConfig, ModelSpec
-from tasks.engines.base import SamplingSettings
 from tasks.generate import generate_shards
 from tasks.lineage import facets
 from tasks.lineage.datasets import TaskLineage, generate_lineage, plan_lineage
@@ -29,6 +28,7 @@ from tasks.lineage.emit import EventSink, batch_run_id
 from tasks.lineage.naming import model, name_of_url
 from tasks.plan import plan_batch
 from tasks.records.dataset_row import DatasetRow
+from tasks.sampling import SamplingSettings
 
 from .client_env import sink_under
 from .graph import descendants

@@ -67,7 +67,7 @@ def test_every_field_reaches_the_config():
     ("values", "named"),
     [
         ({"shards": 9}, "shards (9) cannot exceed num_tasks (8)"),
-        ({"engine": "megatronn"}, "engine must be one of ['vllm', 'vllm_server', 'megatron'], got 'megatronn'"),
+        ({"engine": "megatronn"}, "unknown engine 'megatronn'; known: vllm, vllm_server, megatron"),
         ({"engine_options": {"max_modle_len": 1}}, "max_modle_len"),
         ({"max_invalid_row_rate": 2.0}, "max_invalid_row_rate must be a finite number in [0, 1], got 2.0"),
         ({"num_taks": 3}, "unknown batch field(s) ['num_taks']"),

@@ -14,9 +14,9 @@ import pytest
 
 from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
-from tasks.engines.base import SamplingSettings
 from tasks.generate import generate_shards
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 from tests.local_batch import LocalBatch
 
 

@@ -31,11 +31,11 @@ import pytest
 from tasks import ids
 from tasks.batch import Batch
 from tasks.config import BatchConfig
-from tasks.engines.base import SamplingSettings
 from tasks.errors import ConfigError, StorageIntegrityError
 from tasks.finalize.stage import finalize_batch
 from tasks.generate import MAX_ERROR_CHARS, generate_shard
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 from tasks.storage.dataset_manifest import read_dataset_part, read_staged_marker
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import read_marker

@@ -29,7 +29,7 @@ import pytest
 
 from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
-from tasks.engines.base import SamplingSettings
+from tasks.sampling import SamplingSettings
 
 RSS_GROWTH_BOUND_MB = 1024  # generous: the run holds at most max_in_flight rollouts plus one dataset part
 NUM_TASKS, GROUP_SIZE, SHARDS = 1000, 2, 4  # 2,000 rollouts

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import BatchConfig, ValidationSpec
-from tasks.engines.base import SamplingSettings
 from tasks.records.suite_summary import ExpectationOutcome, SuiteSummary, SummaryCounts, status_of
+from tasks.sampling import SamplingSettings
 from tests.generation.configs import fake_model_config
 
 BATCH = "b-report"

@@ -14,10 +14,10 @@ import pytest
 
 from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
-from tasks.engines.base import SamplingSettings
 from tasks.finalize.stage import finalize_batch
 from tasks.generate import generate_shards
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 from tests.local_batch import LocalBatch, copy_batch
 
 WEIGHT_VERSION = 2  # the batch's planned weight version: a call admitted below it can be forged

@@ -76,7 +76,8 @@ def test_clean_batch_passes_both_suites(validated):
         assert [e.name for e in summary.expectations if not e.success] == [], suite
         assert all(e.error is None and e.examples == () and e.unexpected_count == 0 for e in summary.expectations)
         assert summary.counts.expectations == len(summary.expectations) and summary.counts.failed == 0
-        assert summary.thresholds == batch.config.validation and summary.gx_version == "1.24.1"
+        assert ValidationSpec.of_recorded(summary.thresholds) == batch.config.validation
+        assert summary.gx_version == "1.24.1"
     assert outcomes["lineage"].summary.counts.rows > batch.config.num_rollouts  # call records: several turns each
     assert outcomes["dataset"].summary.counts.rows == batch.config.num_rollouts
 
@@ -131,7 +132,7 @@ def test_rerunning_with_other_thresholds_makes_a_new_current_run(finalized_batch
     second = validate_dataset(batch.handle, thresholds=relaxed)
     assert (first.summary.run, second.summary.run, second.created) == ("run-000", "run-001", True)
     assert batch.handle.suite_summary("dataset") == second.summary
-    assert second.summary.thresholds == relaxed
+    assert ValidationSpec.of_recorded(second.summary.thresholds) == relaxed
     assert (batch.dir / "reports/dataset/run-000/summary.json").is_file()  # the first run's files stay
 
 

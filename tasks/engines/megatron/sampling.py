@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks.engines.base import SamplingSettings
 from tasks.errors import EngineError
+from tasks.sampling import SamplingSettings
 
 GREEDY_TOP_K = 1
 
