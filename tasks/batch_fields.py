@@ -197,8 +197,9 @@ class BatchFields(BaseModel):
     engine_conn_id: str | None = Field(
         None,
         title="Engine server connection",
-        description="engine vllm_server: Airflow http connection naming the servers (host and port, more in "
-        'its extra {"urls": [...]}) with the API key as password; empty: the urls engine option',
+        description="engine vllm_server: Airflow connection of type rollout_servers (or http) naming the "
+        'servers (host and port, more in its extra {"urls": [...]}) with the API key as password; empty: the urls '
+        "engine option",
         json_schema_extra={"section": "Model and engine"},
     )
     weight_version: Annotated[int, InConfig("weight_version")] = Field(

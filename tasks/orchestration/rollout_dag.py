@@ -35,9 +35,10 @@ review, and is skipped otherwise; `publish` commits it and emits the `grpo_datas
 A failing suite, a rejection or an unanswered review fails the run, and its log says why.
 `sweep_orphans` cleans up as a teardown, whatever happened.
 Engines: `vllm` starts vLLM inside each generate task; `vllm_server` calls running vLLM servers,
-named by an Airflow http connection (`engine_conn_id`: host, port, password = API key) or by the
-engine options `urls` and `api_key_file`; start one with `rollout-ledger serve`. One server serves
-every shard of every run (docs/servers.md).
+named by an Airflow connection of type `rollout_servers` (`engine_conn_id`: host, port, extra `urls`,
+password = API key; an `http` connection is read the same way) or by the engine options `urls` and
+`api_key_file`; start one with `rollout-ledger serve`. One server serves every shard of every run
+(docs/servers.md).
 Reports: `reports/index.html` under the batch's URL, which the plan task logs.
 """
 BATCH_DAG_DOC = (
@@ -46,9 +47,10 @@ BATCH_DAG_DOC = (
 SERVERS_DAG_ID = "rollout_batch_on_servers"
 SERVERS_DAG_DOC = (
     f"\n### {SERVERS_DAG_ID}: `rollout_batch` on running vLLM servers\n\n"
-    f"The form starts from engine `vllm_server` and the Airflow http connection `{SERVERS_CONN_ID}` (host, port,"
-    " password = API key; docs/servers.md), so `generate` loads no model: it runs in the default pool and queue,"
-    " on any worker, and never waits for a `gpu` slot.\n" + BATCH_DAG_BODY
+    f"The form starts from engine `vllm_server` and the Airflow connection `{SERVERS_CONN_ID}`"
+    " (type `rollout_servers`: host, port, more replicas, password = API key; docs/servers.md), so"
+    " `generate` loads no model: it runs in the default pool and queue, on any worker, and never waits"
+    " for a `gpu` slot.\n" + BATCH_DAG_BODY
 )
 GRPO_DATASET = Asset(steps.GRPO_DATASET_ASSET)
 DEFAULT_ARGS = {
