@@ -4,13 +4,13 @@ metrics) and per dataset row (its ``weights_by_version`` column).
 A call of an engine that knows them names, in its extras, the sha256 of the weights of each
 version that sampled its tokens, or null where they were not verified
 (:func:`tasks.models.provenance.weights_extras`; when the gateway adds notes of its own it keeps
-the engine's extras under ``"engine"``, :mod:`tasks.capture.calls`). A call that names nothing (an
-engine that loads the planned weights itself, or a batch written before calls named them) counts
-at its admission version: the plan's check there when that is the planned version, nothing at any
-other. :meth:`PlannedWeights.accounts` reads one call; :func:`judged` judges a version from the
-accounts of its calls. The batch judges over the calls of every receipt's chain, root to terminal,
-as staged (:class:`BatchWeights`); a row over the calls whose tokens it holds
-(:func:`row_weights`).
+the engine's extras under ``"engine"``, :func:`tasks.capture.recording.staged_extras`). A call that
+names nothing (an engine that loads the planned weights itself, or a batch written before calls
+named them) counts at its admission version: the plan's check there when that is the planned
+version, nothing at any other. :meth:`PlannedWeights.accounts` reads one call; :func:`judged`
+judges a version from the accounts of its calls. The batch judges over the calls of every
+receipt's chain, root to terminal, as staged (:class:`BatchWeights`); a row over the calls whose
+tokens it holds (:func:`row_weights`).
 
 Invariant (fail closed): a version is verified (a sha256) only when every call naming it names the
 same sha256; anything else (not hashed, not named, malformed extras, several sha256s) is declared,
@@ -66,7 +66,7 @@ class PlannedWeights:
             extras = json.loads(extras_json) if extras_json is not None else None
         except ValueError:
             return {version: MALFORMED}
-        if isinstance(extras, dict) and "gateway" in extras:  # the gateway's envelope (tasks.capture.calls)
+        if isinstance(extras, dict) and "gateway" in extras:  # the gateway's envelope (tasks.capture.recording)
             extras = extras.get("engine")
         try:
             by_version = read_weights_extras(extras)

@@ -16,9 +16,11 @@ summary.
 An interruption (SIGTERM, SIGINT) or the engine dying ends the attempt: receipts of completed
 rollouts are flushed (the retry adopts them), rollouts in flight get no receipt (the retry
 re-runs them), no marker is written, the engine is shut down, and the caller gets
-:class:`~tasks.errors.GenerateInterrupted` or :class:`~tasks.engines.base.EngineDeadError`. Storage that stays
-unavailable through an operation's retries ends the attempt the same way, with
-:class:`~tasks.errors.StorageUnavailableError` (the flush of receipts may fail with it too).
+:class:`~tasks.errors.GenerateInterrupted` or :class:`~tasks.errors.EngineDeadError`. Storage that
+stays unavailable through an operation's retries ends the attempt the same way, with
+:class:`~tasks.errors.StorageUnavailableError` (the flush of receipts may fail with it too). An
+engine of replicas that loses one while another lives goes on: a stepped rollout whose call the
+lost replica held starts again on a live one within the attempt (:mod:`tasks.generate.attempt`).
 
 Modules, each importing only those listed before it: ``summary`` (:class:`ShardSummary`),
 ``checks`` (before the engine), ``shard_engine`` (the engine's life), ``signals`` (stop

@@ -1,18 +1,20 @@
 """Emitting a batch's lineage: one OpenLineage run per task, as Airflow's OpenLineage provider shapes it.
 
 A step reports its datasets through a :class:`LineageSink`: ``with sink.task("finalize", batch) as run:``
-does the work, then ``run.report(lambda: finalize_lineage(batch))``. Under Airflow the sink is the
-provider's (:mod:`tasks.orchestration.lineage_sink`): the provider emits each task's START and
-COMPLETE or FAIL and the report is a RUNNING event with the datasets. Without Airflow,
+does the work, then ``run.report(lambda: finalize_lineage(batch))``. Under Airflow no sink is used:
+the provider emits each task's START and COMPLETE or FAIL, and the task adds a RUNNING event with
+the same datasets (:func:`tasks.orchestration.lineage_report.report_lineage`). Without Airflow,
 :class:`EventSink` emits the same events itself: START, RUNNING with the datasets, COMPLETE or
 FAIL (with the error), for a job named ``rollout_batch.<task id>`` (the DAG's task ids) whose parent
 is the batch's run ``rollout_batch``.
 
 Configuration is the OpenLineage client's own (``OpenLineageClient()`` resolves it: ``OPENLINEAGE_DISABLED``,
 ``OPENLINEAGE_CONFIG`` or an ``openlineage.yml`` in the working directory or ``~/.openlineage``,
-``OPENLINEAGE__*`` variables, ``OPENLINEAGE_URL``), plus the two settings of Airflow's provider a
+``OPENLINEAGE__*`` variables, ``OPENLINEAGE_URL``), plus the settings of Airflow's provider a
 deployment already has: ``AIRFLOW__OPENLINEAGE__TRANSPORT`` (JSON, the ``[openlineage]``
-``transport`` option), handed to the client as its transport, and ``AIRFLOW__OPENLINEAGE__DISABLED``.
+``transport`` option), handed to the client as its transport, ``AIRFLOW__OPENLINEAGE__DISABLED``, and
+the jobs' namespace ``AIRFLOW__OPENLINEAGE__NAMESPACE`` (else ``OPENLINEAGE_NAMESPACE``, else
+``default``), as the provider reads it.
 A client that found no transport (it would print events on the console) means nothing is emitted.
 Emission never fails a step: an error building the datasets or sending an event is logged and
 counted in :attr:`EventSink.failed`.

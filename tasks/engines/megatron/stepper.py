@@ -19,7 +19,7 @@ Invariants:
 2. The inbox is applied in FIFO order, before the next step: a between-step action runs after
    every admission submitted before it and before any submitted after it.
 3. Every waiter is settled exactly once: with its result, its own error, or
-   :class:`~tasks.engines.base.EngineDeadError` when the thread fails (an exception escaping a
+   :class:`~tasks.errors.EngineDeadError` when the thread fails (an exception escaping a
    step, or a fatal between-step action) or is closed. After either, :meth:`StepThread.submit`
    refuses at once; the lock makes "refuse" and "fail what is queued" one decision, so no waiter
    is left behind.
