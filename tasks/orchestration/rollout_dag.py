@@ -38,7 +38,8 @@ Engines: `vllm` starts vLLM inside each generate task; `vllm_server` calls runni
 named by an Airflow connection of type `rollout_servers` (`engine_conn_id`: host, port, extra `urls`,
 password = API key; an `http` connection is read the same way) or by the engine options `urls` and
 `api_key_file`; start one with `rollout-ledger serve`. One server serves every shard of every run
-(docs/servers.md).
+(docs/servers.md). `megatron` runs megatron-core inside each generate task on a GPU worker
+(docs/megatron.md).
 Reports: `reports/index.html` under the batch's URL, which the plan task logs.
 """
 BATCH_DAG_DOC = (
