@@ -31,7 +31,7 @@ from tasks.sampling import SamplingSettings
 from tests.serving import serve_process
 
 # The same worker as the test run's shared server (conftest.py): the vLLM servers' tests run on one worker.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("vllm_server")]
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("vllm_keyed_server")]  # its module server: one worker
 
 # What review named as open before the guard: each must be among the routes checked.
 STEERING_ROUTES = (

@@ -27,8 +27,8 @@ from tasks.engines.vllm_server.serving.launch import free_port, port_taken
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 from tests.serving import serve_process
 
-# The same worker as the test run's shared server (conftest.py): the vLLM servers' tests run on one worker.
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("vllm_server"), pytest.mark.timeout(1800)]
+# No xdist group: its serves are its own (not the test run's shared server), so any free worker runs it.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 REAP_TIMEOUT_SECONDS = 60.0  # the watchdog's poll, vLLM's shutdown on SIGTERM (SIGKILL after 30 s), a busy machine
 

@@ -52,7 +52,7 @@ from .test_interruptions_e2e import (
     planned,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("vllm_server"), pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 PLANNED_VERSION = 2
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ def summary_of(suite: str, expectations: list[ExpectationOutcome], *, run: int =
         success=status != "failed",
         expectations=tuple(expectations),
         counts=SummaryCounts(expectations=len(expectations), failed=failed, warned=warned, rows=32),
-        thresholds=ValidationSpec(),
+        thresholds=dataclasses.asdict(ValidationSpec()),
         gx_version="1.24.1",
         report=f"reports/{suite}/run-{run:03d}/index.html",
         created_at=1764628000.0,
