@@ -5,10 +5,36 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psutil
+
+from tasks.engines.vllm_server.serving.launch import port_taken
+
+REAP_TIMEOUT_SECONDS = 60.0  # the watchdog's poll, vLLM's shutdown on SIGTERM (SIGKILL after 30 s), a busy machine
+
+
+def running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def assert_reaped(started: Sequence[psutil.Process], port: int, *, killed_at: float) -> float:
+    """None of ``started`` (what a SIGKILLed ``serve`` had started) runs and ``port`` is free within
+    :data:`REAP_TIMEOUT_SECONDS` of ``killed_at``; the seconds it took."""
+    while (
+        any(running(p) for p in started) or port_taken("127.0.0.1", port)
+    ) and time.monotonic() - killed_at < REAP_TIMEOUT_SECONDS:
+        time.sleep(0.1)
+    seconds = time.monotonic() - killed_at
+    left = [p.pid for p in started if running(p)]
+    assert not left, f"processes of a SIGKILLed serve still run after {seconds:.0f} s: {left}"
+    assert not port_taken("127.0.0.1", port), f"port {port} still taken {seconds:.0f} s after serve was SIGKILLed"
+    return seconds
 
 
 @contextlib.contextmanager
@@ -27,5 +53,5 @@ def serve_process(argv: list[str], home: Path, env: dict[str, str] | None = None
         serve.send_signal(signal.SIGTERM)
         code = serve.wait(timeout=120)
     assert code == 0, f"serve exited {code} on SIGTERM:\n{(home / 'serve.stderr').read_text()[-3000:]}"
-    left = [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = [p.pid for p in started if running(p)]
     assert started and not left, f"processes of rollout-ledger serve outlived its SIGTERM: {left}"

@@ -3,7 +3,8 @@
 No vLLM here: the "server" is a small program that listens on a port and starts a child of its own
 (standing in for vLLM's API server and its engine core), launched through :meth:`VllmServer.launch`
 by a launcher process (standing in for ``rollout-ledger serve``), which the test then kills with
-SIGKILL, alone or with its whole process group. The real server: ``test_serve_kill_server.py``.
+SIGKILL, alone or with its whole process group. The real server:
+``tests/generation/test_server_failover_e2e.py`` (serve SIGKILLed alone, and with its group).
 Readiness (``/health`` polled with httpx) is shown by a stand-in that answers it.
 """
 

@@ -1,12 +1,15 @@
 """Real ``rollout-ledger serve`` processes lost mid-shard: a replica killed, a server restarted, calls aborted.
 
-* Two replicas (the test run's server and a second ``serve`` on the same key); the second's whole
-  process tree is SIGKILLed while ``rollout-ledger generate`` runs: the rollouts whose calls it held
+* Two replicas (the test run's server and a second ``serve`` on the same key); the second's process
+  group is SIGKILLed while ``rollout-ledger generate`` runs (as a shell's ``kill -9 -PGID``: vLLM
+  runs in a group of its own, and ``serve``'s watchdog must take it down, port freed, nothing
+  left): the rollouts whose calls it held
   start again on the first, in the same attempt, which commits; its dataset is validated and
   published; the summary names each rollout that failed over and the calls each replica
   answered, and status says the same.
-* One server restarted on its port (SIGTERM, then a new ``serve``) while generate runs and while
-  an engine is connected: the calls in flight end the attempt as engine death (exit 1, no rollout
+* One server restarted on its port while generate runs and while an engine is connected: ``serve``
+  alone is SIGKILLed (its watchdog must take vLLM down and free the port), then a new ``serve`` takes
+  the port at once: the calls in flight end the attempt as engine death (exit 1, no rollout
   poisoned); the connected engine's next call, answered by the new process, is refused as a
   restart; the retry refuses the restarted server's start-up version until it is named the
   planned one again, then commits with every call stamped at the planned version.
@@ -18,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +48,7 @@ from tasks.pipeline import finalize_and_publish
 from tasks.sampling import SamplingSettings
 from tasks.status.gather import batch_status
 from tasks.status.render import render_status
+from tests.serving import assert_reaped, running
 
 from .processes import GenerateProcess
 from .test_interruptions_e2e import (
@@ -70,19 +76,26 @@ class Serve:
         self.url = self.process.stdout.readline().strip() if self.process.stdout else ""
         assert self.url.startswith("http://127.0.0.1:"), f"serve printed no URL:\n{self.stderr.read_text()[-3000:]}"
 
-    def kill_tree(self) -> None:
-        """SIGKILL ``serve`` and every process below it at once, as a crashed machine loses them."""
-        tree = [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        psutil.wait_procs(tree, timeout=30)
+    def sigkill(self, *, group: bool) -> None:
+        """SIGKILL ``serve`` alone, or its process group (``kill -9 -PGID``); nothing it started may be left and its
+        port must be free within the reap time-out (vLLM runs in a group of its own: ``serve``'s watchdog ends it)."""
+        started = psutil.Process(self.process.pid).children(recursive=True)
+        assert len(started) >= 3, started  # the watchdog, vLLM's API server, its engine core
+        killed_at = time.monotonic()
+        if group:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        else:
+            self.process.kill()
         self.process.wait(timeout=30)
+        seconds = assert_reaped(started, int(self.url.rpartition(":")[2]), killed_at=killed_at)
+        print(f"nothing left of a SIGKILLed serve ({'its group' if group else 'alone'}) after {seconds:.1f} s")
 
     def stop(self) -> None:
-        """SIGTERM, as a process manager stops it: the server stops and every process of it is gone."""
+        """SIGTERM, as a process manager stops it: it exits 0 and every process it started is gone."""
+        started = psutil.Process(self.process.pid).children(recursive=True)
         self.process.send_signal(signal.SIGTERM)
         assert self.process.wait(timeout=120) == 0, self.stderr.read_text()[-3000:]
+        assert not [p.pid for p in started if running(p)], "processes of serve outlived its SIGTERM"
 
 
 @contextlib.contextmanager
@@ -108,7 +121,7 @@ def test_a_replica_killed_mid_shard_fails_over_to_the_other_and_the_dataset_is_p
         root, store = planned(tmp_path, config)
         run = GenerateProcess(root, config.batch_id, tmp_path / "failover.log")
         run.wait_for_completed_rollouts()
-        second.kill_tree()
+        second.sigkill(group=True)
         code, stdout = run.finish(timeout=900)
 
     log = run.log.read_text()
@@ -154,7 +167,7 @@ def test_a_server_restarted_mid_shard_is_engine_death_and_nothing_is_stamped_wit
             root, store = planned(tmp_path, config)
             run = GenerateProcess(root, config.batch_id, tmp_path / "restart.log")
             done = run.wait_for_completed_rollouts()
-            first.stop()
+            first.sigkill(group=False)
         assert_stopped_cleanly(run, store, 0, expected_code=1, reported_done=done)
         assert "the engine died" in run.log.read_text()
 
