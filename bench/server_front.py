@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.engines.vllm.options import VllmOptions
 from tasks.engines.vllm_server.engine import GENERATE_PATH
-from tasks.engines.vllm_server.serving.auth import KEY_ENV, RequireKey
+from tasks.engines.vllm_server.serving.auth import RequireKey
+from tasks.engines.vllm_server.serving.keys import KEY_ENV
 from tasks.engines.vllm_server.serving.launch import VllmServer, free_port, server_argv, server_env
 from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
 

@@ -8,13 +8,22 @@ through chunk by chunk. The real server's routes are tested in ``test_serve_auth
 from __future__ import annotations
 
 import asyncio
+import importlib
 import stat
+import subprocess
+import sys
 
 import httpx
 import pytest
 
-from tasks.engines.vllm_server.serving.auth import KEY_ENV, RequireKey
-from tasks.engines.vllm_server.serving.keys import generated_key_path, is_loopback, write_new_key
+from tasks.engines.vllm_server.serving.auth import RequireKey
+from tasks.engines.vllm_server.serving.keys import (
+    KEY_ENV,
+    MIDDLEWARE_PATH,
+    generated_key_path,
+    is_loopback,
+    write_new_key,
+)
 from tasks.engines.vllm_server.serving.launch import server_env
 from tests.engines.fake_asgi import request_body
 
@@ -167,3 +176,10 @@ def test_serve_on_a_non_loopback_host_without_a_key_file_is_refused_before_anyth
     assert main(["serve", "--host", "0.0.0.0", "--port", "8123"]) == 2
     assert "--host 0.0.0.0 is not a loopback address: give --api-key-file" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # no key made, no model resolved, no log
+
+
+def test_the_middleware_path_serve_passes_names_the_guard_and_launching_imports_no_starlette():
+    module, _, name = MIDDLEWARE_PATH.rpartition(".")  # as vLLM's --middleware reads it
+    assert getattr(importlib.import_module(module), name) is RequireKey
+    code = "import sys, tasks.engines.vllm_server.serving.launch; print('starlette' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

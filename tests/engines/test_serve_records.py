@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tasks.engines.vllm_server.serving.auth import KEY_ENV, RequireKey
+from tasks.engines.vllm_server.serving.auth import RequireKey
+from tasks.engines.vllm_server.serving.keys import KEY_ENV
 from tasks.engines.weight_records import (
     ANNOUNCE_PATH,
     FAILED_LOAD,

@@ -27,12 +27,10 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tasks.engines.vllm_server.serving.keys import KEY_ENV
 from tasks.engines.vllm_server.serving.records import ServeRecords
 
-KEY_ENV = "VLLM_API_KEY"
 OPEN_PATHS = frozenset({"/health"})  # the bare liveness check
-# The value of ``--middleware`` that installs the guard (``server_argv`` passes it): this module's import path.
-MIDDLEWARE_PATH = f"{__name__}.RequireKey"
 
 
 class RequireKey:

@@ -16,6 +16,11 @@ from pathlib import Path
 
 from tasks.models.bundled import cache_dir
 
+KEY_ENV = "VLLM_API_KEY"  # where the server process reads its key (vLLM's own variable)
+# The value of ``--middleware`` that installs the key guard (``server_argv`` passes it): named here,
+# not imported, so launching a server imports no Starlette (``serving/auth.py`` runs inside vLLM).
+MIDDLEWARE_PATH = "tasks.engines.vllm_server.serving.auth.RequireKey"
+
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` names this machine only: ``localhost`` or a loopback address (any other name is not)."""

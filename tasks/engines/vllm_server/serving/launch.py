@@ -39,7 +39,7 @@ import httpx
 import psutil
 
 from tasks.engines.reaper import Reaper
-from tasks.engines.vllm_server.serving.auth import KEY_ENV, MIDDLEWARE_PATH
+from tasks.engines.vllm_server.serving.keys import KEY_ENV, MIDDLEWARE_PATH
 from tasks.errors import EngineError
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
