@@ -303,7 +303,7 @@ class AgentCommand(Agent):
                 await asyncio.wait({reading, exited}, return_when=asyncio.FIRST_COMPLETED)
                 if reading.done():
                     reading.result()  # past the output bound: fail now
-                returncode = await process.wait()
+                returncode = await exited
                 kill_group(process.pid)  # what it left running holds the pipes open: the output ends with the agent
                 try:
                     out, err = await asyncio.wait_for(reading, OUTPUT_GRACE_S)

@@ -166,7 +166,6 @@ async def run_agent_rollout(
     receipt = receipt_of(
         planned,
         state,
-        attempt,
         None if result is None else Turn.finish(result.reward, **result.info),
         None if failure is None else f"{failure.reason}: {failure.detail}",
         error_reason=failure.reason if failure is not None else AGENT_ERROR,

@@ -58,7 +58,6 @@ def capture_notes(state: RolloutCapture) -> dict[str, Any]:
 def receipt_of(
     planned: PlannedRollout,
     state: RolloutCapture,
-    attempt: int,
     outcome: Turn | None,
     error: str | None,
     *,
@@ -81,7 +80,7 @@ def receipt_of(
     common = {
         "rollout_id": planned.rollout_id,
         "group_id": planned.group_id,
-        "attempt": attempt,
+        "attempt": state.attempt,
         "reward": reward,
         "reward_info": canonical_json(info),
         "num_calls": len(state.records),

@@ -239,7 +239,7 @@ async def run_rollout(
         if len(error) > MAX_ERROR_CHARS:  # an environment's message may be huge: bounded in the receipt and the log
             error = f"{error[:MAX_ERROR_CHARS]}... ({len(error)} characters)"
         log.warning("rollout %s failed in its environment: %s", planned.rollout_id, error)
-    return await _finished(receipt_of(planned, state, state.attempt, outcome, error), state, capture, ledger)
+    return await _finished(receipt_of(planned, state, outcome, error), state, capture, ledger)
 
 
 async def _finished(
