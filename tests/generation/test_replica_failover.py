@@ -11,8 +11,6 @@ failed over.
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pytest
 
@@ -24,22 +22,10 @@ from tasks.plan import plan_batch
 from tasks.status.gather import batch_status
 from tasks.status.render import render_status
 from tests.engines.fake_vllm_server import FakeVllmServer
+from tests.engines.test_vllm_server_fault_trials import strike_at
 from tests.generation.configs import bundled_model_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def stop_after(server: FakeVllmServer, calls: int) -> threading.Thread:
-    """Stop ``server`` once it answered ``calls`` generate calls (its calls in flight then fail as a killed one's)."""
-
-    def watch() -> None:
-        while server.generated < calls:
-            time.sleep(0.002)
-        server.stop()
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_a_lost_replica_s_rollouts_start_again_on_the_live_one_and_the_attempt_commits(tmp_path):
@@ -51,7 +37,7 @@ def test_a_lost_replica_s_rollouts_start_again_on_the_live_one_and_the_attempt_c
         config = bundled_model_config(batch_id="b-failover", num_tasks=4, max_in_flight=4, engine=engine)
         root = str(tmp_path / "runs")
         plan_batch(Batch.open(root, config.batch_id), config)
-        stopping = stop_after(lost, 3)
+        stopping = strike_at(lost, 3, lost.stop)  # its calls in flight then fail as a killed one's
         summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
         stopping.join(timeout=60)
     finally:
