@@ -89,7 +89,8 @@ def alternate(clients: dict[str, httpx.Client], call: Callable[[httpx.Client, in
 
 
 def guard_seconds(requests: int = 100_000) -> float:
-    """Seconds :class:`RequireKey` adds to one admitted request (around an ASGI app that does nothing)."""
+    """Seconds :class:`RequireKey` (with the serve records it wraps) adds to one admitted ``GET /v1/models``
+    (around an ASGI app that does nothing)."""
     os.environ[KEY_ENV] = KEY
 
     async def nothing(scope, receive, send) -> None:
@@ -97,7 +98,8 @@ def guard_seconds(requests: int = 100_000) -> float:
 
     scope = {
         "type": "http",
-        "path": "/pause",
+        "method": "GET",
+        "path": "/v1/models",
         "root_path": "",
         "headers": [(b"authorization", f"Bearer {KEY}".encode())],
     }
