@@ -5,7 +5,9 @@ I/O (:meth:`ArrowRecord.to_table` / :meth:`ArrowRecord.from_table`) and the sche
 readers run (:meth:`ArrowRecord.check_table`) are all derived from that declaration, so the
 column list is never typed twice. Invariants are each record's own (see :mod:`tasks.records.rules`).
 List columns are held as read-only numpy arrays so tables build without per-token loops;
-a list<struct> column is held as a tuple of frozen dataclasses (its ``item`` class).
+a list<struct> column is held as a tuple of frozen dataclasses (its ``item`` class), a list<string>
+column as a tuple of str. A column added after files were written names the value an older file's
+rows hold (``added``): :meth:`ArrowRecord.upgrade` fills it in before the schema check.
 """
 
 from __future__ import annotations
@@ -38,15 +40,18 @@ def column(
     nullable: bool = False,
     default: Any = dataclasses.MISSING,
     item: type | None = None,
+    added: Any = dataclasses.MISSING,
 ) -> Any:
     """Declare a record field together with its Arrow type and nullability.
 
     ``item`` is required for (and only for) a list<struct> column: the dataclass each element is
-    held as, whose fields are the struct's fields.
+    held as, whose fields are the struct's fields. ``added``: the column is newer than files
+    already written; their rows read as holding this value (see :meth:`ArrowRecord.upgrade`).
     """
     if _is_struct_list(arrow_type) != (item is not None):
         raise TypeError(f"column {arrow_type}: `item` must be given exactly for a list<struct> column")
-    return dataclasses.field(default=default, metadata={"arrow": arrow_type, "nullable": nullable, "item": item})
+    metadata = {"arrow": arrow_type, "nullable": nullable, "item": item, "added": added}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def _is_list(arrow_type: pa.DataType) -> bool:
@@ -55,6 +60,10 @@ def _is_list(arrow_type: pa.DataType) -> bool:
 
 def _is_struct_list(arrow_type: pa.DataType) -> bool:
     return _is_list(arrow_type) and pa.types.is_struct(arrow_type.value_type)
+
+
+def _is_string_list(arrow_type: pa.DataType) -> bool:
+    return _is_list(arrow_type) and pa.types.is_string(arrow_type.value_type)
 
 
 class ArrowRecord:
@@ -78,6 +87,22 @@ class ArrowRecord:
     @classmethod
     def column_names(cls) -> list[str]:
         return cls.arrow_schema().names
+
+    @classmethod
+    def upgrade(cls, table: pa.Table) -> pa.Table:
+        """``table`` with every column declared ``added`` that it lacks, holding that value in each row.
+
+        Only the missing added columns are filled; anything else wrong is left for :meth:`check_table`.
+        """
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            added = f.metadata["added"]
+            if added is dataclasses.MISSING or f.name in table.column_names:
+                continue
+            field = cls.arrow_schema().field(f.name)
+            table = table.append_column(field, pa.array([added] * table.num_rows, type=field.type))
+        names = [n for n in cls.column_names() if n in table.column_names]
+        extra = [n for n in table.column_names if n not in names]
+        return table.select([*names, *extra])
 
     @classmethod
     def check_table(cls, table: pa.Table, *, source: str = "table") -> None:
@@ -112,6 +137,8 @@ class ArrowRecord:
         for f, values in zip(schema, _columns(records, schema.names), strict=True):
             if _is_struct_list(f.type):
                 arrays.append(_struct_list_array(values, f.type))
+            elif _is_string_list(f.type):
+                arrays.append(pa.array([None if v is None else list(v) for v in values], type=f.type))
             elif _is_list(f.type):
                 arrays.append(_list_array(values, f.type))
             else:
@@ -150,6 +177,8 @@ class ArrowRecord:
             item = f.metadata["item"]
             if item is not None:
                 columns[f.name] = [None if v is None else tuple(item(**d) for d in v) for v in chunked.to_pylist()]
+            elif _is_string_list(f.metadata["arrow"]):
+                columns[f.name] = [None if v is None else tuple(v) for v in chunked.to_pylist()]
             elif _is_list(f.metadata["arrow"]):
                 columns[f.name] = _list_values(chunked)
             else:

@@ -71,6 +71,7 @@ CORRUPT_EXTRAS = "corrupt_extras"
 
 # --- graph: the chain root→terminal in the manifest ----------------------------------------
 MISSING_PARENT = "missing_parent"
+MISSING_REPLAYED_CALL = "missing_replayed_call"
 PARENT_LENGTH_MISMATCH = "parent_length_mismatch"
 LINEAGE_CYCLE = "lineage_cycle"
 MISSING_TERMINAL = "missing_terminal"
@@ -112,6 +113,7 @@ DESCRIPTIONS: dict[str, str] = {
     CORRUPT_DIGEST: "the recomputed call digest differs from the stored one",
     CORRUPT_EXTRAS: "extras_json does not parse, is not canonical, or does not match extras_digest",
     MISSING_PARENT: "a call on the chain names a parent that has no call record",
+    MISSING_REPLAYED_CALL: "the receipt replays a call that no earlier attempt of its rollout recorded",
     PARENT_LENGTH_MISMATCH: "a child's prev_len differs from its parent's cum_len",
     LINEAGE_CYCLE: "following parents from the terminal comes back to a call already seen",
     MISSING_TERMINAL: "the receipt names no terminal call, or one without a call record",

@@ -27,6 +27,7 @@ from tasks.records.rules import (
     equal_to,
     finite,
     hex_digests,
+    id_lists,
     ids,
     non_empty,
     one_of,
@@ -473,6 +474,8 @@ class Receipt(ArrowRecord):
 
     ok => terminal call and selection method set, no failure reason, a finite reward;
     poisoned / failed => a failure reason; terminal call and selection are set together.
+    Its manifest is ``replayed_calls`` (call records of earlier attempts) and then its rollout's
+    call records in its own attempt; ``num_calls`` counts both.
     """
 
     rollout_id: str = column(pa.string())
@@ -486,9 +489,12 @@ class Receipt(ArrowRecord):
     status: str = column(pa.string())
     failure_reason: str | None = column(pa.string(), nullable=True)
     num_calls: int = column(pa.int64())
+    # Calls of earlier attempts the rollout replayed and went on from (docs/reliability.md, resume), in replay order.
+    replayed_calls: tuple[str, ...] = column(pa.list_(pa.string()), default=(), added=())
 
     rules: ClassVar[RecordRules] = RecordRules(
         ids("rollout_id", "group_id"),
+        id_lists("replayed_calls"),
         ids("terminal_call_id", optional=True),
         at_least(0, "attempt", "num_calls"),
         finite("reward", optional=True),

@@ -71,6 +71,9 @@ class OnSource:
     def is_id(self, value: Source) -> Source:
         return Source(f"is_id({value})")
 
+    def all_ids(self, value: Source) -> Source:
+        return Source(f"({value} is not None and all(is_id(item) for item in {value}))")
+
     def matches(self, value: Source, pattern: re.Pattern[str]) -> Source:
         return Source(f"({value} is not None and {self._operand(pattern)}.fullmatch({value}) is not None)")
 
@@ -127,6 +130,15 @@ class OnColumns:
     def is_id(column: Column) -> Column:
         short = pc.less_equal(pc.utf8_length(column), MAX_ID_LENGTH)
         return _false_on_null(pc.and_(_fullmatch(column, ID_PATTERN), short))
+
+    @staticmethod
+    def all_ids(column: Column) -> Column:
+        """Per list: every item an id (an empty list holds)."""
+        lists = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        broken = pc.invert(OnColumns.is_id(pc.list_flatten(lists)))
+        owners = pc.filter(pc.list_parent_indices(lists), broken)
+        rows = pa.array(range(len(lists)), pa.int64())
+        return _false_on_null(pc.and_(pc.invert(pc.is_in(rows, value_set=owners.cast(pa.int64()))), pc.is_valid(lists)))
 
     @staticmethod
     def matches(column: Column, pattern: re.Pattern[str]) -> Column:
@@ -308,11 +320,17 @@ class _PythonType:
             raise TypeError(f"{name} must be {self.description}, got {type(value).__name__}: {value!r}")
 
 
+def _is_str_tuple(value: Any) -> bool:
+    return isinstance(value, tuple) and all(isinstance(item, str) for item in value)
+
+
 @functools.cache
 def _python_type(arrow_type: pa.DataType) -> _PythonType | None:
-    """What fills a column of ``arrow_type``; None for list columns (records convert those themselves)."""
+    """What fills a column of ``arrow_type``; None for list columns other than list<string> (records convert those)."""
     if pa.types.is_string(arrow_type):
         return _PythonType("a str", (str,), lambda value: isinstance(value, str))
+    if pa.types.is_list(arrow_type) and pa.types.is_string(arrow_type.value_type):
+        return _PythonType("a tuple of str", (tuple,), _is_str_tuple)
     if pa.types.is_boolean(arrow_type):
         return _PythonType("a bool", (bool,), lambda value: isinstance(value, bool))
     if pa.types.is_floating(arrow_type):
@@ -356,6 +374,12 @@ def ids(*names: str, optional: bool = False) -> tuple[Rule, ...]:
     """Each field is an id (:func:`tasks.ids.check_id`)."""
     message = f"{{field}} must be an id ({ID_PATTERN.pattern}, at most {MAX_ID_LENGTH} characters), got {{value!r}}"
     return _each("is_id", lambda o, v: o.is_id(v), message, names, optional=optional)
+
+
+def id_lists(*names: str) -> tuple[Rule, ...]:
+    """Each (list<string>) field holds ids only (:func:`tasks.ids.check_id`)."""
+    message = f"every item of {{field}} must be an id ({ID_PATTERN.pattern}), got {{value!r}}"
+    return _each("are_ids", lambda o, v: o.all_ids(v), message, names)
 
 
 def hex_digests(*names: str, optional: bool = False) -> tuple[Rule, ...]:

@@ -60,10 +60,13 @@ def decode_ledger_table(kind: str, data: bytes, *, path: str) -> pa.Table:
 
 
 def parse_ledger_table(kind: str, data: bytes, *, path: str) -> pa.Table:
-    """A ledger file as a table of its record's schema (columns in schema order); rows not yet proved valid."""
+    """A ledger file as a table of its record's schema (columns in schema order); rows not yet proved valid.
+
+    A file written before a column was added reads with the value its rows mean (``ArrowRecord.upgrade``).
+    """
     record_cls = RECORD_OF_KIND[kind]
     try:
-        table = read_parquet_bytes(data)
+        table = record_cls.upgrade(read_parquet_bytes(data))
         record_cls.check_table(table, source=path)
     except (pa.ArrowException, ValueError, TypeError) as exc:
         raise CorruptLedgerFileError(f"ledger file {path} cannot be read as {kind}: {exc}") from None
@@ -126,21 +129,46 @@ def bundle_rollouts(
     call_attempts: Iterable[int],
     failure_attempts: Iterable[int],
 ) -> list[RolloutBundle]:
-    """Each receipt with the calls and failures of its rollout in its own attempt, in ledger order.
+    """Each receipt with its manifest and the failure rows of its rollout in its own attempt.
 
-    ``call_attempts`` / ``failure_attempts`` give the attempt whose file holds each row. Rows of
-    rollouts without a receipt in that attempt (a dead attempt's leftovers) are left out.
+    The manifest is the calls the receipt replayed (``replayed_calls``: call records of its rollout
+    in earlier attempts, in that order), then its rollout's calls in its own attempt in ledger
+    order. ``call_attempts`` / ``failure_attempts`` give the attempt whose file holds each row.
+    Other rows (a dead attempt's leftovers) are left out. A replayed call that no earlier attempt
+    recorded raises :class:`CorruptLedgerFileError`.
     """
+    calls, call_attempts = list(calls), list(call_attempts)
     calls_of = _by_attempt_and_rollout(calls, call_attempts)
     failures_of = _by_attempt_and_rollout(failures, failure_attempts)
+    receipts = list(receipts)
+    recorded: dict[tuple[str, str], tuple[int, CallRecord]] = {}
+    if any(receipt.replayed_calls for receipt in receipts):
+        recorded = {(c.rollout_id, c.call_id): (a, c) for c, a in zip(calls, call_attempts, strict=True)}
     return [
         RolloutBundle(
             receipt=receipt,
-            manifest=tuple(calls_of.get((receipt.attempt, receipt.rollout_id), ())),
+            manifest=(
+                *_replayed(receipt, recorded),
+                *calls_of.get((receipt.attempt, receipt.rollout_id), ()),
+            ),
             failures=tuple(failures_of.get((receipt.attempt, receipt.rollout_id), ())),
         )
         for receipt in receipts
     ]
+
+
+def _replayed(receipt: Receipt, recorded: dict[tuple[str, str], tuple[int, CallRecord]]) -> list[CallRecord]:
+    """The call records ``receipt`` replayed, each of its rollout in an earlier attempt."""
+    found = []
+    for call_id in receipt.replayed_calls:
+        attempt, call = recorded.get((receipt.rollout_id, call_id), (receipt.attempt, None))
+        if call is None or attempt >= receipt.attempt:
+            raise CorruptLedgerFileError(
+                f"the receipt of {receipt.rollout_id} (attempt {receipt.attempt}) replays call {call_id}, "
+                "which no earlier attempt recorded for that rollout"
+            )
+        found.append(call)
+    return found
 
 
 def _by_attempt_and_rollout(records: Iterable[Any], attempts: Iterable[int]) -> dict[tuple[int, str], list[Any]]:

@@ -227,6 +227,21 @@ out = DatasetRow.arrow_schema().to_string(show_schema_metadata=True) + "\\n"
 """,
     ),
     "dataset-rows-v1/": ("39f6146", _CONFIG_V2 + _DATASET_ROWS_V1),
+    "ledger-receipts-v2/": (
+        "d229728",
+        """
+import pathlib
+from tasks.records.ledger import Receipt
+from tasks.storage.ledger_files import encode_ledger_file
+receipt = Receipt(rollout_id="r000000-00", group_id="g000000", attempt=0, reward=1.0, reward_info="{}",
+                  terminal_call_id="r000000-00.a00.c000", terminal_selection="declared",
+                  terminal_attribution_reason="selected", status="ok", failure_reason=None, num_calls=1)
+folder = pathlib.Path(target)
+folder.mkdir(parents=True, exist_ok=True)
+(folder / "receipts-000000.parquet").write_bytes(encode_ledger_file(Receipt, [receipt]))
+out = ""
+""",
+    ),
     "dataset-row-schema-v2.txt": (
         "3e4c138",
         """

@@ -7,9 +7,11 @@ the stages use.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -24,6 +26,7 @@ from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.records.review import new_decision
 from tasks.storage.claims import read_claims
 from tasks.storage.dataset_manifest import read_dataset_marker, read_dataset_part, read_staged_marker
+from tasks.storage.ledger_files import decode_ledger_file
 from tasks.storage.marker import read_marker
 from tasks.trainer.collate import GrpoCollator, PublishedDataset
 from tasks.validate.dataset_profile import part_batches
@@ -148,17 +151,40 @@ def test_older_dataset_manifests_are_refused_naming_the_file_version_and_the_reb
 
 
 def test_the_parquet_schemas_are_the_ones_their_versions_were_first_written_with():
-    """A change to a schema needs a new version number and a reader of the old one."""
+    """A change to a schema needs a new version number and a reader of the old one (or, for a column
+    added to the ledger, the value older files' rows mean: ``column(added=...)``)."""
     ledger = "".join(
-        f"{c.__name__}\n{c.arrow_schema().to_string(show_schema_metadata=True)}\n"
+        f"{c.__name__}\n{_first_schema(c).to_string(show_schema_metadata=True)}\n"
         for c in (StagedDelta, CallRecord, FailureRow, Receipt)
     )
     assert ledger == old("ledger-schemas-v2.txt").decode(), "bump tasks/records/digest.py SCHEMA_VERSION"
+    assert _added(Receipt) == {"replayed_calls": ()}
+    assert not any(_added(c) for c in (StagedDelta, CallRecord, FailureRow))
     assert DATASET_SCHEMA_VERSION == 2
     rows = DatasetRow.arrow_schema().to_string(show_schema_metadata=True) + "\n"
     assert rows == old("dataset-row-schema-v2.txt").decode(), "bump DATASET_SCHEMA_VERSION"
     # the schema upgrade_rows reads as version 1 is the one version 1 was written with
     assert V1_SCHEMA.to_string(show_schema_metadata=True) + "\n" == old("dataset-row-schema-v1.txt").decode()
+
+
+def _added(record_cls: type) -> dict[str, object]:
+    """The columns added to ``record_cls`` after version 2 of the ledger, with the value older rows read as."""
+    fields = dataclasses.fields(record_cls)
+    return {f.name: f.metadata["added"] for f in fields if f.metadata["added"] is not dataclasses.MISSING}
+
+
+def _first_schema(record_cls: type) -> pa.Schema:
+    schema = record_cls.arrow_schema()
+    for name in _added(record_cls):
+        schema = schema.remove(schema.get_field_index(name))
+    return schema
+
+
+def test_a_receipts_file_from_before_replayed_calls_reads_with_none_replayed():
+    data = old("ledger-receipts-v2/receipts-000000.parquet")
+    assert pq.read_schema(pa.BufferReader(data)).names == _first_schema(Receipt).names
+    (receipt,) = decode_ledger_file("receipts", data, path="ledger/shard-00000/attempt-00/receipts-000000.parquet")
+    assert (receipt.rollout_id, receipt.num_calls, receipt.replayed_calls) == ("r000000-00", 1, ())
 
 
 @pytest.fixture

@@ -98,6 +98,8 @@ def receipt_is_valid(row: dict[str, Any]) -> bool:
         and _optional(lambda v: v in ("declared", "response_id", "content", "heuristic"), row["terminal_selection"])
         and (row["terminal_call_id"] is None) == (row["terminal_selection"] is None)
         and _optional(_is_reason, row["terminal_attribution_reason"])
+        and row["replayed_calls"] is not None
+        and all(_is_id(call) for call in row["replayed_calls"])
         and (
             (
                 row["terminal_call_id"] is not None
@@ -161,6 +163,7 @@ VALID_RECEIPTS = [
         "status": "ok",
         "failure_reason": None,
         "num_calls": 2,
+        "replayed_calls": ["r000000-00.a00.c000"],
     },
     {
         "rollout_id": "r000000-01",
@@ -174,6 +177,7 @@ VALID_RECEIPTS = [
         "status": "failed",
         "failure_reason": "environment_error",
         "num_calls": 0,
+        "replayed_calls": [],
     },
 ]
 CASES = {
@@ -221,6 +225,7 @@ _VALUES = {
     pa.uint64(): [0, 2**64 - 1],
     pa.float64(): [0.0, -1.5, math.nan, math.inf, -math.inf],
     pa.bool_(): [True, False],
+    pa.list_(pa.string()): [[], ["r000000-00.a00.c000", "x"], ["bad id"], [""], ["ok", "x/y"]],
 }
 
 
@@ -235,9 +240,14 @@ def edited_rows(draw: st.DrawFn, kind: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _held(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` as a record holds it: list<string> cells as tuples, as tables read them."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}
+
+
 def _constructs(record_cls: type, row: dict[str, Any]) -> bool:
     try:
-        record_cls(**row)
+        record_cls(**_held(row))
     except (TypeError, ValueError):
         return False
     return True
@@ -277,6 +287,7 @@ def test_both_forms_of_the_rules_agree_with_the_contract(data: st.DataObject, ki
         ("receipts", {"num_calls": 0}, "ok_has_calls"),
         ("receipts", {"status": "failed"}, "not_ok_names_failure_reason"),
         ("receipts", {"reward_info": '{"a": 1}'}, "reward_info_is_canonical_json"),
+        ("receipts", {"replayed_calls": ["r000000-00.a00.c000", "bad id"]}, "replayed_calls_are_ids"),
     ],
 )
 def test_each_contract_rule_is_one_named_rule(kind: str, change: dict[str, Any], rule: str) -> None:
@@ -287,6 +298,6 @@ def test_each_contract_rule_is_one_named_rule(kind: str, change: dict[str, Any],
     table = pa.Table.from_pylist([row], schema=record_cls.arrow_schema())
     broken = [r.name for r in record_cls.rules.rules if not r.holds_on(table)[0].as_py()]
     assert broken == [rule]
-    message = next(r for r in record_cls.rules.rules if r.name == rule).error(record_cls.trusted(row)).args[0]
+    message = next(r for r in record_cls.rules.rules if r.name == rule).error(record_cls.trusted(_held(row))).args[0]
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-        record_cls(**row)
+        record_cls(**_held(row))

@@ -1,10 +1,12 @@
 """The chain of every receipted rollout of a shard, found before any token is read (docs/architecture.md §8).
 
-A rollout's manifest is its call records in its receipt's attempt, in ledger order; its chain is
-the calls root→terminal, found by following parents up from the receipt's terminal call. A
-manifest that cannot give a trustworthy chain has a named reason, in this order: duplicate call
-ids, shared staging coordinates, terminal re-attribution, then a cycle or a missing parent on
-the walk (:func:`_walk_chain`).
+A rollout's manifest is the calls its receipt replayed (``replayed_calls``: call records of
+earlier attempts, in replay order) and then its call records in its receipt's attempt, in ledger
+order; its chain is the calls root→terminal, found by following parents up from the receipt's
+terminal call. A manifest that cannot give a trustworthy chain has a named reason, in this
+order: a replayed call no earlier attempt recorded, duplicate call ids, shared staging
+coordinates, terminal re-attribution, then a cycle or a missing parent on the walk
+(:func:`_walk_chain`).
 
 Under ``message_graph: independent`` a rollout whose calls are all roots (a gateway agent's: no
 call's tokens depend on another's) has one chain per call instead, in ledger order, each the call
@@ -71,6 +73,7 @@ def shard_chains(tables: LedgerTables, receipts: Sequence[Receipt], *, independe
     ``independent``: the batch's ``message_graph`` is ``independent``.
     """
     manifest, manifest_starts = _manifests(tables.calls, tables.call_attempts, receipts)
+    manifest, manifest_starts, unreplayable = _with_replayed(tables, receipts, manifest, manifest_starts)
     sizes = np.diff(manifest_starts)
     linear = _linear_manifests(take_rows(tables.calls, manifest), manifest_starts, receipts)
     chains: list[np.ndarray] = []
@@ -78,6 +81,10 @@ def shard_chains(tables: LedgerTables, receipts: Sequence[Receipt], *, independe
     reasons: list[str | None] = []
     for i, receipt in enumerate(receipts):
         rows = manifest[manifest_starts[i] : manifest_starts[i + 1]]
+        if i in unreplayable:
+            reasons.append(r.MISSING_REPLAYED_CALL)
+            counts.append(0)
+            continue
         if linear[i]:
             chains.append(rows)
             counts.append(1)
@@ -121,6 +128,34 @@ def _manifests(table: pa.Table, attempts: np.ndarray, receipts: Sequence[Receipt
     kept = kept[attempts[kept] == receipt_attempts[owner[kept]]]
     kept = kept[np.argsort(owner[kept], kind="stable")]
     return kept, offsets(np.bincount(owner[kept], minlength=len(receipts)))
+
+
+def _with_replayed(
+    tables: LedgerTables, receipts: Sequence[Receipt], manifest: np.ndarray, starts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, set[int]]:
+    """Each manifest with its receipt's replayed calls first (rows of its rollout in earlier attempts, in replay
+    order), its starts, and the receipts one of whose replayed calls no earlier attempt holds (those are left out)."""
+    resumed = [i for i, receipt in enumerate(receipts) if receipt.replayed_calls]
+    if not resumed:
+        return manifest, starts, set()
+    rollouts = pa.array(sorted({receipts[i].rollout_id for i in resumed}), pa.string())
+    candidates = np.flatnonzero(pc.is_in(tables.calls.column("rollout_id"), value_set=rollouts).to_numpy())
+    keys = zip(
+        tables.calls.column("rollout_id").take(pa.array(candidates)).to_pylist(),
+        tables.calls.column("call_id").take(pa.array(candidates)).to_pylist(),
+        strict=True,
+    )
+    row_of = dict(zip(keys, candidates.tolist(), strict=True))
+    pieces = np.split(manifest, starts[1:-1])
+    unreplayable: set[int] = set()
+    for i in resumed:
+        receipt = receipts[i]
+        rows = [row_of.get((receipt.rollout_id, call_id), -1) for call_id in receipt.replayed_calls]
+        if any(row < 0 or tables.call_attempts[row] >= receipt.attempt for row in rows):
+            unreplayable.add(i)
+            continue
+        pieces[i] = np.concatenate([np.asarray(rows, np.int64), pieces[i]])
+    return np.concatenate([np.zeros(0, np.int64), *pieces]), offsets([p.size for p in pieces]), unreplayable
 
 
 def _linear_manifests(calls: pa.Table, starts: np.ndarray, receipts: Sequence[Receipt]) -> np.ndarray:
