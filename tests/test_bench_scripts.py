@@ -44,6 +44,31 @@ def test_staging_bench_prints_every_metric_per_workload(tmp_path: Path) -> None:
             assert any(line.startswith(workload) and metric in line for line in out.splitlines()), (workload, metric)
 
 
+def test_ledger_flush_bench_prints_both_modes_side_by_side_with_ratios(tmp_path: Path) -> None:
+    out = run_bench(
+        "ledger_flush.py",
+        *("--backends", "local", "s3", "--lanes", "2", "--max-delay-ms", "0", "--calls", "8"),
+        *("--turns", "2", "--repeats", "2", "--read-calls", "32", "--read-groups", "4", "--read-repeats", "1"),
+        tmp_path=tmp_path,
+    )
+    lines = out.splitlines()
+    for backend in ("local", "s3"):
+        assert re.search(rf"^{backend} +2 +0 ms +calls/s +\d+ +\d+ +[\d.]+ \(paired runs [\d.]+\)$", out, re.M), out
+        assert re.search(rf"^{backend} +4 +\d+ / 2 +\d+ +\d+ +[\d.]+ +-?[\d.]+$", out, re.M), out
+    for metric in (
+        "call latency p50 ms",
+        "call latency p99 ms",
+        "staging segments",
+        "ledger files",
+        "calls per calls file",
+    ):
+        assert sum(re.match(rf" +{metric}  ", line) is not None for line in lines) == 2, metric
+    # Flushed after every commit, at most the last commit's calls are not durable; every 10 s, none of a short run's.
+    assert (
+        sum(re.fullmatch(r" +calls not durable at last receipt +\d +8 +-", line) is not None for line in lines) == 2
+    ), out
+
+
 def test_finalize_bench_prints_ratio_and_peak_memory(tmp_path: Path) -> None:
     out = run_bench("finalize.py", "--tokens", "2e5", "--shards", "2", tmp_path=tmp_path)
     assert "finalize / raw scan = " in out

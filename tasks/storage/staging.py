@@ -6,6 +6,11 @@ written on those coordinates never points at data that is not durable. Every flu
 takes a fresh segment index: a failed write may have left a partial object or even a whole
 one, so its name is never used again.
 
+Commit hook invariant: ``on_committed`` runs in the writer thread after a segment was written and
+every future of it resolved, so every done-callback attached to those futures before they
+resolved (``submit``'s ``done_callback`` always is) has returned; a hook that flushes the ledger
+makes every call record of that segment durable before the next segment is written.
+
 Reader invariant: rows come back only from segments whose bytes match the committed sha256
 (when given) and whose schema is the :class:`StagedDelta` schema, and only when the row at
 the coordinates holds the requested ``rollout_id/call_id``.
@@ -13,8 +18,10 @@ the coordinates holds the requested ``rollout_id/call_id``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -29,6 +36,8 @@ from tasks.errors import (
 from tasks.layout import staging_segment
 from tasks.records.ledger import StagedDelta
 from tasks.storage.objects import ObjectStore, WrittenObject
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ROWS = 512
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
@@ -106,6 +115,8 @@ class _State:
     segments: list[WrittenSegment] = field(default_factory=list)
     next_index: int = 0
     closing: bool = False
+    hook_error: Exception | None = None
+    hook_failures: int = 0  # consecutive failed calls of on_committed
 
 
 class StagingWriter:
@@ -116,6 +127,16 @@ class StagingWriter:
     bytes are buffered, or ``max_delay_ms`` after the oldest buffered row was submitted.
     A staging key is accepted at most once per writer, also after its flush failed (the
     failed call is recorded as a failure row; a retry is a new call id).
+
+    ``on_committed`` (e.g. ``LedgerWriter.flush``) is called in the writer thread once per written
+    segment, after all of its futures resolved and their done-callbacks returned, and before the
+    next segment is written: its time delays the next group commit (which then takes more rows).
+    It is not called after a failed write (no future of it resolved). An exception from it is
+    logged (the first of a run of failures with its traceback) and kept in
+    :attr:`on_committed_error`, and the next segment's call retries: it fails no future, since the
+    segments it follows and precedes are durable, and failing their calls would poison rollouts
+    whose data is intact. A hook that keeps failing surfaces where it is called last (the
+    caller's final ``LedgerWriter.flush`` or ``commit`` after :meth:`close`).
     """
 
     def __init__(
@@ -128,6 +149,7 @@ class StagingWriter:
         max_bytes: int = DEFAULT_MAX_BYTES,
         max_delay_ms: float = DEFAULT_MAX_DELAY_MS,
         compression: str = "zstd",
+        on_committed: Callable[[], None] | None = None,
     ) -> None:
         check_int(max_rows, field="max_rows", minimum=1, error=ValueError)
         check_int(max_bytes, field="max_bytes", minimum=1, error=ValueError)
@@ -141,6 +163,7 @@ class StagingWriter:
         self._max_bytes = max_bytes
         self._max_delay = max_delay_ms / 1000.0
         self._compression = compression
+        self._on_committed = on_committed
         self._state = _State()
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"staging-writer-{shard}-{attempt}", daemon=True)
@@ -158,15 +181,31 @@ class StagingWriter:
         with self._cond:
             return list(self._state.segments)
 
-    def submit(self, delta: StagedDelta) -> Future[CommitCoordinates]:
+    @property
+    def on_committed_error(self) -> Exception | None:
+        """The error of the latest ``on_committed`` call if it raised; None once a later call succeeded."""
+        with self._cond:
+            return self._state.hook_error
+
+    def submit(
+        self,
+        delta: StagedDelta,
+        *,
+        done_callback: Callable[[Future[CommitCoordinates]], object] | None = None,
+    ) -> Future[CommitCoordinates]:
         """Buffer ``delta``; the future resolves with its coordinates once its segment is written.
 
         The future fails with :class:`DuplicateStagingKeyError` for a key this writer already
         accepted, and with the write error when its segment could not be written.
+        ``done_callback`` is attached before the delta is buffered, so it runs in the writer thread
+        before its segment's ``on_committed`` hook; one attached to the returned future afterwards
+        may run later, in the attaching thread, if the segment was written in between.
         """
         if not isinstance(delta, StagedDelta):
             raise TypeError(f"submit takes a StagedDelta, got {type(delta).__name__}")
         future: Future[CommitCoordinates] = Future()
+        if done_callback is not None:
+            future.add_done_callback(done_callback)
         nbytes = _TOKEN_BYTES * delta.delta_len + len(delta.extras_json) + _ROW_OVERHEAD_BYTES
         with self._cond:
             if self._state.closing:
@@ -190,7 +229,9 @@ class StagingWriter:
     def flush(self) -> None:
         """Write everything submitted so far and wait until it is written or has failed.
 
-        Failures are reported through the submissions' futures, not raised here.
+        Failures are reported through the submissions' futures, not raised here. The last
+        segment's ``on_committed`` call may still be running when this returns (:meth:`close`
+        waits for it).
         """
         with self._cond:
             state = self._state
@@ -201,7 +242,10 @@ class StagingWriter:
             future.exception()
 
     def close(self) -> None:
-        """Flush, then stop the writer thread. Idempotent; ``submit`` raises afterwards."""
+        """Flush, then stop the writer thread once the last ``on_committed`` call returned.
+
+        Idempotent; ``submit`` raises afterwards.
+        """
         with self._cond:
             self._state.closing = True
             self._cond.notify_all()
@@ -261,10 +305,45 @@ class StagingWriter:
         except Exception as exc:
             for pending in batch:
                 pending.future.set_exception(exc)
+            committed = False
         else:
             with self._cond:
                 self._state.segments.append(WrittenSegment(written, len(batch)))
             for row, pending in enumerate(batch):
-                pending.future.set_result(CommitCoordinates(path, row))
+                pending.future.set_result(CommitCoordinates(path, row))  # runs its done-callbacks here
+            committed = True
         with self._cond:
             self._state.in_flight = []
+        if committed and self._on_committed is not None:
+            self._run_on_committed(self._on_committed, path)
+
+    def _run_on_committed(self, hook: Callable[[], None], path: str) -> None:
+        """Call the hook after segment ``path``; log and keep its error (see the class docstring), never raise."""
+        try:
+            hook()
+        except Exception as exc:
+            with self._cond:
+                state = self._state
+                state.hook_error = exc
+                state.hook_failures += 1
+                failures = state.hook_failures
+            if failures == 1:
+                log.error(
+                    "staging shard %d attempt %d: on_committed failed after %s; retried after the next segment",
+                    self._shard,
+                    self._attempt,
+                    path,
+                    exc_info=True,
+                )
+            return
+        with self._cond:
+            state = self._state
+            failures, state.hook_failures, state.hook_error = state.hook_failures, 0, None
+        if failures:
+            log.warning(
+                "staging shard %d attempt %d: on_committed succeeded after %s, following %d failed calls",
+                self._shard,
+                self._attempt,
+                path,
+                failures,
+            )

@@ -1,0 +1,502 @@
+"""Ledger flush benchmark: call records made durable after every group commit vs every 10 s.
+
+A crash of the generate process loses the call records buffered in the ledger since its last
+flush. ``StagingWriter(on_committed=ledger.flush)`` flushes after every group commit (a crash
+loses at most that commit's calls); today's generate stage flushes at most every 10 s, after a
+rollout completes (``LEDGER_FLUSH_SECONDS``). Two measurements, side by side per setting:
+
+* write: ``--calls`` calls in rollouts of ``--turns`` calls, dealt to concurrent lanes (asyncio
+  tasks, as in the generate stage) that run their rollouts back to back, by default with no
+  engine time: at ``--max-delay-ms`` 50 (the config's default) each commit waits for its timer,
+  at 0 the writer is saturated (the hook's worst case); ``--engine-ms`` adds an engine time per
+  call (exponential), which spreads the calls over more, smaller commits. A call submits its
+  prebuilt delta (30 carried + 170 sampled tokens per turn, bench/staging.py's workload) and, in
+  the staging writer thread once its segment is written, adds its call record to the ledger
+  (CallRecorder.record's done-callback); a finished rollout adds its receipt from a worker
+  thread. Figures: calls/s from the first submit to the final ledger flush, call latency (submit
+  to record added), staging segments, ledger files, calls per calls file, and the calls not
+  durable when the last receipt was added (what a crash then would lose).
+* read: one shard of ``--read-calls`` calls staged in commits of N rows, its ledger flushed after
+  every commit (one calls file per commit, receipts files as rollouts finish) vs only when 1024
+  rows are buffered and at the end (what a 10 s flush gives a busy shard); the time to read the
+  committed ledger through LedgerReader (checksums, rows, records, rollouts), median of
+  ``--read-repeats``.
+
+Backends: local disk (temp dir) and a moto S3 server on loopback, started as a subprocess (its
+CPU competes with the bench's on a small machine; real S3 has higher latency per PUT and GET).
+
+    python bench/ledger_flush.py [--backends local s3] [--lanes 8 64] [--max-delay-ms 50 0]
+                                 [--calls 1280] [--turns 4] [--engine-ms 0] [--repeats 3]
+                                 [--read-calls 8192] [--read-groups 8 64] [--read-repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.staging import CARRY_TOKENS, SAMPLED_TOKENS, make_workload
+from tasks import layout
+from tasks.ids import call_id, group_id, rollout_id
+from tasks.records.ledger import CallRecord, Receipt, StagedDelta
+from tasks.storage.ledger_reader import LedgerReader
+from tasks.storage.ledger_writer import LedgerWriter
+from tasks.storage.objects import ObjectStore
+from tasks.storage.staging import CommitCoordinates, StagingWriter
+
+BATCH = "bench-ledger-flush"
+SHARD = 0
+PERIOD_SECONDS = 10.0  # tasks.generate.rollouts.LEDGER_FLUSH_SECONDS
+NEVER_MS = 3_600_000.0
+MODES = ("commit", "10 s")  # flush after every group commit; every 10 s after a rollout completes
+
+
+@dataclass(frozen=True)
+class WriteRun:
+    seconds: float
+    calls: int
+    latencies: list[float]
+    segments: int
+    files: dict[str, int]
+    unflushed_at_end: int
+
+    @property
+    def calls_per_second(self) -> float:
+        return self.calls / self.seconds
+
+
+@dataclass(frozen=True)
+class ReadRun:
+    files: int
+    calls_files: int
+    seconds: float
+
+
+def build_chains(rollouts: int, turns: int, seed: int = 0) -> list[list[StagedDelta]]:
+    """Every rollout's chained deltas (all hashes built here, before anything is timed)."""
+    work = make_workload(rollouts, turns, seed=seed)
+    chains = []
+    for r in range(rollouts):
+        rollout, sequence, chain, parent = rollout_id(r, 0), work.tokens[r], [], None
+        for turn in range(turns):
+            prev = turn * work.turn_len
+            delta = StagedDelta.build(
+                batch_id=BATCH,
+                rollout_id=rollout,
+                call_id=call_id(rollout, 0, turn),
+                parent_call_id=None if parent is None else parent.call_id,
+                parent_chain_hash=None if parent is None else parent.chain_hash,
+                prefix_token_ids=sequence[:prev],
+                prompt_token_ids=sequence[: prev + CARRY_TOKENS],
+                generated_token_ids=sequence[prev + CARRY_TOKENS : prev + work.turn_len],
+                generated_logprobs=work.logprobs[r, turn * SAMPLED_TOKENS : (turn + 1) * SAMPLED_TOKENS],
+                weight_version=1,
+                finish_reason="stop",
+                temperature=1.0,
+                top_p=1.0,
+                top_k=-1,
+            )
+            chain.append(delta)
+            parent = delta
+        chains.append(chain)
+    return chains
+
+
+def receipt_of(chain: list[StagedDelta]) -> Receipt:
+    return Receipt(
+        rollout_id=chain[0].rollout_id,
+        group_id=group_id(int(chain[0].rollout_id[1:7])),
+        attempt=0,
+        reward=1.0,
+        reward_info="{}",
+        terminal_call_id=chain[-1].call_id,
+        terminal_selection="declared",
+        terminal_attribution_reason=None,
+        status="ok",
+        failure_reason=None,
+        num_calls=len(chain),
+    )
+
+
+def add_call_when_staged(
+    ledger: LedgerWriter, delta: StagedDelta, then: Callable[[], None] | None = None
+) -> Callable[[Future[CommitCoordinates]], None]:
+    """CallRecorder.record's done-callback: in the staging writer thread, the call record goes to the ledger."""
+
+    def callback(future: Future[CommitCoordinates]) -> None:
+        coordinates = future.result()
+        ledger.add_call(
+            CallRecord.for_staged(
+                delta, staging_segment=coordinates.segment, staging_row=coordinates.row, admitted_at=1.0e9
+            )
+        )
+        if then is not None:
+            then()
+
+    return callback
+
+
+def durable_calls(ledger: LedgerWriter) -> int:
+    return sum(f.rows for f in ledger.written_files if f.kind == "calls")
+
+
+def files_by_kind(ledger: LedgerWriter) -> dict[str, int]:
+    return {kind: sum(f.kind == kind for f in ledger.written_files) for kind in layout.LEDGER_KINDS}
+
+
+# --- write: staging + ledger throughput ----------------------------------------------------------
+
+
+async def run_lanes(
+    lanes: list[list[list[StagedDelta]]],
+    staging: StagingWriter,
+    ledger: LedgerWriter,
+    *,
+    periodic: bool,
+    engine_ms: float,
+) -> tuple[list[float], int]:
+    """Run every lane's rollouts; the latencies of every call and the calls not durable after the last receipt.
+
+    Each call first waits an engine time drawn from an exponential of mean ``engine_ms`` (none at 0).
+    """
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    last_flush = [time.monotonic()]
+
+    async def lane(index: int, chains: list[list[StagedDelta]]) -> None:
+        rng = np.random.default_rng(index)
+        for chain in chains:
+            for delta in chain:
+                if engine_ms:
+                    await asyncio.sleep(rng.exponential(engine_ms) / 1000.0)
+                done: asyncio.Future[None] = loop.create_future()
+                start = time.perf_counter()
+                staging.submit(
+                    delta,
+                    done_callback=add_call_when_staged(
+                        ledger, delta, lambda done=done: loop.call_soon_threadsafe(done.set_result, None)
+                    ),
+                )
+                await done
+                latencies.append(time.perf_counter() - start)
+            await asyncio.to_thread(ledger.add_receipt, receipt_of(chain))
+            if periodic and time.monotonic() - last_flush[0] >= PERIOD_SECONDS:
+                last_flush[0] = time.monotonic()
+                await asyncio.to_thread(ledger.flush)
+
+    async with asyncio.TaskGroup() as group:
+        for index, chains in enumerate(lanes):
+            group.create_task(lane(index, chains))
+    calls = sum(len(chain) for chains in lanes for chain in chains)
+    return latencies, calls - durable_calls(ledger)
+
+
+def write_run(
+    store: ObjectStore, lanes: list[list[list[StagedDelta]]], mode: str, max_delay_ms: float, engine_ms: float = 0.0
+) -> WriteRun:
+    """One timed run of ``lanes`` through a fresh staging writer and ledger; the ledger committed afterwards."""
+    ledger = LedgerWriter(store, batch_id=BATCH, shard=SHARD, attempt=0)
+    start = time.perf_counter()
+    staging = StagingWriter(
+        store,
+        shard=SHARD,
+        attempt=0,
+        max_delay_ms=max_delay_ms,
+        on_committed=ledger.flush if mode == "commit" else None,
+    )
+    with staging:
+        latencies, unflushed = asyncio.run(
+            run_lanes(lanes, staging, ledger, periodic=mode != "commit", engine_ms=engine_ms)
+        )
+    ledger.flush()
+    seconds = time.perf_counter() - start
+    ledger.commit(staging_segments=staging.segments)
+    return WriteRun(
+        seconds=seconds,
+        calls=len(latencies),
+        latencies=latencies,
+        segments=len(staging.segments),
+        files=files_by_kind(ledger),
+        unflushed_at_end=unflushed,
+    )
+
+
+# --- read: many small ledger files vs a few big ones ---------------------------------------------
+
+
+def write_read_shard(store: ObjectStore, chains: list[list[StagedDelta]], group: int, *, per_commit: bool) -> None:
+    """Stage ``chains`` turn by turn in commits of ``group`` rows, receipting rollouts as their last call lands."""
+    ledger = LedgerWriter(store, batch_id=BATCH, shard=SHARD, attempt=0)
+    order = [chain[turn] for turn in range(len(chains[0])) for chain in chains]
+    last = {chain[-1].call_id: chain for chain in chains}
+    with StagingWriter(
+        store,
+        shard=SHARD,
+        attempt=0,
+        max_rows=group,
+        max_delay_ms=NEVER_MS,
+        on_committed=ledger.flush if per_commit else None,
+    ) as staging:
+        for begin in range(0, len(order), group):
+            commit = order[begin : begin + group]
+            for delta in commit:
+                staging.submit(delta, done_callback=add_call_when_staged(ledger, delta))
+            staging.flush()
+            for delta in commit:
+                if delta.call_id in last:
+                    ledger.add_receipt(receipt_of(last[delta.call_id]))
+    ledger.commit(staging_segments=staging.segments)
+
+
+def read_seconds(store: ObjectStore, repeats: int) -> float:
+    """Median time to read the committed ledger: LedgerReader, its records, and every rollout bundled."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        reader = LedgerReader(store, SHARD)
+        rollouts = sum(1 for _ in reader.rollouts())
+        times.append(time.perf_counter() - start)
+        assert rollouts == len(reader.receipts)
+    return statistics.median(times)
+
+
+def read_run(
+    store: ObjectStore, chains: list[list[StagedDelta]], group: int, per_commit: bool, repeats: int
+) -> ReadRun:
+    write_read_shard(store, chains, group, per_commit=per_commit)
+    marker = LedgerReader(store, SHARD).marker
+    ledger_files = [f for f in marker.files if f.kind != "staging"]
+    return ReadRun(
+        files=len(ledger_files),
+        calls_files=sum(f.kind == "calls" for f in ledger_files),
+        seconds=read_seconds(store, repeats),
+    )
+
+
+# --- backends ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def moto_s3() -> Iterator[str]:
+    """A moto S3 server on loopback in a subprocess, the AWS environment pointed at it; yields a bucket's URL."""
+    import s3fs
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto server did not start (exit code {server.poll()})")
+            time.sleep(0.1)
+        endpoint = f"http://127.0.0.1:{port}"
+        os.environ.update(
+            AWS_ENDPOINT_URL=endpoint,
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_DEFAULT_REGION="us-east-1",
+        )
+        name = f"bench-{uuid.uuid4().hex[:12]}"
+        s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True).mkdir(name)
+        yield f"s3://{name}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+class Backend:
+    """Fresh batch directories on one backend: a temp dir's subfolders, or a moto bucket's prefixes."""
+
+    def __init__(self, name: str, root: str) -> None:
+        self.name = name
+        self.root = root
+
+    def fresh(self) -> ObjectStore:
+        url = f"{self.root}/{uuid.uuid4().hex[:12]}"
+        store = ObjectStore(url, skip_instance_cache=True) if url.startswith("s3://") else ObjectStore(url)
+        return store.child(layout.batch_dir(BATCH))
+
+
+@contextlib.contextmanager
+def backends(names: list[str]) -> Iterator[list[Backend]]:
+    with contextlib.ExitStack() as stack:
+        found = []
+        for name in names:
+            if name == "local":
+                found.append(Backend(name, stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-ledger-"))))
+            elif name == "s3":
+                found.append(Backend(name, stack.enter_context(moto_s3())))
+            else:
+                raise ValueError(f"unknown backend {name!r}: local or s3")
+        yield found
+
+
+# --- report -----------------------------------------------------------------------------------------
+
+
+def percentile_ms(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) * 1000.0
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "-"
+
+
+def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def write_figures(runs: dict[str, list[WriteRun]]) -> list[tuple[str, ...]]:
+    """(metric, every commit, every 10 s, ratio) rows: medians over the runs; latencies pooled."""
+    commit, period = runs["commit"], runs["10 s"]
+    tput = [statistics.median(r.calls_per_second for r in rs) for rs in (commit, period)]
+    paired = statistics.median(a.calls_per_second / b.calls_per_second for a, b in zip(commit, period, strict=True))
+    rows = [("calls/s", f"{tput[0]:.0f}", f"{tput[1]:.0f}", f"{ratio(*tput)} (paired runs {paired:.2f})")]
+    for q in (50, 99):
+        lat = [percentile_ms([x for r in rs for x in r.latencies], q) for rs in (commit, period)]
+        rows.append((f"call latency p{q} ms", f"{lat[0]:.1f}", f"{lat[1]:.1f}", ratio(*lat)))
+    mid = [sorted(rs, key=lambda r: r.calls_per_second)[len(rs) // 2] for rs in (commit, period)]
+    rows.append(
+        ("staging segments", str(mid[0].segments), str(mid[1].segments), ratio(mid[0].segments, mid[1].segments))
+    )
+    files = [sum(r.files.values()) for r in mid]
+    rows.append(
+        ("ledger files", *(f"{f} ({r.files['calls']} calls)" for f, r in zip(files, mid, strict=True)), ratio(*files))
+    )
+    per_file = [r.calls / max(1, r.files["calls"]) for r in mid]
+    rows.append(("calls per calls file", f"{per_file[0]:.1f}", f"{per_file[1]:.1f}", ratio(*per_file)))
+    rows.append(("calls not durable at last receipt", str(mid[0].unflushed_at_end), str(mid[1].unflushed_at_end), "-"))
+    return rows
+
+
+def bench_writes(args: argparse.Namespace, found: list[Backend]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for backend in found:
+        for lane_count in args.lanes:
+            chains = build_chains(max(lane_count, args.calls // args.turns), args.turns, seed=lane_count)
+            lanes = [chains[i::lane_count] for i in range(lane_count)]
+            for delay in args.max_delay_ms:
+                runs: dict[str, list[WriteRun]] = {mode: [] for mode in MODES}
+                for repeat in range(args.repeats):  # alternate the order: drift on a noisy machine hits both
+                    for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
+                        runs[mode].append(write_run(backend.fresh(), lanes, mode, delay, args.engine_ms))
+                print(
+                    f"[write {backend.name}, {lane_count} lanes, max_delay {delay:g} ms] {runs['commit'][0].calls} "
+                    f"calls, {args.repeats} runs per mode; calls/s every commit "
+                    + " ".join(f"{r.calls_per_second:.0f}" for r in runs["commit"])
+                    + ", every 10 s "
+                    + " ".join(f"{r.calls_per_second:.0f}" for r in runs["10 s"]),
+                    flush=True,
+                )
+                setting = (backend.name, str(lane_count), f"{delay:g} ms")
+                for i, figure in enumerate(write_figures(runs)):
+                    rows.append((*setting, *figure) if i == 0 else ("", "", "", *figure))
+    return rows
+
+
+def bench_reads(args: argparse.Namespace, found: list[Backend]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    turns = args.turns
+    chains = build_chains(max(1, args.read_calls // turns), turns, seed=1)
+    for backend in found:
+        for group in args.read_groups:
+            small = read_run(backend.fresh(), chains, group, True, args.read_repeats)
+            big = read_run(backend.fresh(), chains, group, False, args.read_repeats)
+            print(
+                f"[read {backend.name}, {len(chains) * turns} calls, {group} rows per commit] ledger files "
+                f"{small.files} ({small.calls_files} calls) vs {big.files} ({big.calls_files} calls); "
+                f"read {small.seconds * 1000:.0f} ms vs {big.seconds * 1000:.0f} ms",
+                flush=True,
+            )
+            rows.append(
+                (
+                    backend.name,
+                    str(group),
+                    f"{small.files} / {big.files}",
+                    f"{small.seconds * 1000:.0f}",
+                    f"{big.seconds * 1000:.0f}",
+                    ratio(small.seconds, big.seconds),
+                    f"{(small.seconds - big.seconds) / max(1, small.files - big.files) * 1000:.2f}",
+                )
+            )
+    return rows
+
+
+def run(args: argparse.Namespace) -> None:
+    with backends(args.backends) as found:
+        for backend in found:  # imports, first writes, the S3 client: untimed
+            write_run(backend.fresh(), [build_chains(2, 2, seed=9)], "commit", 0.0)
+        write_rows = bench_writes(args, found)
+        read_rows = bench_reads(args, found) if args.read_calls else []
+    print()
+    print("write: staging + ledger, ledger flushed after every group commit vs every 10 s (median of runs)")
+    print_table(("backend", "lanes", "max_delay", "metric", "every commit", "every 10 s", "commit / 10 s"), write_rows)
+    if read_rows:
+        print()
+        print("read: one shard's committed ledger, one calls file per group commit vs 1024-row files (median)")
+        print_table(
+            (
+                "backend",
+                "rows/commit",
+                "ledger files (commit / 10 s)",
+                "read ms (commit)",
+                "read ms (10 s)",
+                "commit / 10 s",
+                "ms per extra file",
+            ),
+            read_rows,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", nargs="+", default=["local", "s3"], help="local and/or s3 (moto on loopback)")
+    parser.add_argument("--lanes", type=int, nargs="+", default=[8, 64], help="concurrent submitters (default 8 64)")
+    parser.add_argument(
+        "--max-delay-ms", type=float, nargs="+", default=[50.0, 0.0], help="staging max_delay_ms (default 50 0)"
+    )
+    parser.add_argument(
+        "--calls", type=int, default=1280, help="calls per write run, dealt to the lanes (default 1280)"
+    )
+    parser.add_argument("--turns", type=int, default=4, help="calls per rollout (default 4)")
+    parser.add_argument(
+        "--engine-ms", type=float, default=0.0, help="mean engine time per call, exponential (default 0: none)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="write runs per mode and setting (default 3)")
+    parser.add_argument("--read-calls", type=int, default=8192, help="calls of the read shard; 0 skips (default 8192)")
+    parser.add_argument("--read-groups", type=int, nargs="+", default=[8, 64], help="rows per commit (default 8 64)")
+    parser.add_argument("--read-repeats", type=int, default=3, help="reads per shard (default 3)")
+    args = parser.parse_args(argv)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
