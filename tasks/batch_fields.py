@@ -36,6 +36,12 @@ MESSAGE_GRAPH_LABELS = {
     "splice": "splice: a call that extends an earlier one continues its exact tokens",
     "independent": "independent: every call renders its whole history afresh",
 }
+RESUME_MODES = ("turn", "restart")  # how a new attempt goes on with a rollout an earlier one left unfinished
+RESUME_TURN = RESUME_MODES[0]
+RESUME_LABELS = {
+    "turn": "turn: replay its committed calls, go on from the last",
+    "restart": "restart: sample it again from its first turn",
+}
 ADVANTAGES = ("grpo", "dr_grpo", "rloo")
 ON_INVALID_LABELS = {"mask": "mask: keep as a masked row", "drop": "drop: leave the row out"}
 ADVANTAGE_LABELS = {
@@ -138,6 +144,14 @@ class BatchFields(BaseModel):
         title="Max in flight",
         description="rollouts run at once per shard",
         json_schema_extra={"section": "Batch"},
+    )
+    resume: Annotated[Literal[RESUME_MODES], InConfig("resume")] = Field(  # type: ignore[valid-type]
+        "turn",
+        title="Resume",
+        description="a rollout a killed or failed-over attempt left unfinished: turn replays the calls it committed "
+        "and goes on live from the last (its calls may then span weight versions); restart samples it again "
+        "from its first turn",
+        json_schema_extra={"section": "Batch", "values_display": RESUME_LABELS},
     )
     seed: Annotated[int, InConfig("seed")] = Field(
         0,

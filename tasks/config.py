@@ -146,6 +146,7 @@ class BatchConfig:
     max_in_flight: int = field_default("max_in_flight")
     divergence_policy: str = "poison"
     message_graph: str = field_default("message_graph")
+    resume: str = field_default("resume")
     on_invalid: str = field_default("on_invalid")
     advantage: str = field_default("advantage")
     weight_version: int = field_default("weight_version")

@@ -8,6 +8,11 @@ the engine call (:mod:`~tasks.capture.engine_call`), the reply read back (a call
 delta, then call record). A child is admitted only after its parent's record was handed to the
 ledger, which writes a rollout's receipt only after all of its records are durable.
 
+A resumed episode (:mod:`tasks.capture.replay`) answers a call from its replay book when it matches
+the book's next entry: after the prompt is made and before any engine call, the entry's answer is
+read back as the original was, and nothing is staged or recorded again; its live calls note the
+episode in their extras.
+
 Every failure writes a failure row with a named reason (:data:`~tasks.capture.faults.FAILURE_REASONS`:
 each step raises :class:`~tasks.capture.faults.CallFault`) and poisons the rollout; the caller still
 gets the completion when one exists (a capture failure is not a generation failure), and later calls
@@ -26,6 +31,7 @@ What a gateway call asks beyond its messages comes as :class:`CallOptions`.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,12 +39,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from tasks.capture.admission import Admitted, admit, check_history
-from tasks.capture.engine_call import generate
+from tasks.capture.engine_call import generate, token_budget
 from tasks.capture.faults import CallFault
 from tasks.capture.graph import canonical_conversation
 from tasks.capture.prefix_cache import ChainPrefixCache
 from tasks.capture.prompt import Prompts
 from tasks.capture.recording import CallRecorder, failure_row, staged_extras
+from tasks.capture.replay import BookEntry
 from tasks.capture.rollout import ParentLink, RolloutCapture
 from tasks.engines.base import Engine, GenerationResult
 from tasks.environments.base import Message
@@ -78,12 +85,14 @@ class CallOptions(Protocol):
 
 @dataclass(frozen=True)
 class CallOutcome:
-    """A call's result: the completion and its assistant message (when one exists), a failure (when any)."""
+    """A call's result: the completion and its assistant message (when one exists), a failure (when any);
+    ``replayed``: answered from the replay book, not sampled now."""
 
     call_id: str
     completion: GenerationResult | None
     failure: FailureRow | None = None
     message: Message | None = None
+    replayed: bool = False
 
 
 class CallCapture:
@@ -120,6 +129,11 @@ class CallCapture:
         """The tokenizer the capture renders with: use it only where prompts are rendered."""
         return self._prompts.tokenizer
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Sampled ids as the engine reports their text, with the capture's tokenizer (where prompts are rendered,
+        or before any call runs)."""
+        return self.engine.decode(token_ids, self._prompts.tokenizer)
+
     def coordinates_of(self, keys: Sequence[str]) -> list[tuple[str, CommitCoordinates]]:
         """(staging key, coordinates) of calls this attempt staged: the prefix cache's fetch input."""
         if self._recorder is None:
@@ -137,28 +151,29 @@ class CallCapture:
     ) -> CallOutcome:
         """Run one model call of ``rollout`` on ``messages`` (the whole conversation so far)."""
         call = admit(rollout, messages, options.offered if options else (), capture=self.capture)
+        read_reply = options.read_reply if options else None
         try:
             check_history(call)
             parent_tokens = await self._prompts.parent_tokens(call)
             rendered = messages if options is None or options.rendered is None else options.rendered
             prompt = await self._prompts.prompt(call.call_id, rendered, parent_tokens, options.tools if options else ())
+            budget = token_budget(self.engine, self.sampling, prompt, options.max_tokens if options else None)
+            if rollout.book is not None and call.captured:
+                entry = rollout.book.match(call.parent_call_id, parent_tokens.size, prompt, budget)
+                if entry is not None and (replayed := await self._replay(rollout, call, prompt, entry, read_reply)):
+                    return replayed
             completion, version = await generate(
-                self.engine,
-                self.sampling,
-                call.call_id,
-                prompt,
-                call.seed,
-                rollout.rollout_id,
-                options.max_tokens if options else None,
+                self.engine, self.sampling, call.call_id, prompt, call.seed, rollout.rollout_id, budget
             )
             rollout.generated(completion)
-            message, notes = await self._reply(call, completion, options.read_reply if options else None)
+            message, notes = await self._reply(call, completion, read_reply)
             conversation = (*call.history, *canonical_conversation([message]))
             sequence = np.concatenate([prompt, np.asarray(completion.token_ids, np.int64)])
             if not call.captured:
                 rollout.linked(_link(call, sequence, UNCAPTURED_CHAIN_HASH, (), conversation))
                 return CallOutcome(call.call_id, completion, message=message)
-            extras = staged_extras(completion.extras, {**call.notes, **notes})
+            resume = rollout.book.notes() if rollout.book is not None else {}
+            extras = staged_extras(completion.extras, {**call.notes, **notes}, resume)
             record = await self._recorder.record(  # type: ignore[union-attr]  # a captured call has one
                 rollout, call, parent_tokens, prompt, completion, version, extras
             )
@@ -170,8 +185,44 @@ class CallCapture:
             return CallOutcome(call.call_id, fault.completion, failure)
         chain = call.staging_chain(rollout.rollout_id)
         self._prompts.remember(chain[-1], sequence)
-        rollout.recorded(record, _link(call, sequence, record.chain_hash, chain, conversation))
+        entry = BookEntry(
+            record=record,
+            prompt_tokens=prompt[parent_tokens.size :],
+            token_ids=completion.token_ids,
+            logprobs=completion.logprobs,
+            text=completion.text,
+            finish_reason=completion.finish_reason,
+            carried=False,
+        )
+        link = _link(call, sequence, record.chain_hash, chain, conversation)
+        rollout.recorded(entry, link, diverged="reason" in resume)
         return CallOutcome(call.call_id, completion, message=message)
+
+    async def _replay(
+        self,
+        rollout: RolloutCapture,
+        call: Admitted,
+        prompt: np.ndarray,
+        entry: BookEntry,
+        read_reply: Callable[[str, str], tuple[Message, dict[str, Any]]] | None,
+    ) -> CallOutcome | None:
+        """``call`` answered from ``entry`` as the original attempt answered it; None (the call goes live, the
+        book closed) when its reply is not read back as it was then."""
+        call = dataclasses.replace(call, call_id=entry.record.call_id)
+        answer = entry.answer(prompt)
+        try:
+            message, _ = await self._reply(call, answer, read_reply)
+        except CallFault:
+            rollout.book.close()  # type: ignore[union-attr]  # a replayed call has a book
+            return None
+        conversation = (*call.history, *canonical_conversation([message]))
+        sequence = np.concatenate([prompt, np.asarray(answer.token_ids, np.int64)])
+        chain = call.staging_chain(rollout.rollout_id)
+        self._prompts.remember(chain[-1], sequence)
+        if entry.carried:
+            self._recorder.carry(entry.record)  # type: ignore[union-attr]  # a replayed call is captured
+        rollout.replayed(entry, _link(call, sequence, entry.record.chain_hash, chain, conversation))
+        return CallOutcome(call.call_id, answer, message=message, replayed=True)
 
     async def _reply(
         self,

@@ -19,6 +19,11 @@ from tasks.errors import EngineDeadError
 from tasks.sampling import SamplingSettings
 
 
+def token_budget(engine: Engine, sampling: SamplingSettings, prompt: np.ndarray, max_tokens: int | None) -> int:
+    """How many tokens a call on ``prompt`` may sample: the plan's, lowered by ``max_tokens`` and by the context."""
+    return min(max_tokens or sampling.max_tokens, engine.max_model_len - prompt.size)
+
+
 async def generate(
     engine: Engine,
     sampling: SamplingSettings,
@@ -37,7 +42,7 @@ async def generate(
         prompt_token_ids=prompt_ids,
         sampling=sampling,
         seed=seed,
-        max_tokens=min(max_tokens or sampling.max_tokens, engine.max_model_len - prompt.size),
+        max_tokens=token_budget(engine, sampling, prompt, max_tokens),
         session_id=session_id,
     )
     try:

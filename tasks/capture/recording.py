@@ -34,13 +34,26 @@ from tasks.storage.staging import CommitCoordinates, StagingWriter
 MAX_FAILURE_DETAIL = 2000  # characters of a failure's detail kept in its row
 
 
-def staged_extras(engine_extras: Any, notes: Mapping[str, Any]) -> Any:
-    """The staged extras: the engine's alone, or with the gateway's notes (``{"gateway": ..., "engine": ...}``)."""
+# Keys of the envelope staged extras take when the capture adds notes of its own: the gateway's
+# message-graph notes and a resumed episode's (tasks.capture.replay); the engine's extras then go under "engine".
+NOTE_KEYS = ("gateway", "resume")
+
+
+def staged_extras(engine_extras: Any, gateway: Mapping[str, Any], resume: Mapping[str, Any] | None = None) -> Any:
+    """The staged extras: the engine's alone, or in an envelope with the capture's notes
+    (``{"gateway": ..., "resume": ..., "engine": ...}``, each present only when it has something)."""
+    notes = {key: dict(value) for key, value in zip(NOTE_KEYS, (gateway, resume or {}), strict=True) if value}
     if not notes:
         return engine_extras
-    extras: dict[str, Any] = {"gateway": dict(notes)}
     if engine_extras is not None:
-        extras["engine"] = engine_extras
+        notes["engine"] = engine_extras
+    return notes
+
+
+def engine_extras(extras: Any) -> Any:
+    """The engine's own part of staged ``extras`` (:func:`staged_extras`' inverse)."""
+    if isinstance(extras, dict) and any(key in extras for key in NOTE_KEYS):
+        return extras.get("engine")
     return extras
 
 
@@ -71,6 +84,11 @@ class CallRecorder:
     def coordinates_of(self, keys: Sequence[str]) -> list[tuple[str, CommitCoordinates]]:
         """(staging key, coordinates) of calls this attempt staged: the prefix cache's fetch input."""
         return [(key, self._coordinates[key]) for key in keys]
+
+    def carry(self, record: CallRecord) -> None:
+        """Read a replayed call of an earlier attempt from where that attempt staged it (the prefix cache's input)."""
+        key = ids.staging_key(record.rollout_id, record.call_id)
+        self._coordinates[key] = CommitCoordinates(segment=record.staging_segment, row=record.staging_row)
 
     def forget(self, records: Sequence[CallRecord]) -> None:
         """Drop the coordinates of a finished rollout's calls: memory stays bounded by the rollouts in flight."""
@@ -152,10 +170,11 @@ class CallRecorder:
             loop.call_soon_threadsafe(settle, result)
 
         try:
-            staged = self._staging.submit(delta)
+            # The callback is attached before the delta is buffered: the record is added before the
+            # staging writer's after-commit hook flushes the ledger.
+            self._staging.submit(delta, done_callback=record_when_staged)
         except Exception as exc:
             raise CallFault(STAGING_FAILED, f"staging {call_id} failed: {exc!r}", completion) from None
-        staged.add_done_callback(record_when_staged)
         result = await done
         if isinstance(result, Exception):
             raise result

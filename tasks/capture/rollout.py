@@ -1,10 +1,14 @@
 """The capture state of one rollout, kept in one place across its calls (docs/architecture.md §5).
 
 :class:`RolloutCapture` is everything a rollout's next call depends on: ids and seed, the next
-ordinal, the calls a child may continue (:class:`ParentLink`), its records and failures, and the
-counts its receipt reports. The steps of a call read it; only the methods below change it, once
-a call has an outcome. Invariants: ordinals only grow (no call id repeats, a restart included);
-any failure poisons the rollout for good; ``parent`` is the latest call on the current chain.
+ordinal and position, the calls a child may continue (:class:`ParentLink`), its records and
+failures, the episode and its replay book (:mod:`tasks.capture.replay`), and the counts its
+receipt reports. The steps of a call read it; only the methods below change it, once a call has
+an outcome. Invariants: ordinals only grow (no call id repeats, a restart included); a call's
+position is its place in its episode, so a seed (which derives from it) is the same in every
+episode; any failure poisons the rollout for good; ``parent`` is the latest call on the current
+chain; ``records`` is the receipt's manifest: the calls replayed from earlier attempts, then this
+attempt's own.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tasks.capture.graph import CanonicalMessage
+from tasks.capture.replay import BookEntry, ReplayBook
 from tasks.engines.base import SERVED_BY, GenerationResult
 from tasks.records.ledger import CallRecord, FailureRow
 
@@ -57,7 +62,11 @@ class RolloutCapture:
     attempt: int
     seed: int
     message_graph: str | None = None  # the gateway's: splice or independent; None: the previous call is the parent
+    book: ReplayBook | None = None  # the committed calls this episode replays first (None: nothing to replay)
+    resume: bool = True  # a restart replays what the episode committed (the batch's ``resume: turn``)
     next_ordinal: int = 0
+    position: int = 0  # the next call's place in its episode: its seed derives from it
+    episode: int = 0  # 0: its first run; each start from the first turn begins the next
     parent: ParentLink | None = None  # the latest call
     links: list[ParentLink] = field(default_factory=list)  # every call, when ``message_graph``
     records: list[CallRecord] = field(default_factory=list)
@@ -67,16 +76,30 @@ class RolloutCapture:
     generated_tokens: int = 0
     served_by: Counter[str] = field(default_factory=Counter)  # answers per server, where the engine names it
     failed_over: list[str] = field(default_factory=list)  # each restart after its server was lost: why
+    episode_calls: list[BookEntry] = field(default_factory=list)  # committed calls of this episode, in order
+    replayed_calls: int = 0  # calls answered from a book, every episode
+    live_calls: int = 0  # calls recorded from the engine after a replay began (a resumed rollout's)
+    divergences: int = 0  # episodes whose replay was closed by a call that asked for something else
+    resume_restarts: list[str] = field(default_factory=list)  # each episode that could not replay: why
+
+    @property
+    def carried(self) -> list[str]:
+        """The calls of earlier attempts in the manifest, in replay order: the receipt's ``replayed_calls``."""
+        return [record.call_id for record in self.records if record.call_id in self._carried]
+
+    def __post_init__(self) -> None:
+        self._carried: set[str] = set()
 
     @property
     def poisoned_reason(self) -> str | None:
         """The first failure's reason: any failure on the chain poisons the rollout."""
         return self.failures[0].reason if self.failures else None
 
-    def take_ordinal(self) -> int:
-        """The next call's ordinal; the one after it is next."""
+    def take_ordinal(self) -> tuple[int, int]:
+        """The next call's ordinal and position; the ones after them are next."""
         self.next_ordinal += 1
-        return self.next_ordinal - 1
+        self.position += 1
+        return self.next_ordinal - 1, self.position - 1
 
     def generated(self, completion: GenerationResult) -> None:
         """Count an engine answer: its tokens, and the server that gave it where the engine names one."""
@@ -90,11 +113,25 @@ class RolloutCapture:
         if self.message_graph is not None:
             self.links.append(link)
 
-    def recorded(self, record: CallRecord, link: ParentLink) -> None:
-        """A captured call's record was handed to the ledger."""
-        self.records.append(record)
-        self.last_captured_call_id = record.call_id
-        self.epoch_spans += int(record.epoch_span)
+    def recorded(self, entry: BookEntry, link: ParentLink, *, diverged: bool = False) -> None:
+        """A captured call's record was handed to the ledger (``diverged``: the first after its replay diverged)."""
+        self.divergences += int(diverged)
+        self.records.append(entry.record)
+        self.last_captured_call_id = entry.record.call_id
+        self.epoch_spans += int(entry.record.epoch_span)
+        self.episode_calls.append(entry)
+        self.live_calls += int(self.episode > 0)
+        self.linked(link)
+
+    def replayed(self, entry: BookEntry, link: ParentLink) -> None:
+        """A call was answered from the book: ``entry``'s record joins the manifest unless it is there already."""
+        if entry.carried and entry.record.call_id not in self._carried:
+            self._carried.add(entry.record.call_id)
+            self.records.insert(len(self._carried) - 1, entry.record)
+            self.epoch_spans += int(entry.record.epoch_span)
+        self.last_captured_call_id = entry.record.call_id
+        self.episode_calls.append(entry)
+        self.replayed_calls += 1
         self.linked(link)
 
     def failed(self, failure: FailureRow) -> None:
@@ -102,15 +139,31 @@ class RolloutCapture:
         self.failures.append(failure)
 
     def restart(self, why: str) -> None:
-        """Start the rollout again from its first turn: its calls so far stay in the ledger, off the new chain.
+        """Start the rollout again from its first turn, in a new episode that replays what this one committed
+        (nothing with ``resume`` off): calls it does not replay stay in the ledger, off the new chain.
 
-        Ordinals go on (no call id repeats), and records and failures are kept: the receipt counts
-        every call the ledger holds of the rollout, and a failure before the restart still poisons it.
+        Ordinals go on (no call id repeats), positions start again, and records and failures are
+        kept: the receipt counts every call the ledger holds of the rollout, and a failure before
+        the restart still poisons it.
         """
         self.parent, self.links, self.last_captured_call_id = None, [], None
         self.failed_over.append(why)
+        self.begin_episode(self.episode_calls if self.resume else (), self.episode + 1)
+
+    def begin_episode(self, entries: list[BookEntry] | tuple[BookEntry, ...], episode: int) -> None:
+        """Begin episode ``episode`` (from the first turn), replaying ``entries`` first."""
+        self.episode = episode
+        self.book = ReplayBook(entries, episode=episode)
+        self.episode_calls = []
+        self.position = 0
+
+    def could_not_replay(self, why: str) -> None:
+        """The committed calls cannot be replayed consistently: the episode starts from nothing, saying why."""
+        self.resume_restarts.append(why)
 
     def release(self) -> None:
         """Drop the tokens a finished rollout holds (its records stay)."""
         self.parent = None
         self.links.clear()
+        self.episode_calls = []
+        self.book = None

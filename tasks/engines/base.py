@@ -11,6 +11,7 @@ engine's continuous batch.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,6 +110,12 @@ class Engine(abc.ABC):
     def tokenizer(self) -> Any:
         """The Hugging Face tokenizer (with chat template) matching the served weights."""
         return self._tokenizer
+
+    def decode(self, token_ids: Sequence[int], tokenizer: Any = None) -> str:
+        """The text of sampled ``token_ids`` as this engine reports it (``GenerationResult.text``), decoded with
+        ``tokenizer`` (default: the engine's). A replayed call's text is made here
+        (:mod:`tasks.generate.resume`); an engine whose text is not this decode says so by overriding it."""
+        return (tokenizer or self._tokenizer).decode(list(token_ids), skip_special_tokens=True)
 
     @property
     def eos_token_id(self) -> int:

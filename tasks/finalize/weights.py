@@ -3,8 +3,8 @@ metrics) and per dataset row (its ``weights_by_version`` column).
 
 A call of an engine that knows them names, in its extras, the sha256 of the weights of each
 version that sampled its tokens, or null where they were not verified
-(:func:`tasks.models.provenance.weights_extras`; when the gateway adds notes of its own it keeps
-the engine's extras under ``"engine"``, :func:`tasks.capture.recording.staged_extras`). A call that
+(:func:`tasks.models.provenance.weights_extras`; when the capture adds notes of its own it keeps
+the engine's extras under ``"engine"``, :func:`tasks.capture.recording.engine_extras`). A call that
 names nothing (an engine that loads the planned weights itself, or a batch written before calls
 named them) counts at its admission version: the plan's check there when that is the planned
 version, nothing at any other. :meth:`PlannedWeights.accounts` reads one call; :func:`judged`
@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.capture.recording import engine_extras
 from tasks.checks import is_hex_digest
 from tasks.config import BatchConfig
 from tasks.finalize.ragged import offsets, ranges
@@ -66,10 +67,8 @@ class PlannedWeights:
             extras = json.loads(extras_json) if extras_json is not None else None
         except ValueError:
             return {version: MALFORMED}
-        if isinstance(extras, dict) and "gateway" in extras:  # the gateway's envelope (tasks.capture.recording)
-            extras = extras.get("engine")
         try:
-            by_version = read_weights_extras(extras)
+            by_version = read_weights_extras(engine_extras(extras))
         except ValueError:
             return {version: MALFORMED}
         if by_version is None:

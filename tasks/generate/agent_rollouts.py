@@ -75,7 +75,8 @@ class GatewayCalls:
                 ended = GatewayError(503, f"the attempt ended: {error}", kind="server_error", code="attempt_ended")
                 raise ended from None
             completion, failure = outcome.completion, outcome.failure
-            self.progress.call_done(0 if completion is None else len(completion.token_ids), failure is not None)
+            sampled = 0 if completion is None or outcome.replayed else len(completion.token_ids)
+            self.progress.call_done(sampled, failure is not None)
             if failure is not None:
                 raise _failed(failure)
             assert completion is not None and outcome.message is not None  # a call that did not fail has both
@@ -112,26 +113,19 @@ def _failed(failure: FailureRow) -> GatewayError:
 async def run_agent_rollout(
     planned: PlannedRollout,
     config: BatchConfig,
-    attempt: int,
+    state: RolloutCapture,
     agent: Agent,
     calls: GatewayCalls,
     gateway: Rollouts,
     base_url: str,
-) -> tuple[Receipt, RolloutCapture]:
-    """One episode of ``agent`` on its own gateway route; the receipt and what was captured.
+) -> Receipt:
+    """One episode of ``agent`` on its own gateway route, captured in ``state``; the receipt.
 
     The receipt is made once the episode has ended and every call started on its route has finished,
     so it counts every call the ledger holds of the rollout and none is written after it. Raises the
     attempt's fatal error (the engine died, storage is unavailable) instead of a receipt; the calls
     still running are then cancelled.
     """
-    state = RolloutCapture(
-        batch_id=config.batch_id,
-        rollout_id=planned.rollout_id,
-        attempt=attempt,
-        seed=planned.seed,
-        message_graph=config.message_graph,
-    )
     answer = calls.answer(state)
     route = gateway.open(planned.rollout_id, sampling=config.sampling, max_calls=config.max_turns, answer=answer)
     door = AgentDoor(base_url=f"{base_url}/rollouts/{planned.rollout_id}/v1", api_key=route.key)
@@ -163,7 +157,7 @@ async def run_agent_rollout(
         failure = AgentFailure(AGENT_ERROR, f"{type(error).__name__}: {error}"[:MAX_SHOWN_OUTPUT])
     if failure is not None:
         log.warning("rollout %s: %s: %s", planned.rollout_id, failure.reason, failure.detail)
-    receipt = receipt_of(
+    return receipt_of(
         planned,
         state,
         None if result is None else Turn.finish(result.reward, **result.info),
@@ -173,7 +167,6 @@ async def run_agent_rollout(
         poisoning_wins=True,
         notes=refusal_notes(route),
     )
-    return receipt, state
 
 
 def refusal_notes(route: RolloutRoute) -> dict[str, Any] | None:

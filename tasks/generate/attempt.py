@@ -2,8 +2,9 @@
 
 The attempt claims its number (``_CLAIM.json``, create-once), adopts every rollout an earlier
 attempt receipted (a receipt is final; one outside the plan is refused), runs the rest
-(:mod:`tasks.generate.rollouts`), makes every buffered receipt durable, and only then writes the
-shard's commit marker and sweeps orphans. Whatever ends the attempt early, staging is closed
+(:mod:`tasks.generate.rollouts`; those with calls committed earlier resume from them), makes every
+buffered receipt durable, and only then writes the shard's commit marker, naming the objects of
+earlier attempts its rollouts replayed too, and sweeps orphans. Whatever ends the attempt early, staging is closed
 and completed receipts are flushed, and no marker is written. A shard committed meanwhile by
 another writer (a zombie and its retry) is not committed twice: the loser returns the winner's
 summary.
@@ -34,7 +35,7 @@ from tasks.storage.claims import AttemptClaim, claim_attempt
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.marker import read_marker
 from tasks.storage.objects import ObjectStore
-from tasks.storage.recovery import recover_earlier_attempts
+from tasks.storage.recovery import carried_files, recover_earlier_attempts
 from tasks.storage.staging import StagingWriter
 from tasks.storage.sweep import sweep_orphans
 from tasks.training_signal import TrainingSignal
@@ -113,6 +114,8 @@ async def run_attempt(batch: CheckedBatch, claim: AttemptClaim, engine: ShardEng
         len(recovery.rollouts),
         len(todo),
     )
+    ledger = LedgerWriter(store, batch_id=config.batch_id, shard=shard, attempt=attempt, adopted=recovery)
+    # Call records reach storage after every group commit: a crash loses at most the last commit's calls.
     staging = StagingWriter(
         store,
         shard=shard,
@@ -120,11 +123,13 @@ async def run_attempt(batch: CheckedBatch, claim: AttemptClaim, engine: ShardEng
         max_rows=config.staging.max_rows,
         max_bytes=config.staging.max_bytes,
         max_delay_ms=config.staging.max_delay_ms,
+        on_committed=ledger.flush if batch.capture else None,
     )
-    ledger = LedgerWriter(store, batch_id=config.batch_id, shard=shard, attempt=attempt, adopted=recovery)
     try:
         # An attempt that adopts every rollout starts no engine.
-        done = await run_rollouts(batch, claim, todo, engine, staging, ledger) if todo else RolloutsDone([], 0)
+        done = RolloutsDone([], 0)
+        if todo:
+            done = await run_rollouts(batch, claim, todo, engine, staging, ledger, recovery.unreceipted)
     finally:
         await _stop_writers(staging, ledger if batch.capture else None)
     finished = done.finished
@@ -134,6 +139,10 @@ async def run_attempt(batch: CheckedBatch, claim: AttemptClaim, engine: ShardEng
         "already_committed": False,
         "gateway_auth_failures": done.gateway_auth_failures,
         "failovers": tuple(line for f in finished for line in f.failed_over),
+        "resumed": sum(f.resumed for f in finished),
+        "replayed_calls": sum(f.replayed_calls for f in finished),
+        "live_calls": sum(f.live_calls for f in finished),
+        "divergences": sum(f.divergences for f in finished),
     }
     if not batch.capture:
         return ShardSummary(
@@ -151,8 +160,11 @@ async def run_attempt(batch: CheckedBatch, claim: AttemptClaim, engine: ShardEng
             **extra,
         )
     outcomes = [*(f.outcome for f in finished), *(outcome_of(b.receipt, b.manifest) for b in recovery.rollouts)]
+    committed = {c.record.call_id: c for calls in recovery.unreceipted.values() for c in calls}
+    replayed = [committed[call_id] for f in finished for call_id in f.carried]
+    carried = await asyncio.to_thread(carried_files, store, shard, replayed)
     try:
-        marker = await asyncio.to_thread(ledger.commit, staging_segments=staging.segments)
+        marker = await asyncio.to_thread(ledger.commit, staging_segments=staging.segments, carried=carried)
     except ObjectConflictError:
         return await _committed_by_another(store, shard, attempt)
     report = await asyncio.to_thread(sweep_orphans, store, shard)

@@ -56,6 +56,11 @@ def shard_lines(summary: ShardSummary) -> list[str]:
     if summary.calls_by_replica:
         lines.append("  calls per server: " + ", ".join(f"{url} {n}" for url, n in summary.calls_by_replica.items()))
     lines += [f"  failed over: {failover}" for failover in summary.failovers]
+    if summary.resumed:
+        lines.append(
+            f"  resumed {summary.resumed} rollout(s): {summary.replayed_calls} call(s) replayed, "
+            f"{summary.live_calls} sampled live after, {summary.divergences} divergence(s)"
+        )
     return lines
 
 

@@ -16,7 +16,14 @@ from typing import Any
 from tasks.capture.rollout import RolloutCapture
 from tasks.capture.terminal import attribute_terminal
 from tasks.environments.base import Turn
-from tasks.records.ledger import FAILED_OVER_NOTE, SERVED_BY_NOTE, CallRecord, Receipt, canonical_json
+from tasks.records.ledger import (
+    FAILED_OVER_NOTE,
+    RESUMED_NOTE,
+    SERVED_BY_NOTE,
+    CallRecord,
+    Receipt,
+    canonical_json,
+)
 from tasks.records.planned import PlannedRollout
 from tasks.training_signal import RolloutOutcome
 
@@ -46,12 +53,24 @@ class Witnesses:
 
 def capture_notes(state: RolloutCapture) -> dict[str, Any]:
     """What the receipt's reward info says of where the rollout's calls ran: ``served_by`` (answers per
-    server, for an engine of several) and ``failed_over`` (each restart after its server was lost)."""
+    server, for an engine of several), ``failed_over`` (each restart after its server was lost) and
+    ``resumed`` (calls replayed and sampled live after a replay began, divergences, episodes that
+    could not replay and why), each only when there is something to say."""
     notes: dict[str, Any] = {}
     if state.served_by:
         notes[SERVED_BY_NOTE] = dict(sorted(state.served_by.items()))
     if state.failed_over:
         notes[FAILED_OVER_NOTE] = list(state.failed_over)
+    if state.episode > 0 or state.resume_restarts:
+        resumed: dict[str, Any] = {
+            "episode": state.episode,
+            "replayed": state.replayed_calls,
+            "live": state.live_calls,
+            "diverged": state.divergences,
+        }
+        if state.resume_restarts:
+            resumed["could_not_replay"] = list(state.resume_restarts)
+        notes[RESUMED_NOTE] = resumed
     return notes
 
 
@@ -84,6 +103,7 @@ def receipt_of(
         "reward": reward,
         "reward_info": canonical_json(info),
         "num_calls": len(state.records),
+        "replayed_calls": tuple(state.carried),
     }
     unfinished = {"terminal_call_id": None, "terminal_selection": None, "terminal_attribution_reason": None}
     if error is not None and not (poisoning_wins and state.poisoned_reason is not None):

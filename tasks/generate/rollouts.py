@@ -7,6 +7,11 @@ its rollout, with the message bounded to :data:`MAX_ERROR_CHARS`. The engine dyi
 staying unavailable is not a rollout's failure: the rollouts in flight get no receipt (the retry
 re-runs them) and the attempt ends with that error (the engine's death wins over others).
 
+A rollout an earlier attempt left without a receipt resumes (``resume: turn``): its new episode replays
+the calls it committed (:mod:`tasks.generate.resume` finds them, :mod:`tasks.capture.replay` answers
+them) and goes on live from the first call that is not among them; with ``resume: restart`` it
+starts from nothing, as does a stepped rollout restarted on a live server.
+
 An agent environment (:class:`~tasks.environments.agents.Agent`) runs its episodes itself: the
 attempt serves a capture gateway on loopback for the time of its rollouts, and each rollout's
 agent calls the model through its own route (:mod:`tasks.generate.agent_rollouts`, imported only then:
@@ -20,11 +25,12 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tasks.batch_fields import RESUME_TURN
 from tasks.capture.calls import CallCapture
 from tasks.capture.prefix_cache import ChainPrefixCache
 from tasks.capture.rollout import RolloutCapture
@@ -35,11 +41,13 @@ from tasks.errors import EngineDeadError, StorageUnavailableError
 from tasks.generate.checks import CheckedBatch
 from tasks.generate.progress import Progress
 from tasks.generate.receipts import outcome_of, receipt_of
+from tasks.generate.resume import ResumePoint, resume_points
 from tasks.generate.shard_engine import ShardEngine
 from tasks.records.ledger import Receipt
 from tasks.records.planned import PlannedRollout
 from tasks.storage.claims import AttemptClaim
 from tasks.storage.ledger_writer import LedgerWriter
+from tasks.storage.recovery import CommittedCall
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import StagingWriter
 from tasks.training_signal import RolloutOutcome
@@ -62,6 +70,11 @@ class Finished:
     generated_tokens: int
     calls: int
     failed_over: tuple[str, ...] = ()  # each restart after its server was lost: "rollout R from call N: why"
+    carried: tuple[str, ...] = ()  # its receipt's replayed_calls: calls of earlier attempts in its manifest
+    resumed: bool = False  # it began by replaying (or could not replay) what an earlier episode committed
+    replayed_calls: int = 0
+    live_calls: int = 0  # calls sampled after a replay began
+    divergences: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,8 +93,10 @@ async def run_rollouts(
     engine: ShardEngine,
     staging: StagingWriter,
     ledger: LedgerWriter,
+    unreceipted: Mapping[str, Sequence[CommittedCall]] | None = None,
 ) -> RolloutsDone:
-    """Run ``todo`` on ``engine`` (started if it is not yet), at most ``max_in_flight`` at once, captured."""
+    """Run ``todo`` on ``engine`` (started if it is not yet), at most ``max_in_flight`` at once, captured;
+    ``unreceipted``: the calls earlier attempts committed of rollouts without a receipt (recovery's), to resume."""
     config, shard, attempt = batch.config, claim.shard, claim.attempt
     agent = batch.environment if isinstance(batch.environment, Agent) else None
     reader = StagedReader(batch.store)
@@ -101,6 +116,13 @@ async def run_rollouts(
         f"{config.batch_id}/shard-{shard}/attempt-{attempt}",
         lambda keys: reader.fetch_token_ids(capture.coordinates_of(keys)),
     )
+    points: dict[str, ResumePoint] = {}
+    if batch.capture and config.resume == RESUME_TURN and unreceipted:
+        points = await resume_points(unreceipted, (p.rollout_id for p in todo), reader, capture.decode)
+        if points:
+            log.info(
+                "shard %d attempt %d: %d rollout(s) resume from calls committed before", shard, attempt, len(points)
+            )
     progress = Progress(total=len(todo), enabled=batch.progress, label=f"shard {shard}")
     limit = asyncio.Semaphore(min(config.max_in_flight, (agent and agent.max_concurrency) or config.max_in_flight))
     finished: list[Finished] = []
@@ -110,8 +132,10 @@ async def run_rollouts(
     async with _episodes(batch, agent, capture, progress, engine) as (run_episode, gateway):
 
         async def run_one(planned: PlannedRollout) -> None:
+            graph = config.message_graph if agent is not None else None
+            state = rollout_state(planned, config, attempt, points.get(planned.rollout_id), message_graph=graph)
             async with limit:
-                done = await run_episode(planned, attempt, ledger_or_none)
+                done = await run_episode(planned, state, ledger_or_none)
             finished.append(done)
             progress.rollout_done()
             if batch.capture and time.monotonic() - last_flush[0] >= LEDGER_FLUSH_SECONDS:
@@ -133,7 +157,33 @@ async def run_rollouts(
     return RolloutsDone(finished, gateway.auth_failures if gateway is not None else 0)
 
 
-Episode = Callable[[PlannedRollout, int, LedgerWriter | None], Awaitable[Finished]]
+Episode = Callable[[PlannedRollout, RolloutCapture, LedgerWriter | None], Awaitable[Finished]]
+
+
+def rollout_state(
+    planned: PlannedRollout,
+    config: BatchConfig,
+    attempt: int,
+    point: ResumePoint | None,
+    *,
+    message_graph: str | None = None,
+) -> RolloutCapture:
+    """The capture state a rollout starts with: resuming at ``point`` (in the episode after its book's) when given;
+    ``message_graph``: an agent's (see :class:`RolloutCapture`)."""
+    state = RolloutCapture(
+        batch_id=config.batch_id,
+        rollout_id=planned.rollout_id,
+        attempt=attempt,
+        seed=planned.seed,
+        message_graph=message_graph,
+        resume=config.resume == RESUME_TURN,
+    )
+    if point is not None:
+        if point.problem is not None:
+            log.warning("rollout %s starts from its first turn: %s", planned.rollout_id, point.problem)
+            state.could_not_replay(point.problem)
+        state.begin_episode(point.entries, point.episode + 1)
+    return state
 
 
 @contextlib.asynccontextmanager
@@ -147,10 +197,7 @@ async def _episodes(
         environment = batch.environment
         assert isinstance(environment, Environment)
 
-        async def stepped(planned: PlannedRollout, attempt: int, ledger: LedgerWriter | None) -> Finished:
-            state = RolloutCapture(
-                batch_id=config.batch_id, rollout_id=planned.rollout_id, attempt=attempt, seed=planned.seed
-            )
+        async def stepped(planned: PlannedRollout, state: RolloutCapture, ledger: LedgerWriter | None) -> Finished:
             while True:
                 try:
                     return await run_rollout(planned, config, state, environment, capture, ledger, progress)
@@ -158,11 +205,12 @@ async def _episodes(
                     if not engine.survives(error):
                         raise
                     log.warning(
-                        "rollout %s lost its server (%s): it starts again from its first turn on a live one; "
-                        "its %d call(s) so far stay unused",
+                        "rollout %s lost its server (%s): it starts again from its first turn on a live one, "
+                        "replaying the calls it committed"
+                        if state.resume
+                        else "its calls so far stay unused",
                         planned.rollout_id,
                         error,
-                        state.next_ordinal,
                     )
                     state.restart(f"from call {state.next_ordinal}: {error}")
 
@@ -178,8 +226,10 @@ async def _episodes(
     try:
         async with serving(gateway) as base_url:
 
-            async def agent_episode(planned: PlannedRollout, attempt: int, ledger: LedgerWriter | None) -> Finished:
-                receipt, state = await run_agent_rollout(planned, config, attempt, agent, calls, gateway, base_url)
+            async def agent_episode(
+                planned: PlannedRollout, state: RolloutCapture, ledger: LedgerWriter | None
+            ) -> Finished:
+                receipt = await run_agent_rollout(planned, config, state, agent, calls, gateway, base_url)
                 return await _finished(receipt, state, capture, ledger)
 
             yield agent_episode, gateway
@@ -218,9 +268,8 @@ async def run_rollout(
         messages = check_messages(environment.initial_messages(task), where=f"{planned.rollout_id} initial messages")
         for _ in range(config.max_turns):
             call = await capture.call(state, messages)
-            progress.call_done(
-                0 if call.completion is None else len(call.completion.token_ids), call.failure is not None
-            )
+            sampled = 0 if call.completion is None or call.replayed else len(call.completion.token_ids)
+            progress.call_done(sampled, call.failure is not None)
             if call.completion is None:
                 break  # no completion to continue from: the rollout is poisoned by the call's failure row
             messages = [*messages, {"role": "assistant", "content": call.completion.text}]
@@ -254,4 +303,9 @@ async def _finished(
         generated_tokens=state.generated_tokens,
         calls=state.next_ordinal,
         failed_over=tuple(f"rollout {state.rollout_id} {why}" for why in state.failed_over),
+        carried=receipt.replayed_calls,
+        resumed=state.episode > 0,
+        replayed_calls=state.replayed_calls,
+        live_calls=state.live_calls,
+        divergences=state.divergences,
     )

@@ -3,7 +3,7 @@
 The counts of a committed shard come from its marker, whichever attempt wrote it; only what
 this run measured itself (tokens generated, seconds, orphans swept, the training signal of the
 rollouts it saw, the requests its capture gateway refused for want of a valid key, the calls each
-server replica answered and the failovers) is added to them.
+server replica answered, the failovers, and what resuming rollouts replayed) is added to them.
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ class ShardSummary:
     # attempts' included), by URL, and one line per failover ("attempt N: why the replica was lost").
     calls_by_replica: dict[str, int] = field(default_factory=dict)
     failovers: tuple[str, ...] = ()
+    # Rollouts this run resumed (earlier calls replayed, or a replay refused), the calls answered from
+    # their books, the calls sampled live after a replay began, and the replays a call diverged from.
+    resumed: int = 0
+    replayed_calls: int = 0
+    live_calls: int = 0
+    divergences: int = 0
 
     @classmethod
     def of_marker(cls, marker: ShardMarker, **extra: Any) -> ShardSummary:

@@ -464,8 +464,9 @@ class FailureRow(ArrowRecord):
 
 
 # Keys of a receipt's reward info that the capture adds (tasks.generate.receipts.capture_notes):
-# the answers per server of an engine of several, and each restart after the rollout's server was lost.
-SERVED_BY_NOTE, FAILED_OVER_NOTE = "served_by", "failed_over"
+# the answers per server of an engine of several, each restart after the rollout's server was lost,
+# and what resuming it did (calls replayed and sampled live after, divergences, replays refused).
+SERVED_BY_NOTE, FAILED_OVER_NOTE, RESUMED_NOTE = "served_by", "failed_over", "resumed"
 
 
 @dataclass(frozen=True, eq=False)

@@ -37,9 +37,10 @@ class LedgerWriter:
     ``store`` is rooted at the batch directory. Rows of each kind are buffered and written as
     ``{kind}-NNNNNN.parquet`` when ``max_rows`` are buffered, on :meth:`flush` and on
     :meth:`commit`; receipts are always written after all calls and failures buffered before
-    them. Add a call record only after its staging future resolved. Rollouts in ``adopted``
-    (from :func:`~tasks.storage.recovery.recover_earlier_attempts`) are committed with their
-    files and cannot be receipted again. Safe to use from several threads.
+    them. Add a call record only after its staging future resolved; pass :meth:`flush` as the
+    staging writer's ``on_committed`` to make records durable after every group commit.
+    Rollouts in ``adopted`` (from :func:`~tasks.storage.recovery.recover_earlier_attempts`) are
+    committed with their files and cannot be receipted again. Safe to use from several threads.
     """
 
     def __init__(
@@ -158,15 +159,24 @@ class LedgerWriter:
             self._buffer("receipts", receipt)
 
     def flush(self) -> None:
-        """Write every buffered row: calls, then failures, then receipts."""
+        """Write every buffered row: calls, then failures, then receipts, under one hold of the lock.
+
+        Writes nothing (no empty file) when nothing is buffered. Safe from any thread; as the
+        staging writer's ``on_committed`` hook it runs after that segment's :meth:`add_call` calls,
+        so they are durable before the next segment is written. A write that raises leaves its
+        rows buffered and the next flush retries the same file first, so a failed flush may
+        simply be called again.
+        """
         with self._lock:
             self._flush_all()
 
-    def commit(self, *, staging_segments: Iterable[WrittenSegment]) -> ShardMarker:
+    def commit(self, *, staging_segments: Iterable[WrittenSegment], carried: Iterable[MarkedFile] = ()) -> ShardMarker:
         """Flush, then write the shard's marker naming every object its data lives in.
 
         ``staging_segments`` are this attempt's written segments (``StagingWriter.segments``);
-        every call record must point at one of them. Committing again returns the same marker.
+        every call record must point at one of them. ``carried``: the objects of earlier attempts
+        that hold calls this attempt's rollouts replayed (:func:`~tasks.storage.recovery.carried_files`).
+        Committing again returns the same marker.
         """
         with self._lock:
             if self._marker is not None:
@@ -186,7 +196,11 @@ class LedgerWriter:
                         "which the given staging segments do not hold"
                     )
             self._flush_all()
-            files = (*staging, *self._written, *self._adopted.files)
+            earlier = {f.path: f for f in (*self._adopted.files, *carried)}
+            for path in earlier:
+                if parse_shard_object(path, self.shard).attempt >= self.attempt:
+                    raise ValueError(f"carried file {path} is not from an attempt before {self.attempt}")
+            files = (*staging, *self._written, *earlier.values())
             receipts = [*self._receipts.values(), *(b.receipt for b in self._adopted.rollouts)]
             statuses = [r.status for r in receipts]
 

@@ -1,0 +1,158 @@
+"""Where a new attempt resumes each rollout earlier attempts left without a receipt (docs/reliability.md, "Resume").
+
+:func:`resume_points` rebuilds, from storage alone, the replay book of every such rollout: its call
+records (handed over by recovery, :class:`~tasks.storage.recovery.CommittedCall`) and their staged
+deltas, read once per segment. A rollout's episodes are told apart by the resume notes in the
+extras of their live calls (:meth:`tasks.capture.replay.ReplayBook.notes`): the first episode's
+calls note nothing; episode ``e``'s note how many entries of the book before them they replayed,
+so ``book(e) = book(e')[:replayed] + calls(e)`` for the latest episode ``e'`` before it that
+committed a call. The latest book is what the new attempt replays, in a new episode.
+
+A book that cannot be trusted is not replayed: the rollout starts again from nothing, the reason
+kept (:data:`REPLAY_REFUSED` with the detail). That is a note that does not parse or names more
+entries than its book had, first-episode calls in two attempts (written without resume), a delta
+that is not prompt tokens then sampled ones, or sampled ids that do not decode to the text the call
+recorded (its ``output_fingerprint``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tasks import ids
+from tasks.capture.replay import RESUME_NOTES, BookEntry
+from tasks.capture.terminal import fingerprint_content
+from tasks.records.ledger import StagedDelta
+from tasks.storage.recovery import CommittedCall
+from tasks.storage.staged_reader import StagedReader
+from tasks.storage.staging import CommitCoordinates
+
+REPLAY_REFUSED = "replay_refused"  # the committed calls of a rollout cannot be replayed consistently
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """What a rollout's new episode starts from: the book of ``episode`` (the latest that committed a call),
+    or nothing and why (``problem``)."""
+
+    entries: tuple[BookEntry, ...]
+    episode: int
+    problem: str | None = None
+
+
+class _Untrusted(ValueError):
+    """A book that cannot be replayed; its message says why."""
+
+
+async def resume_points(
+    unreceipted: Mapping[str, Sequence[CommittedCall]],
+    rollout_ids: Iterable[str],
+    reader: StagedReader,
+    decode: Callable[[Sequence[int]], str],
+) -> dict[str, ResumePoint]:
+    """The resume point of each of ``rollout_ids`` that earlier attempts left calls of (the others start afresh).
+
+    ``decode``: sampled ids to the text the engine reported for them (:meth:`tasks.engines.base.Engine.decode`).
+    Reading staging and decoding run in a thread.
+    """
+    calls = {rollout: unreceipted[rollout] for rollout in rollout_ids if unreceipted.get(rollout)}
+    if not calls:
+        return {}
+    return await asyncio.to_thread(_points, calls, reader, decode)
+
+
+def _points(
+    calls: Mapping[str, Sequence[CommittedCall]], reader: StagedReader, decode: Callable[[Sequence[int]], str]
+) -> dict[str, ResumePoint]:
+    requests = [(ids.staging_key(c.record.rollout_id, c.record.call_id), _coordinates(c)) for c in _all(calls)]
+    deltas = iter(reader.fetch_records(requests))
+    points = {}
+    for rollout, found in calls.items():
+        staged = [(call, next(deltas)) for call in found]
+        try:
+            points[rollout] = _point(staged, decode)
+        except _Untrusted as untrusted:
+            points[rollout] = ResumePoint((), _latest_episode(staged), f"{REPLAY_REFUSED}: {untrusted}")
+    return points
+
+
+def _all(calls: Mapping[str, Sequence[CommittedCall]]) -> list[CommittedCall]:
+    return [call for found in calls.values() for call in found]
+
+
+def _coordinates(call: CommittedCall) -> CommitCoordinates:
+    return CommitCoordinates(call.record.staging_segment, call.record.staging_row)
+
+
+def _point(staged: Sequence[tuple[CommittedCall, StagedDelta]], decode: Callable[[Sequence[int]], str]) -> ResumePoint:
+    """The book of the latest episode of one rollout's committed calls (attempt order, then ledger order)."""
+    episodes: dict[int, list[tuple[CommittedCall, StagedDelta]]] = {}
+    replayed_of: dict[int, int] = {}
+    for call, delta in staged:
+        episode, replayed = _notes(delta)
+        if replayed_of.setdefault(episode, replayed) != replayed:
+            raise _Untrusted(f"the calls of episode {episode} name different replay counts")
+        episodes.setdefault(episode, []).append((call, delta))
+    first_attempts = {call.attempt for call, _ in episodes.get(0, ())}
+    if len(first_attempts) > 1:
+        raise _Untrusted(f"first-episode calls in attempts {sorted(first_attempts)} (written without resume)")
+    book: list[BookEntry] = []
+    for episode in sorted(episodes):
+        if replayed_of[episode] > len(book):
+            raise _Untrusted(f"episode {episode} names {replayed_of[episode]} replayed calls of a book of {len(book)}")
+        book = [*book[: replayed_of[episode]], *(_entry(call, delta, decode) for call, delta in episodes[episode])]
+    return ResumePoint(tuple(book), max(episodes))
+
+
+def _latest_episode(staged: Sequence[tuple[CommittedCall, StagedDelta]]) -> int:
+    """The highest episode any note names (0 where none parses)."""
+    latest = 0
+    for _, delta in staged:
+        try:
+            latest = max(latest, _notes(delta)[0])
+        except _Untrusted:
+            continue
+    return latest
+
+
+def _notes(delta: StagedDelta) -> tuple[int, int]:
+    """(episode, calls replayed) a live call's extras note; (0, 0) for a call of a first episode."""
+    try:
+        extras: Any = json.loads(delta.extras_json)
+    except ValueError:
+        raise _Untrusted(f"the extras of {delta.call_id} do not parse") from None
+    notes = extras.get(RESUME_NOTES) if isinstance(extras, dict) else None
+    if notes is None:
+        return 0, 0
+    episode, replayed = (notes.get(key) if isinstance(notes, dict) else None for key in ("episode", "replayed"))
+    if not (type(episode) is int and type(replayed) is int and episode >= 1 and replayed >= 0):
+        raise _Untrusted(f"the resume notes of {delta.call_id} are malformed: {str(notes)[:200]}")
+    return episode, replayed
+
+
+def _entry(call: CommittedCall, delta: StagedDelta, decode: Callable[[Sequence[int]], str]) -> BookEntry:
+    """The book entry of a committed call: its delta split into the prompt it added and what it sampled."""
+    mask = np.asarray(delta.token_mask_delta)
+    sampled = int(np.count_nonzero(mask))
+    split = mask.size - sampled
+    if sampled == 0 or np.any(mask[:split] != 0) or np.any(mask[split:] != 1):
+        raise _Untrusted(f"the delta of {delta.call_id} is not prompt tokens then sampled ones")
+    token_ids = tuple(int(t) for t in np.asarray(delta.token_ids_delta)[split:])
+    text = decode(token_ids)
+    if call.record.output_fingerprint is not None and fingerprint_content(text) != call.record.output_fingerprint:
+        raise _Untrusted(f"the sampled ids of {delta.call_id} do not decode to the text it recorded")
+    return BookEntry(
+        record=call.record,
+        prompt_tokens=np.asarray(delta.token_ids_delta, np.int64)[:split],
+        token_ids=token_ids,
+        logprobs=np.asarray(delta.logprobs_delta, np.float32)[split:],
+        text=text,
+        finish_reason=call.record.finish_reason,
+        carried=True,
+    )
