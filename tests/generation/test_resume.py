@@ -225,3 +225,23 @@ def test_a_rollout_killed_twice_resumes_across_both_attempts(tmp_path, tokenizer
     assert any({call.split(".")[1] for call in r.replayed_calls} == {"a00", "a01"} for r in ledger.receipts)
     assert _sequences(root, config) == _sequences(clean_root, config)
     assert np.all([r.num_calls == 4 for r in ledger.receipts])
+
+
+def test_replayed_calls_keep_their_weight_version_and_the_live_ones_take_the_engines(tmp_path, tokenizer):
+    config = _config()
+    newer = FakeScriptedEngine(tokenizer, reply=_reply, weight_version=1)  # refitted while the shard was down
+    root, _, summary = _killed_then_retried(tmp_path, tokenizer, config, after=5, engine=newer)
+    assert summary.ok == 6 and summary.replayed_calls == 5
+    ledger = LedgerReader(Batch.open(root, config.batch_id).store, 0)
+    replayed = {call for r in ledger.receipts for call in r.replayed_calls}
+    for rollout, deltas in verified_sequences(Batch.open(root, config.batch_id).store, 0).items():
+        versions = [d.weight_version for d in deltas]
+        assert versions == sorted(versions), rollout  # the spans never go back
+        assert versions == [0 if d.call_id in replayed else 1 for d in deltas]
+    assert {0, 1} <= {
+        d.weight_version for deltas in verified_sequences(ledger_store(root, config), 0).values() for d in deltas
+    }
+
+
+def ledger_store(root: str, config: BatchConfig):
+    return Batch.open(root, config.batch_id).store

@@ -1,9 +1,11 @@
 """Seeded crash trials: a generate process killed with SIGKILL at a chosen boundary, retried as Airflow would.
 
 A trial's seed picks a crash site (seed modulo the number of sites, so consecutive seeds cover
-them all) and, from its own random stream, how many passes through the site come before the
-kill. The process is armed through ``ROLLOUT_LEDGER_CRASH_AT`` (:mod:`tasks.crash_points`) and
-kills itself there with SIGKILL, once: the retry runs with the same environment and passes.
+them all), an environment kind (:data:`ENVIRONMENTS`: guess_number, calculator with its tool
+results, an ``agent_command`` agent; every site meets every kind over 18 seeds) and, from its own
+random stream, how many passes through the site come before the kill. The process is armed
+through ``ROLLOUT_LEDGER_CRASH_AT`` (:mod:`tasks.crash_points`) and kills itself there with
+SIGKILL, once: the retry runs with the same environment and passes.
 
 What every trial must show once the retry has committed the shard and the batch is finalized
 (:func:`check_survivors`):
@@ -16,7 +18,9 @@ What every trial must show once the retry has committed the shard and the batch 
 * every row verifies (both suites pass, reading every named object through its sha256);
 * the dataset is token-identical to a clean run of the same plan (:func:`reference_rows`: fp32,
   per-rollout seeds, on the test run's shared engine), sampling logprobs within
-  :data:`LOGPROB_TOLERANCE`.
+  :data:`LOGPROB_TOLERANCE`;
+* nothing committed was sampled twice (:func:`check_call_count`): the call records both attempts
+  wrote are the clean run's count, plus at most the calls in flight at the kill (``max_in_flight``).
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from tasks import layout
 from tasks.batch import Batch
@@ -41,11 +48,26 @@ from tasks.pipeline import finalize_and_publish
 from tasks.plan import plan_batch
 from tasks.storage.claims import is_claim_path
 from tasks.storage.dataset_manifest import read_dataset_marker, read_dataset_part
-from tasks.storage.marker import read_marker
+from tasks.storage.ledger_reader import LedgerReader
+from tasks.storage.marker import parse_shard_object, read_marker
 from tasks.storage.objects import ObjectStore, is_temp_file, sha256_hex
 from tasks.storage.sweep import TEMP_GRACE_SECONDS, sweep_orphans
 
 SHARD = 0
+ROOT = Path(__file__).resolve().parents[2]
+# The environment kinds the trials rotate through: a config's environment fields for each.
+ENVIRONMENTS: dict[str, dict[str, Any]] = {
+    "guess_number": {"environment": "guess_number"},
+    "calculator": {"environment": "calculator", "environment_options": {}},
+    "agent_command": {
+        "environment": "agent_command",
+        "environment_options": {
+            "command": [sys.executable, str(ROOT / "examples" / "command_agent.py")],
+            "tasks": str(ROOT / "examples" / "arithmetic_tasks.jsonl"),
+            "timeout_s": 120,
+        },
+    },
+}
 # Dataset columns that depend only on the plan, the model and the sampled tokens: what a clean run reproduces.
 TOKEN_COLUMNS = (
     "group_id",
@@ -93,15 +115,17 @@ class Trial:
     seed: int
     site: CrashSite
     crash: CrashPoint
+    environment: str
 
     @classmethod
     def of_seed(cls, seed: int, once: Path) -> Trial:
         site = CRASH_SITES[seed % len(CRASH_SITES)]
         hit = random.Random(seed).randint(1, site.max_hit)
-        return cls(seed, site, CrashPoint(site.point, hit=hit, match=site.match, once=str(once)))
+        environment = list(ENVIRONMENTS)[(seed + seed // len(CRASH_SITES)) % len(ENVIRONMENTS)]
+        return cls(seed, site, CrashPoint(site.point, hit=hit, match=site.match, once=str(once)), environment)
 
     def __str__(self) -> str:
-        return f"trial {self.seed}: SIGKILL {self.site.label}, pass {self.crash.hit}"
+        return f"trial {self.seed} ({self.environment}): SIGKILL {self.site.label}, pass {self.crash.hit}"
 
 
 def trial_count(variable: str, default: int) -> int:
@@ -122,14 +146,37 @@ def first_attempt_objects(store: ObjectStore) -> dict[str, str]:
     }
 
 
-def reference_rows(root: str, config: BatchConfig) -> dict[str, dict[str, Any]]:
-    """The dataset of a clean, uninterrupted run of ``config``'s plan on its own engine, by rollout id."""
+@dataclass(frozen=True)
+class CleanRun:
+    """A clean, uninterrupted run of a plan: its dataset's rows by rollout id, and the call records its ledger holds."""
+
+    rows: dict[str, dict[str, Any]]
+    calls: int
+
+
+def reference_rows(root: str, config: BatchConfig) -> CleanRun:
+    """The dataset of a clean, uninterrupted run of ``config``'s plan on its own engine, and its call count."""
     clean = dataclasses.replace(config, batch_id=f"{config.batch_id}-clean")
     batch = Batch.open(root, clean.batch_id)
     plan_batch(batch, clean)
     generate_shards(batch, range(clean.shards), progress=False)
     finalize_batch(batch, FinalizeOptions(audit=False))
-    return dataset_rows(batch.store, staged=True)
+    calls = sum(len(LedgerReader(batch.store, shard).calls) for shard in range(clean.shards))
+    return CleanRun(dataset_rows(batch.store, staged=True), calls)
+
+
+def call_records(store: ObjectStore, paths: Iterable[str]) -> int:
+    """The call records the ledger files among ``paths`` hold."""
+    return sum(
+        pq.read_metadata(pa.BufferReader(store.read_bytes(path))).num_rows for path in paths if _kind(path) == "calls"
+    )
+
+
+def _kind(path: str) -> str | None:
+    try:
+        return parse_shard_object(path, SHARD).kind
+    except ValueError:
+        return None
 
 
 def dataset_rows(store: ObjectStore, *, staged: bool = False) -> dict[str, dict[str, Any]]:
@@ -150,9 +197,10 @@ def finish_batch(root: str, batch_id: str) -> None:
     finalize_and_publish(Batch.open(root, batch_id), FinalizeOptions(audit=False))
 
 
-def check_survivors(batch: Batch, first_attempt: dict[str, str], reference: dict[str, dict[str, Any]]) -> None:
+def check_survivors(batch: Batch, first_attempt: dict[str, str], clean: CleanRun) -> None:
     """The trial's invariants (module docstring) on a batch whose shard is committed and dataset published."""
     store = batch.store
+    reference = clean.rows
     planned = {p.rollout_id for shard in range(batch.config.shards) for p in batch.shard_plan(shard)}
     rows = dataset_rows(store)
     assert set(rows) == planned, f"dataset rollouts differ from the plan: {sorted(set(rows) ^ planned)}"
@@ -186,6 +234,21 @@ def check_survivors(batch: Batch, first_attempt: dict[str, str], reference: dict
         default=0.0,
     )
     assert drift <= LOGPROB_TOLERANCE, f"sampling logprobs differ from the clean run's by up to {drift}"
+    check_call_count(store, first_attempt, marker, clean.calls, batch.config.max_in_flight)
+
+
+def check_call_count(
+    store: ObjectStore, first_attempt: dict[str, str], marker: Any, clean: int, in_flight: int
+) -> None:
+    """Nothing committed was sampled again: the crashed attempt's call records and the retry's together are the
+    clean run's, plus at most the calls that were in flight at the kill."""
+    crashed = call_records(store, first_attempt) if marker.attempt > 0 else 0
+    retried = call_records(store, (f.path for f in marker.files if layout.attempt_of(f.path) == marker.attempt))
+    print(f"{store.url}: {crashed} call records before the kill, {retried} after; the clean run holds {clean}")
+    assert clean <= crashed + retried <= clean + in_flight, (
+        f"the crashed attempt recorded {crashed} calls and the retry {retried}: the clean run records {clean} "
+        f"(at most {in_flight} more may have been in flight at the kill)"
+    )
 
 
 def _age_temp_files(store: ObjectStore) -> None:

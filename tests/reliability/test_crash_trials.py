@@ -1,6 +1,6 @@
 """kill -9 of a real ``rollout-ledger generate`` process at seeded crash points; the retry loses nothing.
 
-Each trial plans one batch on the test run's vLLM server (engine ``vllm_server``), runs generate
+Each trial plans one batch of its environment kind on the test run's vLLM server (engine ``vllm_server``), runs generate
 armed with its crash point until SIGKILL ends it, retries the shard (a new attempt, as a retry
 anywhere is; the Airflow way is ``tests/orchestration/test_crash_trials_e2e.py``), runs the
 suites, finalize and publish, and
@@ -25,7 +25,16 @@ from tasks.plan import plan_batch
 from tests.generation.configs import bundled_model_config
 from tests.generation.processes import GenerateProcess
 
-from .crash_trials import Trial, check_survivors, finish_batch, first_attempt_objects, reference_rows, trial_count
+from .crash_trials import (
+    ENVIRONMENTS,
+    CleanRun,
+    Trial,
+    check_survivors,
+    finish_batch,
+    first_attempt_objects,
+    reference_rows,
+    trial_count,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.crash_trials]
 TRIALS = trial_count("CRASH_TRIALS_CLI", 1)
@@ -33,23 +42,36 @@ TRIALS = trial_count("CRASH_TRIALS_CLI", 1)
 
 @pytest.fixture(scope="module")
 def planned(vllm_server):
-    """The plan every trial runs: 8 guess_number rollouts in one shard, two at a time."""
+    """The plan of each environment kind's trials: 8 rollouts in one shard, two at a time."""
     engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
-    return bundled_model_config(batch_id="crash", num_tasks=4, max_in_flight=2, engine=engine)
+    return {
+        kind: bundled_model_config(
+            batch_id=f"crash-{kind.replace('_', '-')}", num_tasks=4, max_in_flight=2, engine=engine, **fields
+        )
+        for kind, fields in ENVIRONMENTS.items()
+    }
 
 
 @pytest.fixture(scope="module")
-def clean_run(planned, tmp_path_factory):
-    return reference_rows(str(tmp_path_factory.mktemp("clean")), planned)
+def clean_runs(planned, tmp_path_factory):
+    """The clean run of each kind's plan, made when a trial first needs it."""
+    runs: dict[str, CleanRun] = {}
+
+    def clean(kind: str) -> CleanRun:
+        if kind not in runs:
+            runs[kind] = reference_rows(str(tmp_path_factory.mktemp(f"clean-{kind}")), planned[kind])
+        return runs[kind]
+
+    return clean
 
 
 @pytest.mark.parametrize("seed", range(TRIALS))
 def test_a_generate_process_killed_at_a_crash_point_is_retried_without_losing_a_rollout(
-    seed, planned, clean_run, tmp_path, request
+    seed, planned, clean_runs, tmp_path, request
 ):
     trial = Trial.of_seed(seed, tmp_path / "crashed")
     print(trial)
-    config = dataclasses.replace(planned, batch_id=f"crash-{seed}")
+    config = dataclasses.replace(planned[trial.environment], batch_id=f"crash-{seed}")
     root = request.getfixturevalue("s3_bucket") + "/runs" if (seed // 6) % 2 else str(tmp_path / "runs")
     plan_batch(Batch.open(root, config.batch_id), config)
     store = Batch.open(root, config.batch_id).store
@@ -65,4 +87,4 @@ def test_a_generate_process_killed_at_a_crash_point_is_retried_without_losing_a_
 
     generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
     finish_batch(root, config.batch_id)
-    check_survivors(Batch.open(root, config.batch_id), crashed, clean_run)
+    check_survivors(Batch.open(root, config.batch_id), crashed, clean_runs(trial.environment))
