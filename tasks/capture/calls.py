@@ -18,7 +18,7 @@ each step raises :class:`~tasks.capture.faults.CallFault`) and poisons the rollo
 gets the completion when one exists (a capture failure is not a generation failure), and later calls
 of a poisoned rollout run uncaptured. The engine dying (:class:`EngineDeadError`) and storage staying
 unavailable through every retry (:class:`StorageUnavailableError`) are no failures of the call: they
-propagate and end the shard attempt, and the retry re-runs the rollout. With ``capture=False`` the
+propagate and end the shard attempt, and the retry resumes the rollout. With ``capture=False`` the
 same path runs minus staging and ledger (the overhead benchmark).
 
 A rollout's calls form a chain by default: each call must extend the previous one's conversation

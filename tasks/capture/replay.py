@@ -16,7 +16,7 @@ first entries of its book, in order.
 
 Every live call of an episode after the first names it in its extras (:meth:`ReplayBook.notes`,
 ``{"resume": {"episode": e, "replayed": m}}``): how many entries it replayed. That is what lets a
-later attempt rebuild the book from storage alone (:func:`tasks.generate.resume.books_of`).
+later attempt rebuild the book from storage alone (:func:`tasks.generate.resume.resume_points`).
 """
 
 from __future__ import annotations

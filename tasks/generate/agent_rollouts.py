@@ -14,7 +14,7 @@ failures as before, 500 ``server_error`` for the gateway's own tokenizer or tool
 call of a poisoned rollout: it records nothing). The engine dying, storage staying unavailable,
 or any other error of the capture path (a bug: no named failure) is the attempt's failure, not
 the rollout's: the request gets a 503, and :func:`run_agent_rollout` cancels its agent and raises
-the error, which ends the attempt (the retry re-runs the rollout).
+the error, which ends the attempt (the retry resumes the rollout).
 
 Reading replies runs where the capture renders (its render thread, with its own tokenizer).
 :func:`run_agent_rollout` makes the receipt only once every call started on the rollout's route

@@ -11,10 +11,11 @@ summary.
 
 Failover: when the engine loses one of its replicas and another lives (:meth:`ShardEngine.survives`),
 a stepped rollout whose call the lost replica held starts again from its first turn on a live one,
-in the same attempt (:mod:`tasks.generate.rollouts`); the other rollouts go on undisturbed. An
-agent's call cannot be restarted under its running agent: there the attempt ends as on any
-engine death, and the shard goes on at once in a new attempt on the live replicas, adopting what
-the ended one receipted. Each replica loss ends an attempt once at most, so the loop ends.
+in the same attempt, replaying what it committed (:mod:`tasks.generate.rollouts`); the other
+rollouts go on undisturbed. An agent's call cannot be restarted under its running agent: there the
+attempt ends as on any engine death, and the shard goes on at once in a new attempt on the live
+replicas, adopting what the ended one receipted and resuming the rest. Each replica loss ends an
+attempt once at most, so the loop ends.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ async def run_shard(batch: CheckedBatch, shard: int, engine: ShardEngine) -> Sha
             failovers.append(f"attempt {claim.attempt}: {error}")
             log.warning(
                 "shard %d attempt %d failed over (%s): the shard goes on in a new attempt on the live servers; "
-                "its unreceipted rollouts start again from their first turn",
+                "its unreceipted rollouts resume from their committed calls",
                 shard,
                 claim.attempt,
                 error,

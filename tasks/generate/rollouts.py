@@ -5,12 +5,12 @@ rollout that ends, however it ends, gets a receipt (:mod:`tasks.generate.receipt
 are made durable at least every :data:`LEDGER_FLUSH_SECONDS`. An environment error fails only
 its rollout, with the message bounded to :data:`MAX_ERROR_CHARS`. The engine dying or storage
 staying unavailable is not a rollout's failure: the rollouts in flight get no receipt (the retry
-re-runs them) and the attempt ends with that error (the engine's death wins over others).
+resumes them) and the attempt ends with that error (the engine's death wins over others).
 
 A rollout an earlier attempt left without a receipt resumes (``resume: turn``): its new episode replays
 the calls it committed (:mod:`tasks.generate.resume` finds them, :mod:`tasks.capture.replay` answers
-them) and goes on live from the first call that is not among them; with ``resume: restart`` it
-starts from nothing, as does a stepped rollout restarted on a live server.
+them) and goes on live from the first call that is not among them; so does a stepped rollout
+restarted on a live server inside the attempt. With ``resume: restart`` both start from nothing.
 
 An agent environment (:class:`~tasks.environments.agents.Agent`) runs its episodes itself: the
 attempt serves a capture gateway on loopback for the time of its rollouts, and each rollout's
@@ -205,12 +205,10 @@ async def _episodes(
                     if not engine.survives(error):
                         raise
                     log.warning(
-                        "rollout %s lost its server (%s): it starts again from its first turn on a live one, "
-                        "replaying the calls it committed"
-                        if state.resume
-                        else "its calls so far stay unused",
+                        "rollout %s lost its server (%s): it starts again from its first turn on a live one, %s",
                         planned.rollout_id,
                         error,
+                        "replaying the calls it committed" if state.resume else "its calls so far left unused",
                     )
                     state.restart(f"from call {state.next_ordinal}: {error}")
 
@@ -282,7 +280,7 @@ async def run_rollout(
         else:
             outcome = environment.finish_unfinished(task, messages)
     except (EngineDeadError, StorageUnavailableError):
-        raise  # the engine's or the storage's failure, not this rollout's: no receipt, the retry re-runs it
+        raise  # the engine's or the storage's failure, not this rollout's: no receipt, the retry resumes it
     except Exception as exc:  # an environment bug fails this rollout, never the shard
         error = f"{type(exc).__name__}: {exc}"
         if len(error) > MAX_ERROR_CHARS:  # an environment's message may be huge: bounded in the receipt and the log
