@@ -11,9 +11,10 @@ from pathlib import Path
 
 import psutil
 
-from tasks.engines.vllm_server.serving.launch import port_taken
+from tasks.engines.vllm_server.serving.launch import REAP_GRACE_SECONDS, port_taken
 
-REAP_TIMEOUT_SECONDS = 60.0  # the watchdog's poll, vLLM's shutdown on SIGTERM (SIGKILL after 30 s), a busy machine
+# The watchdog's poll, its grace after SIGTERM (SIGKILL after it: vLLM waits on calls in flight), a busy machine.
+REAP_TIMEOUT_SECONDS = REAP_GRACE_SECONDS + 15.0
 
 
 def running(process: psutil.Process) -> bool:

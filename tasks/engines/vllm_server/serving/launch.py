@@ -16,7 +16,10 @@ stops it in order); :meth:`VllmServer.stop` ends the whole group (SIGTERM, then 
 grace period) and returns only when no process of it is left. The server lives no longer than the
 process that launched it: a :class:`~tasks.engines.reaper.Reaper` watchdog, started before it and
 in a session of its own, stops the server and every process below it once the launcher has ended
-without :meth:`VllmServer.stop` (SIGKILL of the launcher or of its process group included).
+without :meth:`VllmServer.stop` (SIGKILL of the launcher or of its process group included), with
+a short grace between SIGTERM and SIGKILL (:func:`reap_grace`): in vLLM's default abort mode the
+API server stops its engine within a second of SIGTERM, then waits without end for the connections
+of calls in flight, which no engine will answer now; their clients hear nothing until it has ended.
 """
 
 from __future__ import annotations
@@ -38,13 +41,16 @@ from typing import Any, Protocol
 import httpx
 import psutil
 
-from tasks.engines.reaper import Reaper
+from tasks.engines.reaper import GRACE_SECONDS, Reaper
 from tasks.engines.vllm_server.serving.keys import KEY_ENV, MIDDLEWARE_PATH
 from tasks.errors import EngineError
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 READY_TIMEOUT_SECONDS = 600.0
 STOP_GRACE_SECONDS = 30.0
+# The watchdog's grace once the launcher is gone (reap_grace): the in-process engine's watchdog's, which
+# stops the same engine core and workers; vLLM's drain time is added where one is configured.
+REAP_GRACE_SECONDS = GRACE_SECONDS
 LAUNCH_SCAN_SECONDS = 0.01  # how often the watchdog looks for the server while it is being started
 LOG_TAIL_CHARS = 3000
 HEALTH_TIMEOUT_SECONDS = 2.0  # one /health request while waiting for the server
@@ -75,6 +81,13 @@ def server_argv(model_folder: Path, options: LaunchOptions, *, host: str, port: 
         elif value is not None:
             argv += [flag, str(value)]
     return argv
+
+
+def reap_grace(engine_args: Mapping[str, Any]) -> float:
+    """How long the watchdog lets a server launched with ``engine_args`` stop on SIGTERM before it SIGKILLs what is
+    left, once the launcher has ended: :data:`REAP_GRACE_SECONDS` after vLLM's own ``shutdown_timeout`` (the time a
+    drain-mode shutdown lets calls in flight finish; 0, vLLM's default, aborts them at once)."""
+    return REAP_GRACE_SECONDS + float(engine_args.get("shutdown_timeout") or 0)
 
 
 def server_env(options: LaunchOptions, *, api_key: str, on_cpu: bool) -> dict[str, str]:
@@ -118,16 +131,19 @@ class VllmServer:
             server_env(options, api_key=api_key, on_cpu=on_cpu),
             url=f"http://{host}:{port}",
             log_path=log_path,
+            grace=reap_grace(options.engine_args(model_folder, on_cpu=on_cpu)),
         )
 
     @classmethod
-    def launch(cls, argv: list[str], env: dict[str, str], *, url: str, log_path: Path) -> VllmServer:
+    def launch(
+        cls, argv: list[str], env: dict[str, str], *, url: str, log_path: Path, grace: float = REAP_GRACE_SECONDS
+    ) -> VllmServer:
         """Run ``argv`` with ``env`` in its own process group, its output to ``log_path``; returns at once.
 
         Its watchdog is up before it starts: if this process ends before :meth:`stop`, however it
-        ends, the watchdog stops the server's processes (SIGTERM, SIGKILL after the stop grace)."""
+        ends, the watchdog stops the server's processes (SIGTERM, SIGKILL after ``grace`` s)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        reaper = Reaper.start(grace=STOP_GRACE_SECONDS, scan_seconds=LAUNCH_SCAN_SECONDS, resource_tracker_first=False)
+        reaper = Reaper.start(grace=grace, scan_seconds=LAUNCH_SCAN_SECONDS, resource_tracker_first=False)
         try:
             with open(log_path, "ab") as log:
                 process = subprocess.Popen(
