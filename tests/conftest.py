@@ -197,15 +197,16 @@ def vllm_engine():
 
 @dataclass(frozen=True)
 class RunningServer:
-    """The test run's vLLM server: its URL, the file holding its API key, and the options that reach it."""
+    """The test run's vLLM server: its URL, the key file ``serve`` made, its log and ``ROLLOUT_LEDGER_HOME``."""
 
     url: str
     key_file: str
     log: str  # the server's own log (vLLM's output)
+    home: Path  # serve's cache (its key file and log) and serve.stderr, serve's own output
 
     @property
     def key(self) -> str:
-        return Path(self.key_file).read_text()
+        return Path(self.key_file).read_text().strip()
 
     def engine_options(self, **more: Any) -> dict[str, Any]:
         """``engine.options`` of a batch on this server (engine ``vllm_server``)."""
@@ -237,18 +238,25 @@ class RunningServer:
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """ONE ``rollout-ledger serve`` of the bundled model on loopback for the whole test run, with a random API key.
+    """ONE ``rollout-ledger serve`` of the bundled model on loopback for the whole test run, started as users start it.
 
-    Ready when the command prints the server's URL. At the end it gets SIGTERM, as a process
-    manager would stop it: it must exit 0 and leave none of the processes it started (asserted
-    here, so a leak fails the run).
+    No ``--api-key-file`` and no ``--log``: ``serve`` makes the API key itself and keeps it and the
+    log in its cache, here a temporary ``ROLLOUT_LEDGER_HOME`` (its model from the user cache, as
+    every command converts it). Ready when the command prints the server's URL. At the end it gets
+    SIGTERM, as a process manager would stop it: it must exit 0 and leave none of the processes it
+    started (asserted here, so a leak fails the run).
     """
     import sys
 
+    from tasks.models.reference import BUNDLED_REFERENCE, resolve_model_reference
+
+    folder = resolve_model_reference(BUNDLED_REFERENCE)  # in the user's cache: the server's home has no model
     home = tmp_path_factory.mktemp("vllm-server")
-    key_file = home / "api-key"
-    key_file.write_text(uuid.uuid4().hex)
-    argv = [sys.executable, "-m", "tasks.cli", "serve", "--port", str(_free_port()), "--api-key-file", str(key_file)]
-    argv += ["--engine-option", "max_model_len=2048", "--log", str(home / "server.log")]
-    with serve_process(argv, home) as url:
-        yield RunningServer(url, str(key_file), str(home / "server.log"))
+    port = _free_port()
+    argv = [sys.executable, "-m", "tasks.cli", "serve", "--port", str(port), "--model", str(folder)]
+    argv += ["--engine-option", "max_model_len=2048"]
+    env = dict(os.environ, ROLLOUT_LEDGER_HOME=str(home))
+    with serve_process(argv, home, env) as url:
+        assert url == f"http://127.0.0.1:{port}"
+        key_file, log = home / "serve" / f"port-{port}.key", home / "logs" / "serve" / f"port-{port}.log"
+        yield RunningServer(url, str(key_file), str(log), home)
