@@ -15,7 +15,7 @@ flight: a new process, same version name, reached over a new connection without 
 ``abort`` (the only server answers two calls ``abort``, as a shutdown or an abort-mode pause
 does), ``dead_replica`` (one server of two is stopped mid-shard). Without the engine's identity
 check the restart trials label every rollout after the restart wrongly. The default
-run has two trials of each; ``SERVER_FAULT_TRIALS=N`` runs N.
+run (``make test``) has one trial of each; ``SERVER_FAULT_TRIALS=N`` runs N.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tests.reliability.crash_trials import trial_count
 from .fake_vllm_server import FakeVllmServer
 
 pytestmark = [pytest.mark.slow]
-TRIALS = trial_count("SERVER_FAULT_TRIALS", 2)
+TRIALS = trial_count("SERVER_FAULT_TRIALS", 1)
 FAULTS = ("restart", "abort", "dead_replica")
 MAX_RETRIES = 3  # an orchestrator's retries of the generate task
 
