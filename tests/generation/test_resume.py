@@ -245,3 +245,33 @@ def test_replayed_calls_keep_their_weight_version_and_the_live_ones_take_the_eng
 
 def ledger_store(root: str, config: BatchConfig):
     return Batch.open(root, config.batch_id).store
+
+
+def test_calculator_rollouts_replay_their_tool_calls_and_get_the_same_tool_results(tmp_path, tokenizer):
+    """The environment answers a replayed tool call again (deterministically): the next prompt is the same."""
+
+    def calculating(request: GenerationRequest) -> str:
+        results = tokenizer.decode(list(request.prompt_token_ids)).count(" = ")
+        return ("<calc>2+3</calc>", "<calc>5*2</calc>", "The answer is 10.")[min(results, 2)]
+
+    config = _config(environment="calculator", environment_options={})
+    clean_root = str(tmp_path / "clean")
+    plan_batch(Batch.open(clean_root, config.batch_id), config)
+    clean_engine = FakeScriptedEngine(tokenizer, reply=calculating)
+    _run(clean_root, config, clean_engine)
+    root = str(tmp_path / "resumed")
+    plan_batch(Batch.open(root, config.batch_id), config)
+    seen = []
+
+    def crash(request: GenerationRequest) -> BaseException | None:
+        seen.append(request)
+        return FatalEngineCrash("process died") if len(seen) > 5 else None
+
+    with pytest.raises(FatalEngineCrash):
+        _run(root, config, FakeScriptedEngine(tokenizer, reply=calculating, fail=crash))
+    engine = FakeScriptedEngine(tokenizer, reply=calculating)
+    summary = _run(root, config, engine)
+    assert len(clean_engine.requests) == 18  # three calls a rollout: two with tool results after them
+    assert summary.replayed_calls == 5 and summary.divergences == 0
+    assert len(engine.requests) == 18 - 5
+    assert _sequences(root, config) == _sequences(clean_root, config)

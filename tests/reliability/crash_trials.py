@@ -2,7 +2,7 @@
 
 A trial's seed picks a crash site (seed modulo the number of sites, so consecutive seeds cover
 them all), an environment kind (:data:`ENVIRONMENTS`: guess_number, calculator with its tool
-results, an ``agent_command`` agent; every site meets every kind over 18 seeds) and, from its own
+results, an ``agent_command`` agent of three calls; every site meets every kind over 18 seeds) and, from its own
 random stream, how many passes through the site come before the kill. The process is armed
 through ``ROLLOUT_LEDGER_CRASH_AT`` (:mod:`tasks.crash_points`) and kills itself there with
 SIGKILL, once: the retry runs with the same environment and passes.
@@ -62,7 +62,7 @@ ENVIRONMENTS: dict[str, dict[str, Any]] = {
     "agent_command": {
         "environment": "agent_command",
         "environment_options": {
-            "command": [sys.executable, str(ROOT / "examples" / "command_agent.py")],
+            "command": [sys.executable, str(Path(__file__).with_name("multi_turn_agent.py"))],
             "tasks": str(ROOT / "examples" / "arithmetic_tasks.jsonl"),
             "timeout_s": 120,
         },
