@@ -121,3 +121,25 @@ class ExpectMaskReasonExactlyOnMaskedRows(MulticolumnMapExpectation):
     map_metric = MaskReasonExactlyWhenMasked.condition_metric_name
     success_keys: ClassVar[tuple[str, ...]] = ("mostly",)
     args_keys: ClassVar[tuple[str, ...]] = ("column_list",)
+
+
+class ReplayedCallsStagedOnce(MulticolumnMapMetricProvider):
+    """Row holds when every replayed call was found in an earlier attempt and none was restaged
+    (replayed, replayed_found, restaged)."""
+
+    condition_metric_name = "rollout_ledger.replayed_calls_staged_once"
+    condition_domain_keys = _DOMAIN_KEYS
+
+    @multicolumn_condition_partial(engine=PandasExecutionEngine)
+    def _pandas(cls, column_list: pd.DataFrame, **kwargs: Any) -> pd.Series:
+        replayed, found, restaged = (column_list.iloc[:, i] for i in range(3))
+        return (found == replayed) & (restaged == 0)
+
+
+class ExpectReplayedCallsToBeStagedOnce(MulticolumnMapExpectation):
+    """Every call a receipt replayed is an earlier attempt's call record of its rollout, and no call of the
+    receipt's own attempt staged it again (column_list: replayed, replayed_found, restaged)."""
+
+    map_metric = ReplayedCallsStagedOnce.condition_metric_name
+    success_keys: ClassVar[tuple[str, ...]] = ("mostly",)
+    args_keys: ClassVar[tuple[str, ...]] = ("column_list",)

@@ -15,7 +15,16 @@ the ``shards`` table with its error, and contributes no other row. Tables (see
 * ``model_calls``: every call id of the call records and failure rows, ``failed`` when a failure row names it;
 * ``rollouts``: every planned rollout of the committed shards and every receipted one: ``planned``,
   ``receipts`` (count), ``poisoned`` (status not ok; null without a receipt), ``capture_poisoned``
-  (finalize's rule, below; null for an unplanned receipt) and ``declared_terminal`` (ok receipts only).
+  (finalize's rule, below; null for an unplanned receipt), ``declared_terminal`` (ok receipts only),
+  and what its receipts replayed (null without a receipt; summed over its receipts, below):
+  ``replayed``, ``replayed_found`` and ``restaged``.
+
+A resumed rollout's receipt names the calls of earlier attempts it replayed (``replayed_calls``,
+:mod:`tasks.capture.replay`); its manifest is those calls, then its own attempt's. Per receipt,
+``replayed`` counts them, ``replayed_found`` those that are a call record of its rollout in an
+earlier attempt than the receipt's (finalize's ``missing_replayed_call`` otherwise), and
+``restaged`` the call records of its rollout in its own attempt whose ``chain_hash`` is one of
+those calls' (a re-sampled copy of a committed call: the same parent chain and the same tokens).
 
 A rollout is capture-poisoned, as finalize's guards decide (:mod:`tasks.finalize.verify.guards`),
 when its receipt is poisoned for a reason other than terminal selection or a missing reward, or
@@ -41,6 +50,7 @@ from tasks.ids import shard_name
 from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.storage.ledger_reader import LedgerTables
 from tasks.storage.objects import sha256_hex
+from tasks.validate.suites import REPLAY_COUNTS
 
 PARALLEL_SHARDS = 2
 HEX_DIGEST_REGEX = r"^[0-9a-f]{64}$"
@@ -213,15 +223,57 @@ def _receipts(tables: LedgerTables) -> pa.Table:
             "poisoned": pc.invert(ok),
             "capture_poisoned": pc.or_(capture_reason, pc.is_in(receipt_keys, value_set=poisoned_keys)),
             "declared_terminal": declared,
+            **_replays(tables, receipt_keys),
         }
     )
+
+
+def _replays(tables: LedgerTables, receipt_keys: pa.ChunkedArray) -> dict[str, np.ndarray]:
+    """Per receipt (``receipt_keys``: ``{attempt}/{rollout_id}``): ``replayed``, ``replayed_found``, ``restaged``.
+
+    See the module docstring. Call records are found by ``{rollout_id}/{call_id}`` (the first, where a
+    key repeats: ``call_ids_unique`` reports that); a restaged copy is a call record whose
+    ``{attempt}/{rollout_id}/{chain_hash}`` is a found replayed call's with the receipt's attempt.
+    """
+    receipts, calls = tables.receipts, tables.calls
+    count = receipts.num_rows
+    lists = receipts["replayed_calls"].combine_chunks()
+    owner = pc.list_parent_indices(lists)
+    rollout = pc.take(receipts["rollout_id"], owner)
+    attempt = pc.take(receipts["attempt"], owner)
+    row = pc.index_in(
+        pc.binary_join_element_wise(rollout, pc.list_flatten(lists), "/"),
+        value_set=pc.binary_join_element_wise(calls["rollout_id"], calls["call_id"], "/"),
+    )
+    call_attempts = pa.array(tables.call_attempts, pa.int64())
+    found = pc.fill_null(pc.less(pc.take(call_attempts, row), attempt), False)
+    replayed_hashes = pc.filter(
+        pc.binary_join_element_wise(attempt.cast(pa.string()), rollout, pc.take(calls["chain_hash"], row), "/"),
+        found,
+    )
+    call_attempt_keys = pc.binary_join_element_wise(call_attempts.cast(pa.string()), calls["rollout_id"], "/")
+    restaged = pc.is_in(
+        pc.binary_join_element_wise(call_attempt_keys, calls["chain_hash"], "/"), value_set=replayed_hashes
+    )
+    restaging_receipt = pc.index_in(pc.filter(call_attempt_keys, restaged), value_set=receipt_keys)
+    return {
+        "replayed": np.bincount(owner.to_numpy(), minlength=count),
+        "replayed_found": np.bincount(owner.to_numpy(), weights=found.to_numpy(), minlength=count).astype(np.int64),
+        "restaged": np.bincount(restaging_receipt.drop_null().to_numpy(), minlength=count),
+    }
 
 
 def _rollouts(planned: pa.ChunkedArray, receipts: pa.Table) -> pa.Table:
     """Planned rollouts and receipted ones, one row each, with receipt counts and the flags of their receipt."""
     ids = pc.unique(pa.chunked_array([*planned.chunks, *receipts["rollout_id"].chunks], pa.string()))
     per_rollout = receipts.group_by("rollout_id", use_threads=False).aggregate(
-        [("rollout_id", "count"), ("poisoned", "first"), ("capture_poisoned", "first"), ("declared_terminal", "first")]
+        [
+            ("rollout_id", "count"),
+            ("poisoned", "first"),
+            ("capture_poisoned", "first"),
+            ("declared_terminal", "first"),
+            *((name, "sum") for name in REPLAY_COUNTS),
+        ]
     )
     found = pc.index_in(ids, value_set=per_rollout["rollout_id"])
     is_planned = pc.is_in(ids, value_set=planned)
@@ -235,6 +287,7 @@ def _rollouts(planned: pa.ChunkedArray, receipts: pa.Table) -> pa.Table:
             # Over planned rollouts: one without a receipt is not capture-poisoned, an unplanned one is left out.
             "capture_poisoned": pc.if_else(is_planned, pc.fill_null(capture, False), pa.scalar(None, pa.bool_())),
             "declared_terminal": pc.take(per_rollout["declared_terminal_first"], found),
+            **{name: pc.take(per_rollout[f"{name}_sum"], found) for name in REPLAY_COUNTS},
         }
     )
 

@@ -105,8 +105,14 @@ LINEAGE_TABLES = (
         "calls", "call_id", "one row per call record: lengths, mode, weight version, its parent's, digests well formed?"
     ),
     TableSpec("model_calls", "call_id", "one row per model call (call records and failure rows): failed?"),
-    TableSpec("rollouts", "rollout_id", "one row per planned rollout of the committed shards and per receipt"),
+    TableSpec(
+        "rollouts",
+        "rollout_id",
+        "one row per planned rollout of the committed shards and per receipt: receipts, flags, calls replayed",
+    ),
 )
+# The rollouts table's counts of what its receipts replayed (tasks.validate.lineage_profile's docstring).
+REPLAY_COUNTS = ("replayed", "replayed_found", "restaged")
 
 
 def lineage_suite(thresholds: ValidationSpec, *, weight_version: int) -> SuiteSpec:
@@ -237,6 +243,16 @@ def lineage_suite(thresholds: ValidationSpec, *, weight_version: int) -> SuiteSp
             kwargs={"column": "planned", "value_set": [True]},
             severity="fail",
             rule="Every receipt is of a rollout that the plan of its shard lists.",
+        ),
+        ExpectationSpec(
+            name="replayed_calls_staged_once",
+            table="rollouts",
+            expectation="expect_replayed_calls_to_be_staged_once",
+            kwargs={"column_list": list(REPLAY_COUNTS), "ignore_row_if": "any_value_is_missing"},
+            severity="fail",
+            rule="Every call a receipt replayed (replayed_calls) is a call record of its rollout in an earlier "
+            "attempt, and no call of the receipt's own attempt has the chain_hash of one it replayed (a committed "
+            "call sampled and staged again).",
         ),
         ExpectationSpec(
             name="poisoned_rollout_rate",

@@ -4,11 +4,13 @@
 batch is generated (and finalized) once however many tests corrupt or validate it.
 :class:`StagedDataset` rewrites rows of the staged dataset and reseals its manifest (a writer
 bug: the manifest vouches for the bad bytes, so only the dataset suite can catch them); ledger
-objects are corrupted with :class:`tests.finalize.tamper.BatchFiles`.
+objects are corrupted with :class:`tests.finalize.tamper.BatchFiles`. :func:`generate_killed_then_resumed`
+commits a shard whose rollouts resumed (replayed calls of a killed attempt).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Callable
@@ -16,8 +18,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from tasks import layout
+from tasks.batch import Batch
+from tasks.engines.base import GenerationRequest
+from tasks.generate import generate_shard
+from tasks.generate.summary import ShardSummary
 from tasks.records.dataset_row import DatasetRow
 from tests.local_batch import LocalBatch
 
@@ -56,3 +63,30 @@ class StagedDataset:
 
 def row_of(rows: list[Row], rollout_id: str) -> Row:
     return next(row for row in rows if row["rollout_id"] == rollout_id)
+
+
+def generate_killed_then_resumed(
+    batch: Batch,
+    shard: int,
+    tokenizer: Any,
+    *,
+    crash_after: int,
+    reply: Callable[[GenerationRequest], str],
+    weight_version: int = 0,
+) -> ShardSummary:
+    """Generate ``shard`` on a fake engine that answers ``crash_after`` requests and then dies (the answers are
+    committed, their rollouts left without receipts), then again on a healthy one, whose attempt resumes them: it
+    replays their committed calls and samples the rest. Returns the second run's summary."""
+    from tests.generation.fakes import FakeScriptedEngine, FatalEngineCrash
+
+    answered: list[str] = []
+
+    def die(request: GenerationRequest) -> BaseException | None:
+        answered.append(request.request_id)
+        return FatalEngineCrash("process died") if len(answered) > crash_after else None
+
+    dying = FakeScriptedEngine(tokenizer, reply=reply, fail=die, weight_version=weight_version)
+    with pytest.raises(FatalEngineCrash):
+        generate_shard(batch, shard, engine=dying, run=asyncio.run, progress=False)
+    engine = FakeScriptedEngine(tokenizer, reply=reply, weight_version=weight_version)
+    return generate_shard(batch, shard, engine=engine, run=asyncio.run, progress=False)

@@ -1,4 +1,5 @@
-"""Validation fixtures: one guess_number batch generated with the fake scripted engine, and its finalized copy.
+"""Validation fixtures: one guess_number batch generated with the fake scripted engine, its finalized copy, and a
+batch whose rollouts resumed after a killed attempt.
 
 Both are built once per test session (real tokenizer, real storage, real finalize); tests take
 private copies (:func:`tests.validate.batches.copy_batch`) to corrupt or validate.
@@ -19,6 +20,8 @@ from tasks.generate import generate_shards
 from tasks.plan import plan_batch
 from tasks.sampling import SamplingSettings
 from tests.local_batch import LocalBatch, copy_batch
+
+from .batches import generate_killed_then_resumed
 
 WEIGHT_VERSION = 2  # the batch's planned weight version: a call admitted below it can be forged
 
@@ -65,3 +68,17 @@ def finalized_batch(generated_batch: LocalBatch, tmp_path_factory: pytest.TempPa
     batch = copy_batch(generated_batch, tmp_path_factory.mktemp("validate-finalized"))
     finalize_batch(batch.handle)
     return batch
+
+
+@pytest.fixture(scope="session")
+def resumed_batch(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> LocalBatch:
+    """One shard committed by a second attempt that resumed the rollouts its killed first attempt left unfinished:
+    their receipts name the calls they replayed (``replayed_calls``)."""
+    root = tmp_path_factory.mktemp("validate-resumed")
+    config = validation_config(batch_id="b-resumed", num_tasks=3, shards=1)
+    batch = Batch.open(str(root), config.batch_id)
+    plan_batch(batch, config)
+    generate_killed_then_resumed(
+        batch, 0, tokenizer, crash_after=12, reply=lambda r: str(r.seed % 8 + 1), weight_version=WEIGHT_VERSION
+    )
+    return LocalBatch(root=root, config=config)
