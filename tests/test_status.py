@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from typing import Any, NamedTuple
@@ -18,16 +19,19 @@ from tasks.generate import generate_shard
 from tasks.pipeline import decide_and_report, finalize_and_publish, run_suite
 from tasks.plan import plan_batch
 from tasks.publish import publish_batch
+from tasks.records.ledger import RESUMED_NOTE, SERVED_BY_NOTE, Receipt, canonical_json
 from tasks.records.review import new_decision
 from tasks.sampling import SamplingSettings
 from tasks.status.gather import batch_status
-from tasks.status.model import AttemptStatus
+from tasks.status.model import AttemptStatus, ResumeCounts
 from tasks.status.render import render_status
+from tasks.status.shards import receipt_notes
 from tasks.storage.claims import claim_attempt
 from tasks.storage.marker import read_marker
 from tasks.storage.objects import ObjectStore
 
 from .generation.fakes import FakeScriptedEngine
+from .validate.batches import generate_killed_then_resumed
 
 BATCH = "b-status"
 HOUR = 3600.0
@@ -282,3 +286,94 @@ def test_a_staged_dataset_is_judged_by_its_validation_runs(tmp_path, tokenizer):
         in text
     )
     assert f"{failed.url}/reports/index.html" in text
+
+
+def test_a_resumed_shard_counts_what_its_rollouts_replayed_and_the_totals_sum_it(tmp_path, tokenizer):
+    root = Root(str(tmp_path / "runs"), {})
+    config = make_config(environment="guess_number", environment_options={"lo": 1, "hi": 8}, max_turns=4)
+    plan_batch(Batch.open(root.url, config.batch_id), config)
+    summary = generate_killed_then_resumed(
+        Batch.open(root.url, BATCH), 0, tokenizer, crash_after=6, reply=lambda r: str(r.seed % 8 + 1)
+    )
+    generate(root, 1, tokenizer)
+
+    status = batch_status(Batch.open(root.url, BATCH))
+
+    resumed = ResumeCounts(
+        rollouts=summary.resumed,
+        replayed_calls=summary.replayed_calls,
+        live_calls=summary.live_calls,
+        divergences=summary.divergences,
+    )
+    assert resumed.rollouts > 0 and resumed.replayed_calls > 0 and resumed.live_calls > 0
+    assert resumed.divergences == 0
+    resumed_shard, plain_shard = (s.committed for s in status.shards)
+    assert resumed_shard is not None and plain_shard is not None
+    assert (resumed_shard.attempt, resumed_shard.resumed, plain_shard.resumed) == (1, resumed, ResumeCounts())
+    assert status.totals.resumed == resumed
+    as_dict = status.to_dict()
+    assert as_dict["shards"][0]["committed"]["resumed"] == dataclasses.asdict(resumed)
+    assert as_dict["shards"][1]["committed"]["resumed"] == dataclasses.asdict(ResumeCounts())
+    assert as_dict["totals"]["resumed"] == dataclasses.asdict(resumed)
+
+    lines = render_status(status).splitlines()
+    line = (  # counts of zero (divergences, replays refused) are left out
+        f"resumed {resumed.rollouts} rollout(s): {resumed.replayed_calls} call(s) replayed, "
+        f"{resumed.live_calls} sampled live after a replay"
+    )
+    shard_0 = next(i for i, text in enumerate(lines) if text.startswith("  shard 0 "))
+    assert lines[shard_0 + 1] == f"    {line}"
+    assert lines[shard_0 + 2].startswith("  shard 1 ")  # it resumed nothing: no line
+    totals = next(i for i, text in enumerate(lines) if text.startswith("  poisoned by reason: "))
+    assert lines[totals + 1] == f"  {line}"
+    assert sum(text.lstrip().startswith("resumed ") for text in lines) == 2
+    every = ResumeCounts(rollouts=2, replayed_calls=3, live_calls=4, divergences=1, replays_refused=1)
+    text = render_status(dataclasses.replace(status, totals=dataclasses.replace(status.totals, resumed=every)))
+    assert (
+        "\n  resumed 2 rollout(s): 3 call(s) replayed, 4 sampled live after a replay, 1 divergence(s), "
+        "1 replay(s) refused\n" in text
+    )
+
+
+def _receipt(rollout_id: str, info: dict[str, Any]) -> Receipt:
+    """An ok receipt of a resumed rollout whose reward info holds ``info``."""
+    return Receipt(
+        rollout_id=rollout_id,
+        group_id="g000000",
+        attempt=1,
+        reward=1.0,
+        reward_info=canonical_json(info),
+        terminal_call_id=f"{rollout_id}.a01.c001",
+        terminal_selection="declared",
+        terminal_attribution_reason=None,
+        status="ok",
+        failure_reason=None,
+        num_calls=2,
+        replayed_calls=(f"{rollout_id}.a00.c000",),
+    )
+
+
+def test_resume_notes_are_summed_and_a_malformed_note_counts_nothing():
+    diverged = {"episode": 1, "replayed": 2, "live": 3, "diverged": 1}
+    refused = {"episode": 2, "replayed": 0, "live": 4, "diverged": 0, "could_not_replay": ["replay_refused: a", "b"]}
+    malformed = [
+        [1, 2, 3, 1],
+        "resumed",
+        {**diverged, "replayed": -1},
+        {**diverged, "live": True},
+        {**diverged, "diverged": 1.0},
+        {**diverged, "episode": "1"},
+        {key: value for key, value in diverged.items() if key != "episode"},
+        {**diverged, "could_not_replay": "replay_refused"},
+        {**diverged, "could_not_replay": [3]},
+        None,
+    ]
+    infos = [{"reward": 1.0, RESUMED_NOTE: diverged}, {RESUMED_NOTE: refused}, {"reward": 0.0}]
+    infos += [{SERVED_BY_NOTE: {"http://a:8000": 2}, RESUMED_NOTE: note} for note in malformed]
+    receipts = [_receipt(f"r{i:06d}-00", info) for i, info in enumerate(infos)]
+
+    notes = receipt_notes(r.reward_info for r in receipts)
+
+    assert notes.resumed == ResumeCounts(rollouts=2, replayed_calls=2, live_calls=7, divergences=1, replays_refused=2)
+    assert notes.calls_by_server == {"http://a:8000": 2 * len(malformed)}  # the other notes still count
+    assert notes.rollouts_failed_over == 0

@@ -17,7 +17,15 @@ from tasks.batch import Batch
 from tasks.errors import MalformedReviewError, StorageIntegrityError
 from tasks.publish import PUBLISHABLE
 from tasks.records.suite_summary import SUITES
-from tasks.status.model import BatchStatus, CommittedShard, DatasetStatus, PlanStatus, ReportsStatus, Totals
+from tasks.status.model import (
+    BatchStatus,
+    CommittedShard,
+    DatasetStatus,
+    PlanStatus,
+    ReportsStatus,
+    ResumeCounts,
+    Totals,
+)
 from tasks.status.next_step import next_step
 from tasks.status.shards import shard_status
 
@@ -71,6 +79,7 @@ def _totals(committed: Iterable[CommittedShard]) -> Totals:
         poisoned_by_reason=dict(sorted(poisoned.items())),
         weight_version_min=min(minima, default=None),
         weight_version_max=max(maxima, default=None),
+        resumed=sum((s.resumed for s in shards), ResumeCounts()),
     )
 
 

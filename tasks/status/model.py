@@ -79,6 +79,28 @@ class AttemptStatus:
 
 
 @dataclass(frozen=True)
+class ResumeCounts:
+    """What resuming did, summed over receipts' ``resumed`` notes (:func:`tasks.generate.receipts.capture_notes`).
+
+    ``rollouts``: receipts with a (well-formed) note, each a rollout that resumed; ``replayed_calls``:
+    calls answered from a replay book; ``live_calls``: calls sampled live after a replay began;
+    ``divergences``: replays a call diverged from; ``replays_refused``: episodes whose committed calls
+    could not be replayed (``could_not_replay``), started afresh instead.
+    """
+
+    rollouts: int = 0
+    replayed_calls: int = 0
+    live_calls: int = 0
+    divergences: int = 0
+    replays_refused: int = 0
+
+    def __add__(self, other: ResumeCounts) -> ResumeCounts:
+        return ResumeCounts(
+            *(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True))
+        )
+
+
+@dataclass(frozen=True)
 class CommittedShard:
     """A committed shard: the marker's attempt and counts, and facts read from its named ledger files.
 
@@ -86,7 +108,8 @@ class CommittedShard:
     receipts; the weight versions range over every named call record (None without calls);
     ``failovers`` are the earlier attempts that failed over (:func:`tasks.status.shards.failed_over`);
     ``calls_by_server`` and ``rollouts_failed_over`` sum what the receipts say of where their calls
-    ran (an engine of several servers: :func:`tasks.generate.receipts.capture_notes`).
+    ran (an engine of several servers: :func:`tasks.generate.receipts.capture_notes`); ``resumed``
+    what their ``resumed`` notes say (:class:`ResumeCounts`).
     """
 
     attempt: int
@@ -99,6 +122,7 @@ class CommittedShard:
     failovers: tuple[int, ...] = ()
     calls_by_server: dict[str, int] = dataclasses.field(default_factory=dict)
     rollouts_failed_over: int = 0
+    resumed: ResumeCounts = ResumeCounts()
 
 
 @dataclass(frozen=True)
@@ -114,7 +138,7 @@ class ShardStatus:
 
 @dataclass(frozen=True)
 class Totals:
-    """Sums over the committed shards' markers and named ledger files."""
+    """Sums over the committed shards' markers and named ledger files (``resumed``: their receipts' resume notes)."""
 
     committed_shards: int
     rollouts: int
@@ -127,6 +151,7 @@ class Totals:
     poisoned_by_reason: dict[str, int]
     weight_version_min: int | None
     weight_version_max: int | None
+    resumed: ResumeCounts = ResumeCounts()
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,15 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from tasks import layout
-from tasks.status.model import AttemptStatus, BatchStatus, DatasetStatus, ReportsStatus, ShardStatus, Totals
+from tasks.status.model import (
+    AttemptStatus,
+    BatchStatus,
+    DatasetStatus,
+    ReportsStatus,
+    ResumeCounts,
+    ShardStatus,
+    Totals,
+)
 from tasks.storage.claims import AttemptClaim
 
 
@@ -47,13 +55,16 @@ def _shard_lines(shard: ShardStatus) -> list[str]:
     head = f"shard {shard.shard:<3} {shard.state:<11}"
     if shard.committed is not None:
         c, counts = shard.committed, shard.committed.counts
-        return [
+        lines = [
             f"{head} attempt {c.attempt}: {counts.rollouts} rollouts ({counts.ok} ok, {counts.poisoned} poisoned, "
             f"{counts.failed} failed, {counts.adopted_rollouts} adopted), {counts.calls} calls, "
             f"{counts.failures} failure rows, {counts.staged_rows} staged rows"
             + (f"; failed over from attempt(s) {list(c.failovers)}" if c.failovers else "")
             + (f"; {c.rollouts_failed_over} rollout(s) restarted on a live server" if c.rollouts_failed_over else "")
-        ] + ([f"  calls per server: {_per_server(c.calls_by_server)}"] if c.calls_by_server else [])
+        ]
+        if c.calls_by_server:
+            lines.append(f"  calls per server: {_per_server(c.calls_by_server)}")
+        return lines + [f"  {line}" for line in _resumed_lines(c.resumed)]
     lines = [head.rstrip() + (f" {shard.error}" if shard.error else "")]
     lines += [f"  {_attempt_line(attempt)}" for attempt in shard.attempts]
     return lines
@@ -61,6 +72,20 @@ def _shard_lines(shard: ShardStatus) -> list[str]:
 
 def _per_server(calls: Mapping[str, int]) -> str:
     return ", ".join(f"{url} {n}" for url, n in calls.items())
+
+
+def _resumed_lines(resumed: ResumeCounts) -> list[str]:
+    """What resuming did (:class:`ResumeCounts`), each count only when not zero; none when nothing resumed."""
+    if not resumed.rollouts:
+        return []
+    parts = (
+        (resumed.replayed_calls, "call(s) replayed"),
+        (resumed.live_calls, "sampled live after a replay"),
+        (resumed.divergences, "divergence(s)"),
+        (resumed.replays_refused, "replay(s) refused"),
+    )
+    counted = ", ".join(f"{n} {what}" for n, what in parts if n)
+    return [f"resumed {resumed.rollouts} rollout(s)" + (f": {counted}" if counted else "")]
 
 
 def _attempt_line(attempt: AttemptStatus) -> str:
@@ -89,6 +114,7 @@ def _totals_lines(totals: Totals, planned: int) -> list[str]:
         f"{totals.failure_rows} failure rows; weight versions {versions}",
         f"  failures by reason: {_counts(totals.failures_by_reason)}",
         f"  poisoned by reason: {_counts(totals.poisoned_by_reason)}",
+        *(f"  {line}" for line in _resumed_lines(totals.resumed)),
     ]
 
 

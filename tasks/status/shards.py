@@ -8,7 +8,9 @@ abandoned.
 A failover (engine ``vllm_server`` lost one of its replicas, and the shard went on in a new
 attempt on the others: docs/servers.md) is read from the claims: an attempt whose next attempt
 the same process (host and pid) claimed failed over, since a generate process claims a shard
-again only then.
+again only then. Where a committed shard's calls ran and what resuming its rollouts did
+(:mod:`tasks.capture.replay`) are read from the notes of its receipts' reward info, which is
+storage content: a note not of the shape the capture writes counts nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import itertools
 import json
 from collections import Counter
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,8 +27,8 @@ import pyarrow.compute as pc
 from tasks import layout
 from tasks.batch import Batch
 from tasks.errors import MalformedClaimError, StorageIntegrityError, UncommittedShardError
-from tasks.records.ledger import FAILED_OVER_NOTE, SERVED_BY_NOTE
-from tasks.status.model import AttemptStatus, CommittedShard, ShardStatus
+from tasks.records.ledger import FAILED_OVER_NOTE, RESUMED_NOTE, SERVED_BY_NOTE
+from tasks.status.model import AttemptStatus, CommittedShard, ResumeCounts, ShardStatus
 from tasks.storage.claims import AttemptClaim, read_claims
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import SHARD_FILE_KINDS, parse_shard_object
@@ -62,7 +65,7 @@ def _committed_shard(ledger: LedgerReader, failovers: tuple[int, ...]) -> Commit
     receipts = tables.receipts
     poisoned = receipts.filter(pc.equal(receipts.column("status"), "poisoned"))
     versions = pc.min_max(tables.calls.column("weight_version")).as_py()
-    calls_by_server, failed_over = _where_calls_ran(receipts.column("reward_info").to_pylist())
+    notes = receipt_notes(receipts.column("reward_info").to_pylist())
     return CommittedShard(
         attempt=ledger.marker.attempt,
         committed_at=ledger.marker.committed_at,
@@ -72,18 +75,29 @@ def _committed_shard(ledger: LedgerReader, failovers: tuple[int, ...]) -> Commit
         weight_version_min=versions["min"],
         weight_version_max=versions["max"],
         failovers=failovers,
-        calls_by_server=calls_by_server,
-        rollouts_failed_over=failed_over,
+        calls_by_server=notes.calls_by_server,
+        rollouts_failed_over=notes.rollouts_failed_over,
+        resumed=notes.resumed,
     )
 
 
-def _where_calls_ran(reward_infos: Iterable[str]) -> tuple[dict[str, int], int]:
-    """Calls per server summed over the receipts' ``served_by`` notes, and the receipts with ``failed_over``.
+class ReceiptNotes(NamedTuple):
+    """What a shard's receipts note in their reward info (:func:`tasks.generate.receipts.capture_notes`)."""
 
-    The reward info is storage content: a receipt whose notes are not of that shape counts nothing.
+    calls_by_server: dict[str, int]  # summed over the ``served_by`` notes, by URL
+    rollouts_failed_over: int  # receipts with a ``failed_over`` note
+    resumed: ResumeCounts  # the ``resumed`` notes summed (:func:`_resume_counts`)
+
+
+def receipt_notes(reward_infos: Iterable[str]) -> ReceiptNotes:
+    """The notes of receipts' reward info (JSON text), summed.
+
+    The reward info is storage content: a receipt whose note is not of the shape the capture writes
+    counts nothing for that note.
     """
     calls: Counter[str] = Counter()
     failed_over = 0
+    resumed = ResumeCounts()
     for text in reward_infos:
         try:
             info = json.loads(text)
@@ -95,7 +109,31 @@ def _where_calls_ran(reward_infos: Iterable[str]) -> tuple[dict[str, int], int]:
         if isinstance(served, dict) and all(isinstance(n, int) and n >= 0 for n in served.values()):
             calls.update({str(url): n for url, n in served.items()})
         failed_over += bool(info.get(FAILED_OVER_NOTE))
-    return dict(sorted(calls.items())), failed_over
+        resumed += _resume_counts(info.get(RESUMED_NOTE))
+    return ReceiptNotes(dict(sorted(calls.items())), failed_over, resumed)
+
+
+_RESUMED_COUNTS = ("episode", "replayed", "live", "diverged")  # the counts a resumed note holds
+
+
+def _resume_counts(note: object) -> ResumeCounts:
+    """One receipt's ``resumed`` note as counts (one rollout resumed); nothing for an absent or malformed note.
+
+    Well formed: an object whose ``episode``, ``replayed``, ``live`` and ``diverged`` are integers at
+    least 0 and whose ``could_not_replay``, when present, is a list of strings.
+    """
+    if not isinstance(note, dict):
+        return ResumeCounts()
+    counts = [note.get(key) for key in _RESUMED_COUNTS]
+    refused = note.get("could_not_replay", [])
+    if not all(type(n) is int and n >= 0 for n in counts):
+        return ResumeCounts()
+    if not (isinstance(refused, list) and all(isinstance(reason, str) for reason in refused)):
+        return ResumeCounts()
+    _, replayed, live, diverged = counts
+    return ResumeCounts(
+        rollouts=1, replayed_calls=replayed, live_calls=live, divergences=diverged, replays_refused=len(refused)
+    )
 
 
 def _value_counts(column: pa.ChunkedArray) -> dict[str, int]:
