@@ -188,6 +188,19 @@ def test_a_server_restarted_mid_shard_is_engine_death_and_nothing_is_stamped_wit
     assert "abort" not in calls.column("finish_reason").to_pylist()
 
 
+def pause_until_it_ends(url: str, headers: dict[str, str], run: GenerateProcess, *, every_s: float = 5.0) -> None:
+    """Pause the server in abort mode, again every ``every_s`` while ``run`` goes on (at most 120 s).
+
+    A pause aborts every call the engine holds. One that falls between two calls finds none, and
+    the next calls wait in vLLM's queue until a resume: the next pause aborts them."""
+    deadline = time.monotonic() + 120
+    while run.process.poll() is None and time.monotonic() < deadline:
+        httpx.post(f"{url}/pause", params={"mode": "abort"}, headers=headers, timeout=120).raise_for_status()
+        ends = time.monotonic() + every_s
+        while run.process.poll() is None and time.monotonic() < ends:
+            time.sleep(0.1)
+
+
 def test_calls_aborted_by_a_pause_end_the_attempt_and_are_never_captured_as_replies(vllm_server, tmp_path):
     config = interruptible_config(
         "b-abort", num_tasks=4, engine=EngineSpec(name="vllm_server", options=vllm_server.engine_options())
@@ -197,9 +210,7 @@ def test_calls_aborted_by_a_pause_end_the_attempt_and_are_never_captured_as_repl
     done = run.wait_for_completed_rollouts()
     headers = {"Authorization": f"Bearer {vllm_server.key}"}
     try:
-        httpx.post(
-            f"{vllm_server.url}/pause", params={"mode": "abort"}, headers=headers, timeout=120
-        ).raise_for_status()
+        pause_until_it_ends(vllm_server.url, headers, run)
         assert_stopped_cleanly(run, store, 0, expected_code=1, reported_done=done)
     finally:
         httpx.post(f"{vllm_server.url}/resume", headers=headers, timeout=120).raise_for_status()
