@@ -21,9 +21,11 @@ import pytest
 
 from tasks import layout
 from tasks.batch import Batch
+from tasks.errors import EngineDeadError
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import CommitCoordinates
@@ -237,3 +239,37 @@ def test_a_bug_in_an_agent_class_fails_its_rollouts_not_the_attempt(tmp_path, to
     for receipt, _ in staged_manifests(batch).values():
         assert (receipt.status, receipt.failure_reason) == ("failed", "agent_error")
         assert "KeyError" in json.loads(receipt.reward_info)["error"]
+
+
+@pytest.mark.parametrize("agent", ["tool_agent", "retrying_agent", "sub_agent"])
+def test_an_agent_whose_attempt_died_is_run_again_and_answered_from_its_committed_calls(
+    agent, tmp_path, tokenizer, tasks_file
+):
+    """The retry re-runs each unfinished agent from its start: requests that repeat a committed call (same parent,
+    same prompt tokens) get the same reply from the record, tool call ids included; only the rest reach the engine.
+    The batch equals a clean run's."""
+    options = {"function": f"{AGENTS}:{agent}", "tasks": str(tasks_file)}
+    room = {"sampling": SamplingSettings(temperature=1.0, max_tokens=64)}  # no reply cut: the fake's text is its ids'
+    clean_engine = arithmetic_engine(tokenizer)
+    clean, _ = run_agents(tmp_path / "clean", clean_engine, "agent_callable", options, **room)
+    total = len(clean_engine.requests)
+
+    dying = arithmetic_engine(tokenizer)
+    dying._fail = lambda request: EngineDeadError("engine core died") if len(dying.requests) > total // 2 else None
+    with pytest.raises(EngineDeadError):
+        run_agents(tmp_path / "resumed", dying, "agent_callable", options, **room)
+    answered = len(dying.results)
+    engine = arithmetic_engine(tokenizer)
+    batch = Batch.open(str(tmp_path / "resumed" / "runs"), clean.config.batch_id)
+    summary = generate_shard(batch, 0, engine=engine, run=asyncio.run, progress=False)
+
+    assert summary.ok == 4 and summary.divergences == 0
+    replayed = {call for r in LedgerReader(batch.store, 0).receipts for call in r.replayed_calls}
+    adopted = sum(r.num_calls for r in LedgerReader(batch.store, 0).receipts if r.attempt == 0)
+    assert len(engine.requests) == total - len(replayed) - adopted
+    # Every answered call was committed but those in flight when the engine died; none is sampled again.
+    assert answered - clean.config.max_in_flight <= len(replayed) + adopted <= answered
+    assert replayed
+    assert verified_sequences(batch.store, 0).keys() == verified_sequences(clean.store, 0).keys()
+    for rollout, deltas in verified_sequences(batch.store, 0).items():
+        assert linearized(deltas).tolist() == linearized(verified_sequences(clean.store, 0)[rollout]).tolist()
