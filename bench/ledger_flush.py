@@ -18,9 +18,18 @@ rollout completes (``LEDGER_FLUSH_SECONDS``). Two measurements, side by side per
   durable when the last receipt was added (what a crash then would lose).
 * read: one shard of ``--read-calls`` calls staged in commits of N rows, its ledger flushed after
   every commit (one calls file per commit, receipts files as rollouts finish) vs only when 1024
-  rows are buffered and at the end (what a 10 s flush gives a busy shard); the time to read the
-  committed ledger through LedgerReader (checksums, rows, records, rollouts), median of
-  ``--read-repeats``.
+  rows are buffered and at the end (what a 10 s flush gives a busy shard), both committed without
+  compaction; the time to read the committed ledger through LedgerReader (checksums, rows,
+  records, rollouts), median of ``--read-repeats``.
+* compacted: the shard flushed after every commit once more, committed with compaction (the
+  default: its small files rewritten into 1024-row files the marker names); its read time
+  against both shards above, and the time its commit takes against the same commit without
+  compaction (one run each).
+* memory: ``--memory-calls`` call records (unique ids and hashes, rollouts of ``--turns`` calls,
+  their receipts) through a LedgerWriter flushed every ``--memory-group`` calls, into a dict (the
+  writer's cost, no backend's); the bytes it holds for compaction just before commit
+  (``held_for_compaction``: encoded 1024-row files plus the Arrow tables since; the flush size
+  changes only the tables' share), per call, and the commit's time with and without compaction.
 
 Backends: local disk (temp dir) and a moto S3 server on loopback, started as a subprocess (its
 CPU competes with the bench's on a small machine; real S3 has higher latency per PUT and GET).
@@ -28,6 +37,7 @@ CPU competes with the bench's on a small machine; real S3 has higher latency per
     python bench/ledger_flush.py [--backends local s3] [--lanes 8 64] [--max-delay-ms 50 0]
                                  [--calls 1280] [--turns 4] [--engine-ms 0] [--repeats 3]
                                  [--read-calls 8192] [--read-groups 8 64] [--read-repeats 3]
+                                 [--memory-calls 100000] [--memory-group 256]
 """
 
 from __future__ import annotations
@@ -54,12 +64,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.staging import CARRY_TOKENS, SAMPLED_TOKENS, make_workload
 from tasks import layout
+from tasks.errors import ObjectConflictError
 from tasks.ids import call_id, group_id, rollout_id
 from tasks.records.ledger import CallRecord, Receipt, StagedDelta
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.ledger_writer import LedgerWriter
-from tasks.storage.objects import ObjectStore
-from tasks.storage.staging import CommitCoordinates, StagingWriter
+from tasks.storage.marker import MarkedFile, parse_shard_object
+from tasks.storage.objects import ObjectStore, WrittenObject, sha256_hex
+from tasks.storage.staging import CommitCoordinates, StagingWriter, WrittenSegment
 
 BATCH = "bench-ledger-flush"
 SHARD = 0
@@ -87,6 +99,7 @@ class ReadRun:
     files: int
     calls_files: int
     seconds: float
+    commit_seconds: float
 
 
 def build_chains(rollouts: int, turns: int, seed: int = 0) -> list[list[StagedDelta]]:
@@ -120,18 +133,22 @@ def build_chains(rollouts: int, turns: int, seed: int = 0) -> list[list[StagedDe
 
 
 def receipt_of(chain: list[StagedDelta]) -> Receipt:
+    return receipt_for(chain[0].rollout_id, chain[-1].call_id, len(chain))
+
+
+def receipt_for(rollout: str, terminal_call: str, calls: int) -> Receipt:
     return Receipt(
-        rollout_id=chain[0].rollout_id,
-        group_id=group_id(int(chain[0].rollout_id[1:7])),
+        rollout_id=rollout,
+        group_id=group_id(int(rollout[1:7])),
         attempt=0,
         reward=1.0,
         reward_info="{}",
-        terminal_call_id=chain[-1].call_id,
+        terminal_call_id=terminal_call,
         terminal_selection="declared",
         terminal_attribution_reason=None,
         status="ok",
         failure_reason=None,
-        num_calls=len(chain),
+        num_calls=calls,
     )
 
 
@@ -153,12 +170,17 @@ def add_call_when_staged(
     return callback
 
 
+def small_files(ledger: LedgerWriter) -> list[MarkedFile]:
+    """The ledger files flushes wrote (not those compaction wrote at commit)."""
+    return [f for f in ledger.written_files if not parse_shard_object(f.path, SHARD).compacted]
+
+
 def durable_calls(ledger: LedgerWriter) -> int:
-    return sum(f.rows for f in ledger.written_files if f.kind == "calls")
+    return sum(f.rows for f in small_files(ledger) if f.kind == "calls")
 
 
 def files_by_kind(ledger: LedgerWriter) -> dict[str, int]:
-    return {kind: sum(f.kind == kind for f in ledger.written_files) for kind in layout.LEDGER_KINDS}
+    return {kind: sum(f.kind == kind for f in small_files(ledger)) for kind in layout.LEDGER_KINDS}
 
 
 # --- write: staging + ledger throughput ----------------------------------------------------------
@@ -241,9 +263,12 @@ def write_run(
 # --- read: many small ledger files vs a few big ones ---------------------------------------------
 
 
-def write_read_shard(store: ObjectStore, chains: list[list[StagedDelta]], group: int, *, per_commit: bool) -> None:
-    """Stage ``chains`` turn by turn in commits of ``group`` rows, receipting rollouts as their last call lands."""
-    ledger = LedgerWriter(store, batch_id=BATCH, shard=SHARD, attempt=0)
+def write_read_shard(
+    store: ObjectStore, chains: list[list[StagedDelta]], group: int, *, per_commit: bool, compact: bool
+) -> float:
+    """Stage ``chains`` turn by turn in commits of ``group`` rows, receipting rollouts as their last call lands;
+    the seconds the ledger's commit took."""
+    ledger = LedgerWriter(store, batch_id=BATCH, shard=SHARD, attempt=0, compact=compact)
     order = [chain[turn] for turn in range(len(chains[0])) for chain in chains]
     last = {chain[-1].call_id: chain for chain in chains}
     with StagingWriter(
@@ -262,7 +287,10 @@ def write_read_shard(store: ObjectStore, chains: list[list[StagedDelta]], group:
             for delta in commit:
                 if delta.call_id in last:
                     ledger.add_receipt(receipt_of(last[delta.call_id]))
+    ledger.flush()
+    start = time.perf_counter()
     ledger.commit(staging_segments=staging.segments)
+    return time.perf_counter() - start
 
 
 def read_seconds(store: ObjectStore, repeats: int) -> float:
@@ -278,15 +306,113 @@ def read_seconds(store: ObjectStore, repeats: int) -> float:
 
 
 def read_run(
-    store: ObjectStore, chains: list[list[StagedDelta]], group: int, per_commit: bool, repeats: int
+    store: ObjectStore, chains: list[list[StagedDelta]], group: int, per_commit: bool, repeats: int, *, compact: bool
 ) -> ReadRun:
-    write_read_shard(store, chains, group, per_commit=per_commit)
+    commit_seconds = write_read_shard(store, chains, group, per_commit=per_commit, compact=compact)
     marker = LedgerReader(store, SHARD).marker
     ledger_files = [f for f in marker.files if f.kind != "staging"]
     return ReadRun(
         files=len(ledger_files),
         calls_files=sum(f.kind == "calls" for f in ledger_files),
         seconds=read_seconds(store, repeats),
+        commit_seconds=commit_seconds,
+    )
+
+
+# --- memory: what a writer holds for compaction --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryRun:
+    calls: int
+    receipts: int
+    small_files: int
+    held_bytes: int
+    commit_seconds: float
+    commit_seconds_plain: float
+
+
+def synthetic_calls(count: int, turns: int) -> list[CallRecord]:
+    """``count`` call records in rollouts of ``turns``, each with its own ids and random digests (token-free rows
+    as the ledger holds them; no staging behind them, which the ledger writer never reads). Built as trusted
+    copies of two checked records: only ids, hex digests and coordinates change."""
+    (chain,) = build_chains(1, 2, seed=3)
+    root, child = (
+        CallRecord.for_staged(
+            delta, staging_segment=layout.staging_segment(SHARD, 0, 0), staging_row=0, admitted_at=1.0
+        )
+        for delta in chain
+    )
+    rng = np.random.default_rng(0)
+    records = []
+    for n in range(count):
+        rollout, turn = rollout_id(n // turns, 0), n % turns
+        digests = rng.bytes(128)
+        records.append(
+            CallRecord.trusted(
+                vars(child if turn else root)
+                | {
+                    "rollout_id": rollout,
+                    "call_id": call_id(rollout, 0, turn),
+                    "parent_call_id": None if turn == 0 else call_id(rollout, 0, turn - 1),
+                    "digest": digests[:32].hex(),
+                    "chain_hash": digests[32:64].hex(),
+                    "cumulative_hash": digests[64:96].hex(),
+                    "extras_digest": digests[96:].hex(),
+                    "staging_segment": layout.staging_segment(SHARD, 0, n // 64),
+                    "staging_row": n % 64,
+                    "admitted_at": 1.0e9 + n,
+                }
+            )
+        )
+    return records
+
+
+class DictStore:
+    """The one method a LedgerWriter calls, into a dict: the memory run measures the writer, not a backend
+    (fsspec's memory:// looks a path up among every object it holds)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    def write_once(self, relative: str, data: bytes) -> WrittenObject:
+        created = self.objects.setdefault(relative, data) is data
+        if not created and self.objects[relative] != data:
+            raise ObjectConflictError(relative)
+        return WrittenObject(path=relative, size=len(data), sha256=sha256_hex(data), created=created)
+
+
+def memory_run(records: list[CallRecord], turns: int, group: int) -> MemoryRun:
+    """The records through writers flushed every ``group`` calls, without and with compaction."""
+    held = 0
+    seconds: dict[bool, float] = {}
+    for compact in (False, True):
+        store = DictStore()
+        ledger = LedgerWriter(store, batch_id=BATCH, shard=SHARD, attempt=0, compact=compact)  # type: ignore[arg-type]
+        for n, record in enumerate(records, 1):
+            ledger.add_call(record)
+            if n % turns == 0:
+                ledger.add_receipt(receipt_for(record.rollout_id, record.call_id, turns))
+            if n % group == 0:
+                ledger.flush()
+        ledger.flush()
+        if compact:
+            held = ledger.held_for_compaction
+        segments = [
+            WrittenSegment(store.write_once(layout.staging_segment(SHARD, 0, s), b"not read"), rows=64)
+            for s in range(-(-len(records) // 64))
+        ]
+        start = time.perf_counter()
+        ledger.commit(staging_segments=segments)
+        seconds[compact] = time.perf_counter() - start
+        files = small_files(ledger)
+    return MemoryRun(
+        calls=len(records),
+        receipts=len(records) // turns,
+        small_files=len(files),
+        held_bytes=held,
+        commit_seconds=seconds[True],
+        commit_seconds_plain=seconds[False],
     )
 
 
@@ -421,18 +547,22 @@ def bench_writes(args: argparse.Namespace, found: list[Backend]) -> list[tuple[s
     return rows
 
 
-def bench_reads(args: argparse.Namespace, found: list[Backend]) -> list[tuple[str, ...]]:
+def bench_reads(args: argparse.Namespace, found: list[Backend]) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
+    """The read table (small files vs 10 s, neither compacted) and the compacted table."""
     rows: list[tuple[str, ...]] = []
+    compacted_rows: list[tuple[str, ...]] = []
     turns = args.turns
     chains = build_chains(max(1, args.read_calls // turns), turns, seed=1)
     for backend in found:
         for group in args.read_groups:
-            small = read_run(backend.fresh(), chains, group, True, args.read_repeats)
-            big = read_run(backend.fresh(), chains, group, False, args.read_repeats)
+            small = read_run(backend.fresh(), chains, group, True, args.read_repeats, compact=False)
+            big = read_run(backend.fresh(), chains, group, False, args.read_repeats, compact=False)
+            compacted = read_run(backend.fresh(), chains, group, True, args.read_repeats, compact=True)
             print(
                 f"[read {backend.name}, {len(chains) * turns} calls, {group} rows per commit] ledger files "
-                f"{small.files} ({small.calls_files} calls) vs {big.files} ({big.calls_files} calls); "
-                f"read {small.seconds * 1000:.0f} ms vs {big.seconds * 1000:.0f} ms",
+                f"{small.files} ({small.calls_files} calls) vs {big.files} ({big.calls_files} calls), "
+                f"compacted {compacted.files} ({compacted.calls_files} calls); read {small.seconds * 1000:.0f} ms "
+                f"vs {big.seconds * 1000:.0f} ms, compacted {compacted.seconds * 1000:.0f} ms",
                 flush=True,
             )
             rows.append(
@@ -446,7 +576,37 @@ def bench_reads(args: argparse.Namespace, found: list[Backend]) -> list[tuple[st
                     f"{(small.seconds - big.seconds) / max(1, small.files - big.files) * 1000:.2f}",
                 )
             )
-    return rows
+            compacted_rows.append(
+                (
+                    backend.name,
+                    str(group),
+                    f"{compacted.files} / {small.files} / {big.files}",
+                    f"{compacted.seconds * 1000:.0f}",
+                    f"{small.seconds * 1000:.0f}",
+                    f"{big.seconds * 1000:.0f}",
+                    ratio(compacted.seconds, small.seconds),
+                    ratio(compacted.seconds, big.seconds),
+                    f"{compacted.commit_seconds * 1000:.0f} / {small.commit_seconds * 1000:.0f}",
+                )
+            )
+    return rows, compacted_rows
+
+
+def bench_memory(args: argparse.Namespace) -> list[tuple[str, ...]]:
+    records = synthetic_calls(args.memory_calls, args.turns)
+    run = memory_run(records, args.turns, args.memory_group)
+    print(
+        f"[memory, {run.calls} calls, flushed every {args.memory_group}] {run.small_files} small files; "
+        f"held for compaction {run.held_bytes / 2**20:.1f} MiB",
+        flush=True,
+    )
+    return [
+        ("calls / receipts", f"{run.calls} / {run.receipts}"),
+        ("small ledger files", str(run.small_files)),
+        ("held for compaction at commit", f"{run.held_bytes / 2**20:.1f} MiB"),
+        ("held per call (receipts included)", f"{run.held_bytes / run.calls:.0f} B"),
+        ("commit ms, compacting / not", f"{run.commit_seconds * 1000:.0f} / {run.commit_seconds_plain * 1000:.0f}"),
+    ]
 
 
 def run(args: argparse.Namespace) -> None:
@@ -454,7 +614,8 @@ def run(args: argparse.Namespace) -> None:
         for backend in found:  # imports, first writes, the S3 client: untimed
             write_run(backend.fresh(), [build_chains(2, 2, seed=9)], "commit", 0.0)
         write_rows = bench_writes(args, found)
-        read_rows = bench_reads(args, found) if args.read_calls else []
+        read_rows, compacted_rows = bench_reads(args, found) if args.read_calls else ([], [])
+    memory_rows = bench_memory(args) if args.memory_calls else []
     print()
     print("write: staging + ledger, ledger flushed after every group commit vs every 10 s (median of runs)")
     print_table(("backend", "lanes", "max_delay", "metric", "every commit", "every 10 s", "commit / 10 s"), write_rows)
@@ -473,6 +634,26 @@ def run(args: argparse.Namespace) -> None:
             ),
             read_rows,
         )
+        print()
+        print("compacted: the per-commit shard committed with compaction (1024-row files), against both (median)")
+        print_table(
+            (
+                "backend",
+                "rows/commit",
+                "ledger files (compacted / commit / 10 s)",
+                "read ms (compacted)",
+                "read ms (commit)",
+                "read ms (10 s)",
+                "compacted / commit",
+                "compacted / 10 s",
+                "commit ms (compacting / not)",
+            ),
+            compacted_rows,
+        )
+    if memory_rows:
+        print()
+        print("memory: a writer's rows held for compaction (LedgerWriter.held_for_compaction)")
+        print_table(("metric", "value"), memory_rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -493,6 +674,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--read-calls", type=int, default=8192, help="calls of the read shard; 0 skips (default 8192)")
     parser.add_argument("--read-groups", type=int, nargs="+", default=[8, 64], help="rows per commit (default 8 64)")
     parser.add_argument("--read-repeats", type=int, default=3, help="reads per shard (default 3)")
+    parser.add_argument(
+        "--memory-calls", type=int, default=100_000, help="calls of the memory run; 0 skips (default 100000)"
+    )
+    parser.add_argument("--memory-group", type=int, default=256, help="calls per flush in the memory run (default 256)")
     args = parser.parse_args(argv)
     run(args)
     return 0

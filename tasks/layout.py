@@ -48,11 +48,16 @@ def staging_segment(shard: int, attempt: int, index: int) -> str:
     return f"{staging_shard_dir(shard)}/{attempt_name(attempt)}/seg-{index:06d}.parquet"
 
 
-def ledger_file(shard: int, attempt: int, kind: str, index: int) -> str:
-    """``kind`` is one of ``calls``, ``failures``, ``receipts``."""
+def ledger_file(shard: int, attempt: int, kind: str, index: int, *, compacted: bool = False) -> str:
+    """``kind`` is one of ``calls``, ``failures``, ``receipts``.
+
+    ``compacted``: ``{kind}-compacted-NNNNNN.parquet``, the attempt's own rows rewritten at commit
+    into fewer files (``LedgerWriter.commit``); valid only once its own attempt's marker names it.
+    """
     if kind not in LEDGER_KINDS:
         raise ValueError(f"ledger file kind must be one of {LEDGER_KINDS}, got {kind!r}")
-    return f"{ledger_shard_dir(shard)}/{attempt_name(attempt)}/{kind}-{index:06d}.parquet"
+    infix = COMPACTED_INFIX if compacted else ""
+    return f"{ledger_shard_dir(shard)}/{attempt_name(attempt)}/{kind}-{infix}{index:06d}.parquet"
 
 
 def attempt_claim(shard: int, attempt: int) -> str:
@@ -84,6 +89,7 @@ def attempt_of(path: str) -> int:
 
 
 LEDGER_KINDS = ("calls", "failures", "receipts")
+COMPACTED_INFIX = "compacted-"  # {kind}-compacted-NNNNNN.parquet: see ledger_file
 
 
 def suite_dir(suite: str) -> str:

@@ -7,7 +7,16 @@ Invariants it keeps, in the order a crash could break them:
 * every ledger file is created once; a receipt file is written only after every call record
   and failure row added before it is durable, so a receipt on storage implies its manifest is;
 * the commit marker is written last and names every object the shard's data lives in,
-  including the files of rollouts adopted from earlier attempts (:mod:`tasks.storage.recovery`).
+  including the files of rollouts adopted from earlier attempts (:mod:`tasks.storage.recovery`);
+* at commit, a kind of row this attempt wrote in more files than ``max_rows`` per file needs
+  (one file per staging group commit, say) is rewritten into compacted files
+  (``{kind}-compacted-NNNNNN.parquet``: the same rows in the same order, ``max_rows`` a file,
+  calls, then failures, then receipts), and the marker names those instead of the small files,
+  which the sweep then deletes. Recovery never reads a compacted file (only its own attempt's
+  marker makes it valid), so an attempt that dies before its marker is recovered from its small
+  files alone. Files of earlier attempts are named as they are, never rewritten. The rows to
+  compact are kept as they were encoded for the small files (Arrow tables, encoded into
+  compressed Parquet as each ``max_rows`` fill up), never as records.
 """
 
 from __future__ import annotations
@@ -17,12 +26,15 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from tasks import layout
 from tasks.checks import check_int
 from tasks.errors import LedgerConflictError
 from tasks.ids import check_id
 from tasks.records.ledger import CallRecord, FailureRow, Receipt
-from tasks.storage.ledger_files import RECORD_OF_KIND, encode_ledger_file
+from tasks.storage.ledger_files import RECORD_OF_KIND
 from tasks.storage.marker import MarkedFile, ShardCounts, ShardMarker, parse_shard_object, write_marker
 from tasks.storage.objects import ObjectStore
 from tasks.storage.recovery import Recovery
@@ -39,8 +51,10 @@ class LedgerWriter:
     :meth:`commit`; receipts are always written after all calls and failures buffered before
     them. Add a call record only after its staging future resolved; pass :meth:`flush` as the
     staging writer's ``on_committed`` to make records durable after every group commit.
-    Rollouts in ``adopted`` (from :func:`~tasks.storage.recovery.recover_earlier_attempts`) are
-    committed with their files and cannot be receipted again. Safe to use from several threads.
+    With ``compact`` (the default), :meth:`commit` rewrites a kind written in more files than
+    needed into compacted files of ``max_rows`` rows (module docstring). Rollouts in ``adopted``
+    (from :func:`~tasks.storage.recovery.recover_earlier_attempts`) are committed with their
+    files and cannot be receipted again. Safe to use from several threads.
     """
 
     def __init__(
@@ -52,6 +66,7 @@ class LedgerWriter:
         attempt: int,
         max_rows: int = DEFAULT_MAX_ROWS,
         adopted: Recovery | None = None,
+        compact: bool = True,
     ) -> None:
         check_int(max_rows, field="max_rows", minimum=1, error=ValueError)
         layout.ledger_file(shard, attempt, "calls", 0)  # validates shard and attempt
@@ -63,28 +78,44 @@ class LedgerWriter:
         self._adopted = adopted or Recovery()
         self._adopted_ids = self._adopted.rollout_ids
         for marked in self._adopted.files:
-            if parse_shard_object(marked.path, shard).attempt >= attempt:
-                raise ValueError(f"adopted file {marked.path} is not from an attempt before {attempt}")
+            self._check_earlier(marked.path, "adopted")
         for bundle in self._adopted.rollouts:
             for call in bundle.manifest:
                 self._check_batch(call.batch_id, f"adopted call {call.call_id}")
+        self._compact = compact
         self._lock = threading.Lock()
         self._pending: dict[str, list[Any]] = {kind: [] for kind in layout.LEDGER_KINDS}
-        self._unconfirmed: dict[str, tuple[int, bytes] | None] = dict.fromkeys(layout.LEDGER_KINDS)
-        self._next_index = dict.fromkeys(layout.LEDGER_KINDS, 0)
+        # A file whose write raised: (rows, bytes, table), retried first with the same name and bytes.
+        self._unconfirmed: dict[str, tuple[int, bytes, pa.Table] | None] = dict.fromkeys(layout.LEDGER_KINDS)
+        self._small: dict[str, list[MarkedFile]] = {kind: [] for kind in layout.LEDGER_KINDS}
+        # What compaction would write: full files of max_rows rows as encoded bytes, then the rows
+        # written since as tables (less than max_rows); only with ``compact``.
+        self._chunks: dict[str, list[tuple[int, bytes]]] = {kind: [] for kind in layout.LEDGER_KINDS}
+        self._tail: dict[str, list[pa.Table]] = {kind: [] for kind in layout.LEDGER_KINDS}
+        self._tail_rows = dict.fromkeys(layout.LEDGER_KINDS, 0)
+        self._compacted: dict[str, list[MarkedFile]] = {kind: [] for kind in layout.LEDGER_KINDS}
+        self._sealed = False  # commit began: no more rows; a failed commit may only be retried
         # Call records of rollouts not yet receipted (for the same-id check); a receipt releases them.
         self._open_calls: dict[str, dict[str, CallRecord]] = {}
         # staging segment -> (rows its call records need, the call that needs the most)
         self._rows_needed: dict[str, tuple[int, str]] = {}
         self._receipts: dict[str, Receipt] = {}
         self._written: list[MarkedFile] = []
+        self._committed_at: float | None = None
         self._marker: ShardMarker | None = None
 
     @property
     def written_files(self) -> tuple[MarkedFile, ...]:
-        """Ledger files this writer created so far, in write order."""
+        """Ledger files this writer created so far, in write order: the compacted ones (if any) come last."""
         with self._lock:
             return tuple(self._written)
+
+    @property
+    def held_for_compaction(self) -> int:
+        """Bytes this writer holds for compaction at commit: the encoded full files and the tables since."""
+        with self._lock:
+            encoded = sum(len(data) for chunks in self._chunks.values() for _, data in chunks)
+            return encoded + sum(t.get_total_buffer_size() for tail in self._tail.values() for t in tail)
 
     def add_call(self, record: CallRecord) -> None:
         """Buffer a call record whose staged delta is already written (its future resolved).
@@ -171,12 +202,14 @@ class LedgerWriter:
             self._flush_all()
 
     def commit(self, *, staging_segments: Iterable[WrittenSegment], carried: Iterable[MarkedFile] = ()) -> ShardMarker:
-        """Flush, then write the shard's marker naming every object its data lives in.
+        """Flush, compact, then write the shard's marker naming every object its data lives in.
 
         ``staging_segments`` are this attempt's written segments (``StagingWriter.segments``);
         every call record must point at one of them. ``carried``: the objects of earlier attempts
         that hold calls this attempt's rollouts replayed (:func:`~tasks.storage.recovery.carried_files`).
-        Committing again returns the same marker.
+        Once the arguments pass their checks the ledger takes no more rows; a commit that raised
+        after that (a failed write) may be called again and retries the same files with the same
+        bytes, and the same marker. Committing again returns the same marker.
         """
         with self._lock:
             if self._marker is not None:
@@ -195,12 +228,12 @@ class LedgerWriter:
                         f"call {call_id} points at row {needed - 1} of {segment}, "
                         "which the given staging segments do not hold"
                     )
-            self._flush_all()
             earlier = {f.path: f for f in (*self._adopted.files, *carried)}
             for path in earlier:
-                if parse_shard_object(path, self.shard).attempt >= self.attempt:
-                    raise ValueError(f"carried file {path} is not from an attempt before {self.attempt}")
-            files = (*staging, *self._written, *earlier.values())
+                self._check_earlier(path, "carried")
+            self._sealed = True
+            self._flush_all()
+            files = (*staging, *self._own_files(), *earlier.values())
             receipts = [*self._receipts.values(), *(b.receipt for b in self._adopted.rollouts)]
             statuses = [r.status for r in receipts]
 
@@ -217,25 +250,40 @@ class LedgerWriter:
                 staged_rows=rows("staging"),
                 adopted_rollouts=len(self._adopted.rollouts),
             )
+            if self._committed_at is None:  # a retried commit writes the same marker
+                self._committed_at = time.time()
             marker = ShardMarker(
                 batch_id=self.batch_id,
                 shard=self.shard,
                 attempt=self.attempt,
                 files=files,
                 counts=counts,
-                committed_at=time.time(),
+                committed_at=self._committed_at,
             )
             write_marker(self._store, marker)
             self._marker = marker
+            for kind in layout.LEDGER_KINDS:  # committed: nothing is compacted any more
+                self._chunks[kind].clear()
+                self._tail[kind].clear()
+                self._tail_rows[kind] = 0
             return marker
 
     def _check_batch(self, batch_id: str, what: str) -> None:
         if batch_id != self.batch_id:
             raise ValueError(f"{what} belongs to batch {batch_id}, this writer writes batch {self.batch_id}")
 
+    def _check_earlier(self, path: str, what: str) -> None:
+        parsed = parse_shard_object(path, self.shard)
+        if parsed.attempt >= self.attempt:
+            raise ValueError(f"{what} file {path} is not from an attempt before {self.attempt}")
+        if parsed.compacted:
+            raise ValueError(f"{what} file {path} is a compacted file, valid only in its own attempt's marker")
+
     def _check_open(self) -> None:
-        if self._marker is not None:
-            raise RuntimeError(f"shard {self.shard} attempt {self.attempt} is committed; the ledger is closed")
+        if self._marker is not None or self._sealed:
+            raise RuntimeError(
+                f"shard {self.shard} attempt {self.attempt} is committing or committed; the ledger is closed"
+            )
 
     def _buffer(self, kind: str, record: Any) -> None:
         self._pending[kind].append(record)
@@ -259,12 +307,59 @@ class LedgerWriter:
             unconfirmed = self._unconfirmed[kind]
             if unconfirmed is None:
                 count = min(len(pending), self._max_rows)
-                unconfirmed = (count, encode_ledger_file(RECORD_OF_KIND[kind], pending[:count]))
+                table = RECORD_OF_KIND[kind].to_table(pending[:count])
+                unconfirmed = (count, _encode(table), table)
                 self._unconfirmed[kind] = unconfirmed
-            count, data = unconfirmed
-            path = layout.ledger_file(self.shard, self.attempt, kind, self._next_index[kind])
-            written = self._store.write_once(path, data)
-            self._written.append(MarkedFile.of(written, kind=kind, rows=count))
-            self._next_index[kind] += 1
+            count, data, table = unconfirmed
+            path = layout.ledger_file(self.shard, self.attempt, kind, len(self._small[kind]))
+            marked = MarkedFile.of(self._store.write_once(path, data), kind=kind, rows=count)
+            self._small[kind].append(marked)
+            self._written.append(marked)
             self._unconfirmed[kind] = None
             del pending[:count]
+            if self._compact:
+                self._keep(kind, table)
+
+    def _keep(self, kind: str, table: pa.Table) -> None:
+        """Add a written file's rows to what compaction would write; encode each ``max_rows`` as they fill up."""
+        tail = self._tail[kind]
+        tail.append(table)
+        self._tail_rows[kind] += table.num_rows
+        while self._tail_rows[kind] >= self._max_rows:
+            combined = pa.concat_tables(tail)
+            self._chunks[kind].append((self._max_rows, _encode(combined.slice(0, self._max_rows))))
+            rest = combined.slice(self._max_rows)
+            tail[:] = [rest] if rest.num_rows else []
+            self._tail_rows[kind] = rest.num_rows
+
+    def _own_files(self) -> list[MarkedFile]:
+        """This attempt's ledger files the marker names: per kind, its compacted files where compaction
+        saves files (writing whichever are not yet written), else its small files."""
+        named: list[MarkedFile] = []
+        for kind in layout.LEDGER_KINDS:
+            chunks, tail = self._chunks[kind], self._tail[kind]
+            needed = len(chunks) + (1 if tail else 0)
+            if not self._compact or len(self._small[kind]) <= needed:
+                named.extend(self._small[kind])
+                continue
+            if tail:  # sealed: the tail is final, and a retried commit finds it among the chunks
+                rest = pa.concat_tables(tail)
+                chunks.append((rest.num_rows, _encode(rest)))
+                tail.clear()
+                self._tail_rows[kind] = 0
+            compacted = self._compacted[kind]
+            for index in range(len(compacted), len(chunks)):
+                rows, data = chunks[index]
+                path = layout.ledger_file(self.shard, self.attempt, kind, index, compacted=True)
+                marked = MarkedFile.of(self._store.write_once(path, data), kind=kind, rows=rows)
+                compacted.append(marked)
+                self._written.append(marked)
+            named.extend(compacted)
+        return named
+
+
+def _encode(table: pa.Table) -> bytes:
+    """A ledger file's bytes (as :func:`~tasks.storage.ledger_files.encode_ledger_file` encodes records)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue().to_pybytes()

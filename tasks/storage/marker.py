@@ -5,7 +5,9 @@ of the shard's committed data (staging segments, ledger files of the committing 
 the files it adopted from earlier attempts) with size, sha256 and row count, plus counts that
 must agree with those rows. A marker that breaks any of these rules is refused with
 :class:`MalformedMarkerError`; every file path must be the layout's own name for an object of
-this shard in an attempt no later than the committing one.
+this shard in an attempt no later than the committing one, and a compacted ledger file
+(``{kind}-compacted-NNNNNN.parquet``) must be the committing attempt's own: only its own
+attempt's marker makes one valid (recovery never reads them).
 """
 
 from __future__ import annotations
@@ -32,23 +34,32 @@ _OBJECT_INDEX = re.compile(r"-(\d+)\.parquet$")
 
 @dataclass(frozen=True)
 class ShardObject:
-    """What a staging or ledger object path of a shard says about itself."""
+    """What a staging or ledger object path of a shard says about itself.
+
+    ``compacted``: a ledger file an attempt rewrote its own rows into at commit
+    (:func:`tasks.layout.ledger_file`); it holds the same rows as that attempt's other files of
+    its kind, so a reader takes one set or the other, never both.
+    """
 
     kind: str
     attempt: int
     index: int
+    compacted: bool = False
 
 
 def parse_shard_object(path: str, shard: int) -> ShardObject:
-    """Kind, attempt and index of ``path``; ValueError unless it is the layout's name for them."""
+    """Kind, attempt, index and compaction of ``path``; ValueError unless it is the layout's name for them."""
     if not isinstance(path, str):
         raise ValueError(f"object path must be a str, got {path!r}")
+    compacted = False
     if path.startswith(layout.staging_shard_dir(shard) + "/"):
         kind = "staging"
     elif path.startswith(layout.ledger_shard_dir(shard) + "/"):
-        kind = path.rsplit("/", 1)[-1].split("-", 1)[0]
+        name = path.rsplit("/", 1)[-1]
+        kind = name.split("-", 1)[0]
         if kind not in layout.LEDGER_KINDS:
             raise ValueError(f"{path!r} is not a ledger file of kind {layout.LEDGER_KINDS}")
+        compacted = name.startswith(f"{kind}-{layout.COMPACTED_INFIX}")
     else:
         raise ValueError(f"{path!r} is outside the staging and ledger directories of shard {shard}")
     index_match = _OBJECT_INDEX.search(path)
@@ -58,11 +69,11 @@ def parse_shard_object(path: str, shard: int) -> ShardObject:
     expected = (
         layout.staging_segment(shard, attempt, index)
         if kind == "staging"
-        else layout.ledger_file(shard, attempt, kind, index)
+        else layout.ledger_file(shard, attempt, kind, index, compacted=compacted)
     )
     if path != expected:
         raise ValueError(f"{path!r} does not match the layout name {expected!r}")
-    return ShardObject(kind=kind, attempt=attempt, index=index)
+    return ShardObject(kind=kind, attempt=attempt, index=index, compacted=compacted)
 
 
 @dataclass(frozen=True)
@@ -188,6 +199,11 @@ class ShardMarker:
                 raise MalformedMarkerError(
                     f"file {marked.path!r} belongs to attempt {parsed.attempt}, after committing attempt {self.attempt}"
                 )
+            if parsed.compacted and parsed.attempt != self.attempt:
+                raise MalformedMarkerError(
+                    f"file {marked.path!r} is a compacted file of attempt {parsed.attempt}; only that attempt's "
+                    f"own marker names one, this is attempt {self.attempt}'s"
+                )
             sums[_COUNT_OF_KIND[marked.kind]] += marked.rows
             if marked.kind == "receipts" and parsed.attempt < self.attempt:
                 adopted += marked.rows
@@ -204,7 +220,7 @@ class ShardMarker:
         return layout.shard_marker(self.shard)
 
     def files_of(self, kind: str) -> tuple[MarkedFile, ...]:
-        """Named files of ``kind`` in ledger order: attempt, then object index."""
+        """Named files of ``kind`` in ledger order: attempt, then compacted files, then object index."""
         return tuple(f for f in self.files if f.kind == kind)
 
     def to_json(self) -> str:
@@ -230,9 +246,10 @@ def _version_problem(version: object) -> str | None:
     return f"marker_version {version!r} is not supported (expected {MARKER_VERSION})"
 
 
-def _file_order(marked: MarkedFile, shard: int) -> tuple[int, int, int]:
+def _file_order(marked: MarkedFile, shard: int) -> tuple[int, int, bool, int]:
+    """Kind, attempt, compacted files first (they hold the attempt's rows from its first), index."""
     parsed = parse_shard_object(marked.path, shard)
-    return (SHARD_FILE_KINDS.index(marked.kind), parsed.attempt, parsed.index)
+    return (SHARD_FILE_KINDS.index(marked.kind), parsed.attempt, not parsed.compacted, parsed.index)
 
 
 def write_marker(store: ObjectStore, marker: ShardMarker) -> WrittenObject:

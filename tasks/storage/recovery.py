@@ -112,14 +112,20 @@ def carried_files(store: ObjectStore, shard: int, calls: Iterable[CommittedCall]
 
 
 def _read_attempt(store: ObjectStore, shard: int, attempt: int) -> _AttemptLedger:
-    """Every ledger file of ``attempt``, proved, with its records."""
+    """Every ledger file of ``attempt``, proved, with its records.
+
+    Compacted files are skipped: they repeat rows of the attempt's other files, and only the
+    attempt's own marker (absent here) makes them valid; an attempt that died after writing
+    them is recovered from its small files alone, so no row is seen twice.
+    """
     found: dict[str, list[tuple[int, str]]] = {kind: [] for kind in layout.LEDGER_KINDS}
     for path in store.list_files(f"{layout.ledger_shard_dir(shard)}/{attempt_name(attempt)}"):
         try:
             parsed = parse_shard_object(path, shard)
         except ValueError:
             continue
-        found[parsed.kind].append((parsed.index, path))
+        if not parsed.compacted:
+            found[parsed.kind].append((parsed.index, path))
     loaded = {kind: [_read_file(store, kind, path) for _, path in sorted(indexed)] for kind, indexed in found.items()}
     check_receipt_attempts((marked.path, table) for marked, table in loaded["receipts"])
     return _AttemptLedger(

@@ -1,7 +1,9 @@
 """Delete the objects of a committed shard that its marker does not name (docs/architecture.md §10).
 
 Orphans are staged segments of calls that crashed before their ledger record, ledger files
-of dead or losing attempts that were not adopted, and temp files of crashed local writes (only
+of dead or losing attempts that were not adopted (compacted files of an attempt that died before
+its marker among them), the small ledger files whose rows the committing attempt rewrote into
+compacted files (``LedgerWriter.commit``), and temp files of crashed local writes (only
 once they are :data:`TEMP_GRACE_SECONDS` old: a younger one may belong to a live writer of
 another attempt, mid-write). Only a committed shard is swept: before its marker exists, every
 object may still be adopted. The marker itself, every object it names and every attempt's claim

@@ -12,6 +12,9 @@ parent test knows exactly how far the process got before it kills it.
   calls flushed (a second calls file), then hang before B's receipt is written.
 * ``loop URL SHARD ATTEMPT``: two-call rollouts back to back, flushing the ledger after every
   second receipt and reporting it, until killed.
+* ``compact-then-hang URL SHARD ATTEMPT``: rollouts A and B receipted, C not, the ledger flushed
+  after every row; commit compacts, and the process reports the files it wrote and hangs where
+  it would write the marker.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from typing import Any
 
 import numpy as np
 
+from tasks import layout
 from tasks.errors import ObjectConflictError
 from tasks.ids import call_id, rollout_id
 from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.storage.ledger_writer import LedgerWriter
-from tasks.storage.objects import ObjectStore
+from tasks.storage.objects import ObjectStore, WrittenObject
 from tasks.storage.staging import CommitCoordinates, StagingWriter, WrittenSegment
 
 BATCH = "batch-test"
@@ -269,6 +273,40 @@ def loop(url: str, shard: int, attempt: int) -> None:
             _say(durable_through=task)
 
 
+class _HangAtMarker:
+    """Forwards to a store; at the shard marker's write, reports every object written and hangs."""
+
+    def __init__(self, inner: ObjectStore, shard: int) -> None:
+        self.inner = inner
+        self.shard = shard
+        self.written: list[str] = []
+
+    def write_once(self, relative: str, data: bytes) -> WrittenObject:
+        if relative == layout.shard_marker(self.shard):
+            _say(written=self.written)
+            _hang()
+        self.written.append(relative)
+        return self.inner.write_once(relative, data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def compact_then_hang(url: str, shard: int, attempt: int) -> None:
+    store = ObjectStore(url)
+    ledger = LedgerWriter(_HangAtMarker(store, shard), batch_id=BATCH, shard=shard, attempt=attempt, max_rows=2)  # type: ignore[arg-type]
+    chains = {rollout_id(0, n): make_chain(rollout_id(0, n), 2, attempt=attempt) for n in range(3)}
+    flat = [d for chain in chains.values() for d in chain]
+    coords, segments = stage(store, flat, shard=shard, attempt=attempt)
+    for delta, where in zip(flat, coords, strict=True):
+        ledger.add_call(make_call(delta, where))
+        ledger.flush()
+        if delta.rollout_id != rollout_id(0, 2) and delta is chains[delta.rollout_id][-1]:
+            ledger.add_receipt(make_receipt(delta.rollout_id, delta.call_id, attempt=attempt))
+            ledger.flush()
+    ledger.commit(staging_segments=segments)
+
+
 if __name__ == "__main__":
     mode, url, *rest = sys.argv[1:]
     if mode == "race":
@@ -279,5 +317,7 @@ if __name__ == "__main__":
         ledger_then_hang(url, int(rest[0]), int(rest[1]))
     elif mode == "loop":
         loop(url, int(rest[0]), int(rest[1]))
+    elif mode == "compact-then-hang":
+        compact_then_hang(url, int(rest[0]), int(rest[1]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")

@@ -12,12 +12,12 @@ from ._writer_process import BATCH
 SHARD = 3
 
 
-def marked_file(kind: str, attempt: int = 0, index: int = 0, rows: int = 1) -> MarkedFile:
+def marked_file(kind: str, attempt: int = 0, index: int = 0, rows: int = 1, *, compacted: bool = False) -> MarkedFile:
     """A file of shard :data:`SHARD` as a marker names it (size and sha256 made up)."""
     path = (
         layout.staging_segment(SHARD, attempt, index)
         if kind == "staging"
-        else layout.ledger_file(SHARD, attempt, kind, index)
+        else layout.ledger_file(SHARD, attempt, kind, index, compacted=compacted)
     )
     return MarkedFile(path=path, kind=kind, size=10, sha256="ab" * 32, rows=rows)
 

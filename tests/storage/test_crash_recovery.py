@@ -18,7 +18,7 @@ from tasks.ids import rollout_id
 from tasks.storage.ledger_files import RolloutBundle
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.ledger_writer import LedgerWriter
-from tasks.storage.marker import read_marker
+from tasks.storage.marker import parse_shard_object, read_marker
 from tasks.storage.objects import ObjectStore
 from tasks.storage.recovery import recover_earlier_attempts
 from tasks.storage.staged_reader import StagedReader
@@ -28,7 +28,7 @@ from tasks.storage.sweep import sweep_orphans
 from ._writer_process import BATCH, WriterProcess, run_attempt
 
 SHARD = 2
-A, B = rollout_id(0, 0), rollout_id(0, 1)
+A, B, C = rollout_id(0, 0), rollout_id(0, 1), rollout_id(0, 2)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -114,6 +114,28 @@ def test_kill_between_calls_file_and_receipt_does_not_adopt_the_unreceipted_roll
     assert any(c.rollout_id == B for c in reader.calls if ".a00." in c.call_id)  # the leftovers are there, unused
     _assert_staged_rows_match(batch, list(bundles.values()), reader.segment_sha256)
     assert set(sweep_orphans(batch, SHARD).deleted) == {late_calls, layout.staging_segment(SHARD, 0, 1)}
+
+
+def test_kill_after_compaction_before_the_marker_recovers_each_rollout_once_from_the_small_files(
+    batch: ObjectStore,
+) -> None:
+    with WriterProcess("compact-then-hang", batch.url, str(SHARD), "0") as writer:
+        written = writer.next()["written"]
+        writer.kill()
+    compacted = [p for p in written if parse_shard_object(p, SHARD).compacted]
+    assert {parse_shard_object(p, SHARD).kind for p in compacted} == {"calls", "receipts"}
+    assert all(batch.exists(p) for p in compacted) and read_marker(batch, SHARD) is None
+
+    recovery = recover_earlier_attempts(batch, SHARD, attempt=1)
+    assert [(b.rollout_id, len(b.manifest)) for b in recovery.rollouts] == [(A, 2), (B, 2)]
+    assert not {f.path for f in recovery.files} & set(compacted)
+    assert len(recovery.unreceipted[C]) == 2
+
+    reader = _commit_retry(batch, {C: 2})
+    assert reader.tables.receipts.column("rollout_id").to_pylist() == [A, B, C]
+    assert {b.rollout_id: b.receipt.attempt for b in reader.rollouts()} == {A: 0, B: 0, C: 1}
+    _assert_staged_rows_match(batch, list(reader.rollouts()), reader.segment_sha256)
+    assert set(compacted) <= set(sweep_orphans(batch, SHARD).deleted)
 
 
 @pytest.mark.slow

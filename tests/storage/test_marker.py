@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tasks import layout
 from tasks.errors import MalformedMarkerError, ObjectConflictError
-from tasks.storage.marker import ShardCounts, ShardMarker, read_marker, write_marker
+from tasks.storage.marker import ShardCounts, ShardMarker, ShardObject, parse_shard_object, read_marker, write_marker
 from tasks.storage.objects import ObjectStore
 
 from .markers import SHARD, marked_file, marker_of
@@ -34,13 +34,21 @@ def test_marker_json_is_canonical_and_round_trips() -> None:
             st.integers(0, 120),
             st.integers(0, 2_000_000),
             st.integers(0, 10_000),
+            st.booleans(),
         ),
         max_size=12,
-        unique_by=lambda f: (f[0], f[1], f[2]),
+        unique_by=lambda f: (f[0], f[1], f[2], f[4]),
     ),
 )
-def test_any_valid_marker_round_trips_in_ledger_order(attempt: int, files: list[tuple[str, int, int, int]]) -> None:
-    marked = tuple(marked_file(kind, min(a, attempt), index, rows) for kind, a, index, rows in files)
+def test_any_valid_marker_round_trips_in_ledger_order(
+    attempt: int, files: list[tuple[str, int, int, int, bool]]
+) -> None:
+    marked = tuple(
+        marked_file(kind, attempt if compacted else min(a, attempt), index, rows, compacted=compacted)
+        if kind != "staging"
+        else marked_file(kind, min(a, attempt), index, rows)
+        for kind, a, index, rows, compacted in files
+    )
     assume(len({f.path for f in marked}) == len(marked))
     marker = marker_of(marked, attempt=attempt)
     parsed = ShardMarker.from_json(marker.to_json())
@@ -83,6 +91,9 @@ def _bad_file(**changes: Any) -> str:
         (_bad_file(path="ledger/shard-00003/calls-000000.parquet"), "not inside an attempt directory"),
         (_bad_file(path="ledger/shard-00003/attempt-00/extra-000000.parquet"), "not a ledger file"),
         (_bad_file(path="ledger/shard-00003/attempt-01/calls-000000.parquet"), "after committing attempt 0"),
+        (_bad_file(path="ledger/shard-00003/attempt-00/calls-compacted-0.parquet"), "does not match the layout name"),
+        (_bad_file(path="ledger/shard-00003/attempt-00/calls-compact-000000.parquet"), "does not match the layout"),
+        (_bad_file(path="staging/shard-00003/attempt-00/seg-compacted-000000.parquet"), "does not match the layout"),
         (_bad_file(kind="receipts"), "is a calls object, marked as receipts"),
         (_bad_file(kind="tokens"), "kind must be one of"),
         (_bad_file(sha256="AB" * 32), "64 lowercase hex"),
@@ -128,3 +139,34 @@ def test_read_marker_is_none_for_uncommitted_shard_and_refuses_another_shards_ma
     mem_batch.write_once(layout.shard_marker(SHARD + 1), marker_of().to_json().encode())
     with pytest.raises(MalformedMarkerError, match="marker of shard 3, not 4"):
         read_marker(mem_batch, SHARD + 1)
+
+
+def test_compacted_file_names_parse_as_their_kind_attempt_and_index() -> None:
+    path = layout.ledger_file(SHARD, 2, "receipts", 7, compacted=True)
+    assert path == "ledger/shard-00003/attempt-02/receipts-compacted-000007.parquet"
+    assert parse_shard_object(path, SHARD) == ShardObject(kind="receipts", attempt=2, index=7, compacted=True)
+    assert layout.attempt_of(path) == 2
+    small = layout.ledger_file(SHARD, 2, "receipts", 7)
+    assert parse_shard_object(small, SHARD) == ShardObject(kind="receipts", attempt=2, index=7, compacted=False)
+
+
+def test_marker_puts_an_attempts_compacted_files_before_its_small_ones_in_ledger_order() -> None:
+    files = (
+        marked_file("calls", attempt=1, index=0),
+        marked_file("calls", attempt=1, index=1, compacted=True),
+        marked_file("calls", attempt=1, index=0, compacted=True),
+        marked_file("calls", attempt=0, index=3),
+    )
+    marker = ShardMarker.from_json(marker_of(files, attempt=1).to_json())
+    assert [f.path for f in marker.files_of("calls")] == [
+        layout.ledger_file(SHARD, 0, "calls", 3),
+        layout.ledger_file(SHARD, 1, "calls", 0, compacted=True),
+        layout.ledger_file(SHARD, 1, "calls", 1, compacted=True),
+        layout.ledger_file(SHARD, 1, "calls", 0),
+    ]
+
+
+def test_marker_naming_an_earlier_attempts_compacted_file_is_refused() -> None:
+    """Only its own attempt's marker makes a compacted file valid: recovery never read it."""
+    with pytest.raises(MalformedMarkerError, match="compacted file of attempt 0; only that attempt's own marker"):
+        marker_of((marked_file("calls", attempt=0, compacted=True),), attempt=1)
