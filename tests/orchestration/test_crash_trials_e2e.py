@@ -25,7 +25,14 @@ from tasks.crash_points import CRASH_AT_VARIABLE
 from tasks.orchestration import local_airflow
 from tasks.storage.claims import read_claims
 from tasks.storage.objects import ObjectStore
-from tests.reliability.crash_trials import Trial, check_survivors, first_attempt_objects, reference_rows, trial_count
+from tests.reliability.crash_trials import (
+    Trial,
+    check_survivors,
+    first_attempt_objects,
+    killed_attempt_calls,
+    reference_rows,
+    trial_count,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.crash_trials]
 TRIALS = trial_count("CRASH_TRIALS_DAG", 1)
@@ -37,7 +44,7 @@ class KilledAttemptSnapshot(threading.Thread):
 
     def __init__(self, once: Path, store: ObjectStore) -> None:
         super().__init__(daemon=True)
-        self.once, self.store, self.objects = once, store, None
+        self.once, self.store, self.objects, self.calls = once, store, None, 0
 
     def run(self) -> None:
         while not self.once.exists():
@@ -46,6 +53,7 @@ class KilledAttemptSnapshot(threading.Thread):
         while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
             time.sleep(0.02)
         self.objects = first_attempt_objects(self.store)
+        self.calls = killed_attempt_calls(self.store)
 
 
 @pytest.mark.parametrize("seed", range(100, 100 + TRIALS))
@@ -54,7 +62,7 @@ def test_a_generate_task_killed_at_a_crash_point_is_retried_by_airflow_and_the_b
 ):
     rollout_batch = local_airflow.dag_bag("rollout_batch.py").dags["rollout_batch"]
     rollout_batch.get_task("generate").partial_kwargs["retry_delay"] = dt.timedelta(seconds=1)
-    trial = Trial.of_seed(seed, tmp_path / "crashed")
+    trial = Trial.of_seed(seed, tmp_path / "crashed", kinds=("guess_number",))  # the conf's environment
     print(trial)
     monkeypatch.setenv("PYTHONPATH", str(local_airflow.CHECKOUT))
     monkeypatch.setenv(CRASH_AT_VARIABLE, trial.crash.to_json())
@@ -75,4 +83,4 @@ def test_a_generate_task_killed_at_a_crash_point_is_retried_by_airflow_and_the_b
     assert [c.try_number for c in read_claims(store, 0)][-1] == 2
     batch = Batch.open(root, conf["batch_id"])
     clean_run = reference_rows(str(tmp_path / "clean"), batch.config)
-    check_survivors(batch, snapshot.objects, clean_run)
+    check_survivors(batch, snapshot.objects, clean_run, snapshot.calls)

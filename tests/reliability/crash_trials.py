@@ -30,13 +30,12 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tasks import layout
 from tasks.batch import Batch
@@ -49,8 +48,9 @@ from tasks.plan import plan_batch
 from tasks.storage.claims import is_claim_path
 from tasks.storage.dataset_manifest import read_dataset_marker, read_dataset_part
 from tasks.storage.ledger_reader import LedgerReader
-from tasks.storage.marker import parse_shard_object, read_marker
+from tasks.storage.marker import ShardMarker, read_marker
 from tasks.storage.objects import ObjectStore, is_temp_file, sha256_hex
+from tasks.storage.recovery import read_uncommitted_attempt
 from tasks.storage.sweep import TEMP_GRACE_SECONDS, sweep_orphans
 
 SHARD = 0
@@ -118,10 +118,11 @@ class Trial:
     environment: str
 
     @classmethod
-    def of_seed(cls, seed: int, once: Path) -> Trial:
+    def of_seed(cls, seed: int, once: Path, kinds: Sequence[str] = tuple(ENVIRONMENTS)) -> Trial:
+        """The trial of ``seed``; its environment kind one of ``kinds``."""
         site = CRASH_SITES[seed % len(CRASH_SITES)]
         hit = random.Random(seed).randint(1, site.max_hit)
-        environment = list(ENVIRONMENTS)[(seed + seed // len(CRASH_SITES)) % len(ENVIRONMENTS)]
+        environment = kinds[(seed + seed // len(CRASH_SITES)) % len(kinds)]
         return cls(seed, site, CrashPoint(site.point, hit=hit, match=site.match, once=str(once)), environment)
 
     def __str__(self) -> str:
@@ -165,18 +166,13 @@ def reference_rows(root: str, config: BatchConfig) -> CleanRun:
     return CleanRun(dataset_rows(batch.store, staged=True), calls)
 
 
-def call_records(store: ObjectStore, paths: Iterable[str]) -> int:
-    """The call records the ledger files among ``paths`` hold."""
-    return sum(
-        pq.read_metadata(pa.BufferReader(store.read_bytes(path))).num_rows for path in paths if _kind(path) == "calls"
-    )
-
-
-def _kind(path: str) -> str | None:
-    try:
-        return parse_shard_object(path, SHARD).kind
-    except ValueError:
-        return None
+def killed_attempt_calls(store: ObjectStore) -> int:
+    """The call records the killed attempt 0 left, as recovery reads them (count them before the retry: its sweep
+    removes the files of calls nothing replayed); 0 when it died before its claim existed."""
+    if not any(is_claim_path(path, SHARD) for path in store.list_files(layout.ledger_shard_dir(SHARD))):
+        return 0
+    left = read_uncommitted_attempt(store, SHARD, 0)
+    return sum(len(b.manifest) for b in left.rollouts) + sum(len(calls) for calls in left.unreceipted.values())
 
 
 def dataset_rows(store: ObjectStore, *, staged: bool = False) -> dict[str, dict[str, Any]]:
@@ -197,7 +193,7 @@ def finish_batch(root: str, batch_id: str) -> None:
     finalize_and_publish(Batch.open(root, batch_id), FinalizeOptions(audit=False))
 
 
-def check_survivors(batch: Batch, first_attempt: dict[str, str], clean: CleanRun) -> None:
+def check_survivors(batch: Batch, first_attempt: dict[str, str], clean: CleanRun, killed_calls: int) -> None:
     """The trial's invariants (module docstring) on a batch whose shard is committed and dataset published."""
     store = batch.store
     reference = clean.rows
@@ -234,16 +230,13 @@ def check_survivors(batch: Batch, first_attempt: dict[str, str], clean: CleanRun
         default=0.0,
     )
     assert drift <= LOGPROB_TOLERANCE, f"sampling logprobs differ from the clean run's by up to {drift}"
-    check_call_count(store, first_attempt, marker, clean.calls, batch.config.max_in_flight)
+    check_call_count(store, killed_calls if marker.attempt > 0 else 0, marker, clean.calls, batch.config.max_in_flight)
 
 
-def check_call_count(
-    store: ObjectStore, first_attempt: dict[str, str], marker: Any, clean: int, in_flight: int
-) -> None:
+def check_call_count(store: ObjectStore, crashed: int, marker: ShardMarker, clean: int, in_flight: int) -> None:
     """Nothing committed was sampled again: the crashed attempt's call records and the retry's together are the
     clean run's, plus at most the calls that were in flight at the kill."""
-    crashed = call_records(store, first_attempt) if marker.attempt > 0 else 0
-    retried = call_records(store, (f.path for f in marker.files if layout.attempt_of(f.path) == marker.attempt))
+    retried = sum(f.rows for f in marker.files if f.kind == "calls" and layout.attempt_of(f.path) == marker.attempt)
     print(f"{store.url}: {crashed} call records before the kill, {retried} after; the clean run holds {clean}")
     assert clean <= crashed + retried <= clean + in_flight, (
         f"the crashed attempt recorded {crashed} calls and the retry {retried}: the clean run records {clean} "

@@ -32,6 +32,7 @@ from .crash_trials import (
     check_survivors,
     finish_batch,
     first_attempt_objects,
+    killed_attempt_calls,
     reference_rows,
     trial_count,
 )
@@ -84,7 +85,8 @@ def test_a_generate_process_killed_at_a_crash_point_is_retried_without_losing_a_
     assert (tmp_path / "crashed").exists(), f"{trial}: killed, but not by its crash point"
     assert not first.session_survivors(grace=30), f"{trial}: engine processes outlived the killed generate"
     crashed = first_attempt_objects(store)
+    killed_calls = killed_attempt_calls(store)
 
     generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
     finish_batch(root, config.batch_id)
-    check_survivors(Batch.open(root, config.batch_id), crashed, clean_runs(trial.environment))
+    check_survivors(Batch.open(root, config.batch_id), crashed, clean_runs(trial.environment), killed_calls)
