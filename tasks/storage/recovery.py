@@ -76,15 +76,18 @@ class _AttemptLedger:
 
 
 def read_uncommitted_attempt(store: ObjectStore, shard: int, attempt: int) -> Recovery:
-    """The receipted rollouts an uncommitted attempt wrote, and the objects that hold them (that attempt alone).
+    """The rollouts an uncommitted attempt receipted, and the objects that hold them; the calls it left of
+    rollouts without a receipt.
 
     Lists ``ledger/shard-K/attempt-NN/``, ignoring names that are not ledger files (the
-    attempt's claim, temp files of a crashed local write). Raises :class:`CorruptLedgerFileError`
-    for a file that does not parse or whose rows contradict its location,
-    :class:`DuplicateReceiptError`, and :class:`MissingStagingRowError` when a receipted call
-    points at a segment that is absent.
+    attempt's claim, temp files of a crashed local write, compacted files: only a marker makes
+    those valid), and the attempts before it for the calls its receipts replayed. Raises
+    :class:`CorruptLedgerFileError` for a file that does not parse or whose rows contradict its
+    location, :class:`DuplicateReceiptError`, and :class:`MissingStagingRowError` when a receipted
+    call points at a segment that is absent.
     """
-    return _recovery(store, shard, [_read_attempt(store, shard, attempt)], where=f"shard {shard} attempt {attempt}")
+    ledgers = [_read_attempt(store, shard, earlier) for earlier in range(attempt + 1)]
+    return _recovery(store, shard, ledgers, where=f"shard {shard} attempt {attempt}", of_attempt=attempt)
 
 
 def recover_earlier_attempts(store: ObjectStore, shard: int, *, attempt: int) -> Recovery:
@@ -137,10 +140,18 @@ def _read_attempt(store: ObjectStore, shard: int, attempt: int) -> _AttemptLedge
     )
 
 
-def _recovery(store: ObjectStore, shard: int, ledgers: Sequence[_AttemptLedger], *, where: str) -> Recovery:
-    """What ``ledgers`` (attempts in order) hold: receipted rollouts with their objects, and unreceipted calls."""
+def _recovery(
+    store: ObjectStore, shard: int, ledgers: Sequence[_AttemptLedger], *, where: str, of_attempt: int | None = None
+) -> Recovery:
+    """What ``ledgers`` (attempts in order) hold: receipted rollouts with their objects, and unreceipted calls;
+    only those of attempt ``of_attempt`` when given (the others resolve its receipts' replayed calls)."""
     receipts = [receipt for ledger in ledgers for _, receipt in ledger.rows("receipts")]
     check_unique_receipts((r.rollout_id for r in receipts), where=where)
+    if of_attempt is not None:
+        receipts = [r for r in receipts if r.attempt == of_attempt]
+        ledgers_of = [ledger for ledger in ledgers if ledger.attempt == of_attempt]
+    else:
+        ledgers_of = list(ledgers)
     calls = [(ledger.attempt, marked, call) for ledger in ledgers for marked, call in ledger.rows("calls")]
     failures = [(ledger.attempt, marked, row) for ledger in ledgers for marked, row in ledger.rows("failures")]
     bundles = bundle_rollouts(
@@ -153,13 +164,13 @@ def _recovery(store: ObjectStore, shard: int, ledgers: Sequence[_AttemptLedger],
     in_manifests = {id(call) for bundle in bundles for call in bundle.manifest}
     in_failures = {id(row) for bundle in bundles for row in bundle.failures}
     used = [CommittedCall(call, attempt, marked) for attempt, marked, call in calls if id(call) in in_manifests]
-    files: dict[str, MarkedFile] = {m.path: m for ledger in ledgers for m, _ in ledger.files["receipts"]}
+    files: dict[str, MarkedFile] = {m.path: m for ledger in ledgers_of for m, _ in ledger.files["receipts"]}
     files.update((m.path, m) for _, m, row in failures if id(row) in in_failures)
     files.update((m.path, m) for m in carried_files(store, shard, used))
     receipted = {b.rollout_id for b in bundles}
     unreceipted: dict[str, list[CommittedCall]] = {}
     for attempt, marked, call in calls:
-        if call.rollout_id not in receipted:
+        if call.rollout_id not in receipted and (of_attempt is None or attempt == of_attempt):
             unreceipted.setdefault(call.rollout_id, []).append(CommittedCall(call, attempt, marked))
     return Recovery(
         rollouts=tuple(bundles),

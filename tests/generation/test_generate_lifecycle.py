@@ -26,7 +26,7 @@ from tasks.storage.marker import read_marker
 from tasks.storage.recovery import read_uncommitted_attempt
 
 from .configs import fake_model_config
-from .fakes import FakeScriptedEngine
+from .fakes import FakeScriptedEngine, FatalEngineCrash
 
 
 def make_config(**overrides) -> BatchConfig:
@@ -214,6 +214,10 @@ def test_a_model_whose_hashes_differ_from_the_plan_is_refused_before_any_engine_
         generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
 
 
+def _die(*args, **kwargs):
+    raise FatalEngineCrash("the process died")
+
+
 def test_a_retry_that_adopts_every_rollout_commits_without_starting_an_engine(root, tokenizer, monkeypatch):
     """A crash between the last receipt and the marker: the retry adopts everything, so no engine starts."""
     from tasks.models.provenance import model_provenance
@@ -223,8 +227,12 @@ def test_a_retry_that_adopts_every_rollout_commits_without_starting_an_engine(ro
     config = make_config(shards=1, num_tasks=2, model=ModelSpec(reference=BUNDLED_REFERENCE, **planned))
     plan_batch(Batch.open(root, config.batch_id), config)
     store = Batch.open(root, config.batch_id).store
-    (first,) = run(root, config, [0], FakeScriptedEngine(tokenizer))
-    store.delete(layout.shard_marker(0))  # attempt 0 receipted every rollout; its marker never landed
+    with monkeypatch.context() as crashing:  # attempt 0 receipted every rollout; the process died writing its marker
+        crashing.setattr("tasks.storage.ledger_writer.write_marker", _die)
+        with pytest.raises(FatalEngineCrash):
+            run(root, config, [0], FakeScriptedEngine(tokenizer))
+    first = read_uncommitted_attempt(store, 0, 0)
+    assert len(first.rollouts) == config.num_rollouts
 
     async def no_engine(*args, **kwargs):
         raise AssertionError("an engine was started for a shard with nothing left to run")
@@ -232,7 +240,7 @@ def test_a_retry_that_adopts_every_rollout_commits_without_starting_an_engine(ro
     notices = []
     monkeypatch.setattr("tasks.engines.create_engine", no_engine)
     summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False, on_engine_start=notices.append)
-    assert (summary.attempt, summary.adopted, summary.rollouts) == (1, first.rollouts, first.rollouts)
+    assert (summary.attempt, summary.adopted, summary.rollouts) == (1, len(first.rollouts), len(first.rollouts))
     assert (summary.generated_tokens, notices) == (0, [])
     marker = read_marker(store, 0)
     assert marker is not None and marker.attempt == 1

@@ -22,7 +22,7 @@ from tasks.generate import generate_shard
 from tasks.generate.resume import REPLAY_REFUSED
 from tasks.plan import plan_batch
 from tasks.storage.ledger_reader import LedgerReader
-from tasks.storage.recovery import recover_earlier_attempts
+from tasks.storage.recovery import read_uncommitted_attempt, recover_earlier_attempts
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import CommitCoordinates
 
@@ -215,6 +215,10 @@ def test_a_rollout_killed_twice_resumes_across_both_attempts(tmp_path, tokenizer
         _run(root, config, _crashing_engine(tokenizer, after=4))
     with pytest.raises(FatalEngineCrash):
         _run(root, config, _crashing_engine(tokenizer, after=6))
+    second = read_uncommitted_attempt(Batch.open(root, config.batch_id).store, 0, 1)
+    # Its receipts' replayed calls resolve in attempt 0; the calls it left are its own.
+    assert any(call.startswith(b.rollout_id) for b in second.rollouts for call in b.receipt.replayed_calls)
+    assert all(c.attempt == 1 for calls in second.unreceipted.values() for c in calls)
     engine = FakeScriptedEngine(tokenizer, reply=_reply)
     summary = _run(root, config, engine)
     assert summary.attempt == 2 and summary.ok == 6
