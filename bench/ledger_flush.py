@@ -45,10 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,7 +59,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.staging import CARRY_TOKENS, SAMPLED_TOKENS, make_workload
+from bench.figures import percentile_ms, print_table, ratio
+from bench.moto_s3 import moto_s3
+from bench.staging import build_delta, make_workload
 from tasks import layout
 from tasks.errors import ObjectConflictError
 from tasks.ids import call_id, group_id, rollout_id
@@ -107,27 +106,9 @@ def build_chains(rollouts: int, turns: int, seed: int = 0) -> list[list[StagedDe
     work = make_workload(rollouts, turns, seed=seed)
     chains = []
     for r in range(rollouts):
-        rollout, sequence, chain, parent = rollout_id(r, 0), work.tokens[r], [], None
+        chain: list[StagedDelta] = []
         for turn in range(turns):
-            prev = turn * work.turn_len
-            delta = StagedDelta.build(
-                batch_id=BATCH,
-                rollout_id=rollout,
-                call_id=call_id(rollout, 0, turn),
-                parent_call_id=None if parent is None else parent.call_id,
-                parent_chain_hash=None if parent is None else parent.chain_hash,
-                prefix_token_ids=sequence[:prev],
-                prompt_token_ids=sequence[: prev + CARRY_TOKENS],
-                generated_token_ids=sequence[prev + CARRY_TOKENS : prev + work.turn_len],
-                generated_logprobs=work.logprobs[r, turn * SAMPLED_TOKENS : (turn + 1) * SAMPLED_TOKENS],
-                weight_version=1,
-                finish_reason="stop",
-                temperature=1.0,
-                top_p=1.0,
-                top_k=-1,
-            )
-            chain.append(delta)
-            parent = delta
+            chain.append(build_delta(work, r, turn, chain[-1] if chain else None, batch_id=BATCH))
         chains.append(chain)
     return chains
 
@@ -419,42 +400,6 @@ def memory_run(records: list[CallRecord], turns: int, group: int) -> MemoryRun:
 # --- backends ---------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def moto_s3() -> Iterator[str]:
-    """A moto S3 server on loopback in a subprocess, the AWS environment pointed at it; yields a bucket's URL."""
-    import s3fs
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"moto server did not start (exit code {server.poll()})")
-            time.sleep(0.1)
-        endpoint = f"http://127.0.0.1:{port}"
-        os.environ.update(
-            AWS_ENDPOINT_URL=endpoint,
-            AWS_ACCESS_KEY_ID="testing",
-            AWS_SECRET_ACCESS_KEY="testing",
-            AWS_DEFAULT_REGION="us-east-1",
-        )
-        name = f"bench-{uuid.uuid4().hex[:12]}"
-        s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True).mkdir(name)
-        yield f"s3://{name}"
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
 class Backend:
     """Fresh batch directories on one backend: a temp dir's subfolders, or a moto bucket's prefixes."""
 
@@ -483,20 +428,6 @@ def backends(names: list[str]) -> Iterator[list[Backend]]:
 
 
 # --- report -----------------------------------------------------------------------------------------
-
-
-def percentile_ms(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) * 1000.0
-
-
-def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}" if b else "-"
-
-
-def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 def write_figures(runs: dict[str, list[WriteRun]]) -> list[tuple[str, ...]]:

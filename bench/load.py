@@ -13,37 +13,16 @@ tokenized by the real bundled tokenizer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import socket
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.moto_s3 import moto_s3
 from tests.reliability.test_load import GROUP_SIZE, NUM_TASKS, SHARDS, check_load, figures_line, load_config, run_load
-
-
-def _moto_bucket() -> str:
-    """Start moto's S3 server on loopback, point the AWS environment at it, make a bucket; its s3:// URL."""
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ThreadedMotoServer(ip_address="127.0.0.1", port=port).start()
-    endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update(
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    name = f"bench-{uuid.uuid4().hex[:12]}"
-    s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True).mkdir(name)
-    return f"s3://{name}"
 
 
 def main() -> None:
@@ -59,8 +38,8 @@ def main() -> None:
 
     tokenizer = load_bundled_tokenizer()
     config = load_config(args.tasks, args.group_size, args.shards)
-    with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
-        root = f"{_moto_bucket()}/runs" if args.s3 else str(Path(tmp) / "runs")
+    with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp, contextlib.ExitStack() as stack:
+        root = f"{stack.enter_context(moto_s3(in_process=True))}/runs" if args.s3 else str(Path(tmp) / "runs")
         figures = run_load(root, tokenizer, config, publish=not args.no_publish)
     check_load(figures)
     print(figures_line(figures))

@@ -46,6 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tasks.generate.rollouts as rollouts_module
+from bench.figures import percentile_ms, print_table, ratio
 from tasks.batch import Batch
 from tasks.capture.calls import CallCapture
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
@@ -281,17 +282,7 @@ def logprob_difference(a: list[DatasetRow], b: list[DatasetRow]) -> float:
 
 
 def ms(seconds: list[float], q: float) -> str:
-    return f"{np.percentile(np.asarray(seconds), q) * 1000:.1f}" if seconds else "-"
-
-
-def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}" if b else "-"
-
-
-def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return f"{percentile_ms(seconds, q):.1f}" if seconds else "-"
 
 
 @dataclass(frozen=True)

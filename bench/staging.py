@@ -28,6 +28,8 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.figures import print_table
+from tasks.ids import call_id, rollout_id
 from tasks.records import digest as dg
 from tasks.records.ledger import StagedDelta
 from tasks.storage.objects import ObjectStore
@@ -89,6 +91,31 @@ def make_workload(rollouts: int, turns: int, seed: int = 0) -> Workload:
     return Workload(rollouts=rollouts, turns=turns, tokens=tokens, logprobs=logprobs)
 
 
+def build_delta(
+    work: Workload, r: int, turn: int, parent: StagedDelta | None, *, batch_id: str = "bench"
+) -> StagedDelta:
+    """Call ``turn`` of rollout ``r`` of ``work``, chained to ``parent`` (the rollout's call before; None for its
+    first): its prompt is the sequence so far and the turn's carried tokens, its generation the turn's sampled
+    tokens. ``StagedDelta.build`` computes every hash (the staging bench times it)."""
+    rollout, sequence, prev = rollout_id(r, 0), work.tokens[r], turn * work.turn_len
+    return StagedDelta.build(
+        batch_id=batch_id,
+        rollout_id=rollout,
+        call_id=call_id(rollout, 0, turn),
+        parent_call_id=None if parent is None else parent.call_id,
+        parent_chain_hash=None if parent is None else parent.chain_hash,
+        prefix_token_ids=sequence[:prev],
+        prompt_token_ids=sequence[: prev + CARRY_TOKENS],
+        generated_token_ids=sequence[prev + CARRY_TOKENS : prev + work.turn_len],
+        generated_logprobs=work.logprobs[r, turn * SAMPLED_TOKENS : (turn + 1) * SAMPLED_TOKENS],
+        weight_version=1,
+        finish_reason="stop",
+        temperature=1.0,
+        top_p=1.0,
+        top_k=-1,
+    )
+
+
 @contextlib.contextmanager
 def hash_timer() -> Iterator[list[float]]:
     """Accumulate the wall time spent in the digest functions ``StagedDelta.build`` calls."""
@@ -117,36 +144,19 @@ def hash_timer() -> Iterator[list[float]]:
 def stage(work: Workload, root: Path) -> StageResult:
     """Build and stage every call, turn by turn; timed end to end including the last write."""
     store = ObjectStore(str(root))
-    chains: list[str | None] = [None] * work.rollouts
+    previous: list[StagedDelta | None] = [None] * work.rollouts
     deltas: list[StagedDelta] = []
     futures: list[Future[CommitCoordinates]] = []
     start = time.perf_counter()
     parents: list[Future[CommitCoordinates] | None] = [None] * work.rollouts
     with hash_timer() as hashing, StagingWriter(store, shard=0, attempt=0) as writer:
         for turn in range(work.turns):
-            prev = turn * work.turn_len
             for r in range(work.rollouts):
                 parent = parents[r]
                 if parent is not None:
                     parent.result()  # a child is admitted only once its parent is durable
-                sequence = work.tokens[r]
-                delta = StagedDelta.build(
-                    batch_id="bench",
-                    rollout_id=f"r{r:06d}-00",
-                    call_id=f"r{r:06d}-00.a00.c{turn:03d}",
-                    parent_call_id=None if turn == 0 else f"r{r:06d}-00.a00.c{turn - 1:03d}",
-                    parent_chain_hash=chains[r],
-                    prefix_token_ids=sequence[:prev],
-                    prompt_token_ids=sequence[: prev + CARRY_TOKENS],
-                    generated_token_ids=sequence[prev + CARRY_TOKENS : prev + work.turn_len],
-                    generated_logprobs=work.logprobs[r, turn * SAMPLED_TOKENS : (turn + 1) * SAMPLED_TOKENS],
-                    weight_version=1,
-                    finish_reason="stop",
-                    temperature=1.0,
-                    top_p=1.0,
-                    top_k=-1,
-                )
-                chains[r] = delta.chain_hash
+                delta = build_delta(work, r, turn, previous[r])
+                previous[r] = delta
                 deltas.append(delta)
                 parents[r] = writer.submit(delta)
                 futures.append(parents[r])
@@ -296,10 +306,7 @@ def run(rollouts: int, turns_list: list[int]) -> bool:
             f"writer alone {result.tokens / writer_seconds / 1e6:.2f} M tok/s, raw pyarrow {raw_tps / 1e6:.2f} M tok/s"
         )
     print()
-    header = ("workload", "metric", "value", "target", "result")
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
+    print_table(("workload", "metric", "value", "target", "result"), rows)
     return all_pass
 
 

@@ -1,4 +1,4 @@
-"""Running ``rollout-ledger serve`` in a test as a process manager would."""
+"""Running ``rollout-ledger serve`` in a test as a process manager would, or a stand-in for it (:data:`LAUNCHER`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,20 @@ from tasks.engines.vllm_server.serving.launch import REAP_GRACE_SECONDS, port_ta
 
 # The watchdog's poll, its grace after SIGTERM (SIGKILL after it: vLLM waits on calls in flight), a busy machine.
 REAP_TIMEOUT_SECONDS = REAP_GRACE_SECONDS + 15.0
+# A stand-in for ``rollout-ledger serve`` without vLLM: ``python -c LAUNCHER PORT LOG SERVER [serve-until-stopped]``
+# launches ``python -c SERVER PORT`` through VllmServer.launch (its output in LOG), prints the pids of the server and
+# its watchdog as JSON, then sleeps, or with ``serve-until-stopped`` waits for SIGTERM or SIGINT as serve does.
+LAUNCHER = """
+import json, sys, time
+from pathlib import Path
+from tasks.engines.vllm_server.serving.launch import VllmServer, serve_until_stopped
+port, log = sys.argv[1], Path(sys.argv[2])
+server = VllmServer.launch([sys.executable, "-c", sys.argv[3], port], {}, url="http://127.0.0.1:" + port, log_path=log)
+print(json.dumps({"server": server.process.pid, "watchdog": server.reaper.pid}), flush=True)
+if sys.argv[4:] == ["serve-until-stopped"]:
+    sys.exit(0 if serve_until_stopped(server) is None else 1)
+time.sleep(600)
+"""
 
 
 def running(process: psutil.Process) -> bool:

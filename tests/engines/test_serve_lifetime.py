@@ -25,8 +25,8 @@ import pytest
 
 from tasks.engines.vllm_server.serving.launch import VllmServer, free_port, port_taken
 from tasks.errors import EngineError
+from tests.serving import LAUNCHER, assert_reaped, running
 
-REAP_TIMEOUT_SECONDS = 15.0  # the watchdog's poll, the fake server's SIGTERM, start-up of a busy machine
 SERVER = """
 import socket, subprocess, sys, time
 listener = socket.socket()
@@ -44,42 +44,17 @@ class Health(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 """
-LAUNCHER = """
-import json, sys, time
-from pathlib import Path
-from tasks.engines.vllm_server.serving.launch import VllmServer, serve_until_stopped
-port, log = sys.argv[1], Path(sys.argv[2])
-server = VllmServer.launch([sys.executable, "-c", sys.argv[3], port], {}, url="http://127.0.0.1:" + port, log_path=log)
-print(json.dumps({"server": server.process.pid, "watchdog": server.reaper.pid}), flush=True)
-if sys.argv[4:] == ["serve-until-stopped"]:
-    sys.exit(0 if serve_until_stopped(server) is None else 1)
-time.sleep(600)
-"""
 
 
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def server_tree(server_pid: int, deadline: float) -> list[int]:
+def server_tree(server_pid: int, deadline: float) -> list[psutil.Process]:
     """The fake server and its child, once the child is up (the server starts it after binding its port)."""
+    server = psutil.Process(server_pid)
     while time.monotonic() < deadline:
-        children = psutil.Process(server_pid).children(recursive=True)
+        children = server.children(recursive=True)
         if children:
-            return [server_pid, *(child.pid for child in children)]
+            return [server, *children]
         time.sleep(0.05)
     raise AssertionError("the fake server started no child")
-
-
-def wait_gone(pids: list[int], timeout: float) -> tuple[list[int], float]:
-    """Wait up to ``timeout`` s for ``pids`` to end; those still running and the seconds waited."""
-    started = time.monotonic()
-    while any(running(pid) for pid in pids) and time.monotonic() - started < timeout:
-        time.sleep(0.05)
-    return [pid for pid in pids if running(pid)], time.monotonic() - started
 
 
 def start_launcher(port: int, tmp_path: Path, *then: str) -> tuple[subprocess.Popen, dict]:
@@ -106,17 +81,17 @@ def test_a_sigkilled_launcher_leaves_no_server_process_and_frees_the_port(kill: 
     port = free_port()
     launcher, pids = start_launcher(port, tmp_path)
     tree = server_tree(pids["server"], time.monotonic() + 30)
+    watchdog = psutil.Process(pids["watchdog"])
     assert port_taken("127.0.0.1", port)
     assert os.getpgid(pids["server"]) != launcher.pid and os.getpgid(pids["watchdog"]) != launcher.pid
+    killed_at = time.monotonic()
     if kill == "process":
         launcher.kill()
     else:
         os.killpg(launcher.pid, signal.SIGKILL)
     launcher.wait()
-    left, seconds = wait_gone([*tree, pids["watchdog"]], REAP_TIMEOUT_SECONDS)
+    seconds = assert_reaped([*tree, watchdog], port, killed_at=killed_at)
     print(f"SIGKILL of the launcher's {kill}: nothing left after {seconds:.2f} s")
-    assert not left, f"processes outlived the SIGKILL of their launcher's {kill}: {left}"
-    assert not port_taken("127.0.0.1", port)
 
 
 @pytest.mark.parametrize(
@@ -127,6 +102,7 @@ def test_ctrl_c_and_sigterm_stop_the_server_in_order(sent: signal.Signals, to_gr
     port = free_port()
     launcher, pids = start_launcher(port, tmp_path, "serve-until-stopped")
     tree = server_tree(pids["server"], time.monotonic() + 30)
+    watchdog = psutil.Process(pids["watchdog"])
     deadline = time.monotonic() + 30
     while not catches_sigterm(launcher.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -136,7 +112,7 @@ def test_ctrl_c_and_sigterm_stop_the_server_in_order(sent: signal.Signals, to_gr
     else:
         launcher.send_signal(sent)
     assert launcher.wait(timeout=60) == 0
-    assert [pid for pid in [*tree, pids["watchdog"]] if running(pid)] == []
+    assert [p.pid for p in [*tree, watchdog] if running(p)] == []
     assert not port_taken("127.0.0.1", port)
 
 
@@ -146,9 +122,10 @@ def test_stop_ends_the_server_its_children_and_the_watchdog(tmp_path: Path) -> N
         [sys.executable, "-c", SERVER, str(port)], {}, url=f"http://127.0.0.1:{port}", log_path=tmp_path / "log"
     )
     tree = server_tree(server.process.pid, time.monotonic() + 30)
-    assert running(server.reaper.pid)
+    watchdog = psutil.Process(server.reaper.pid)
+    assert running(watchdog)
     server.stop()
-    assert [pid for pid in [*tree, server.reaper.pid] if running(pid)] == []
+    assert [p.pid for p in [*tree, watchdog] if running(p)] == []
     assert not port_taken("127.0.0.1", port)
     server.stop()  # idempotent
 

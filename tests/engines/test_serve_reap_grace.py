@@ -28,6 +28,7 @@ from tasks.engines.vllm_server.serving.launch import (
     port_taken,
     reap_grace,
 )
+from tests.serving import LAUNCHER, assert_reaped
 
 REPO = Path(__file__).resolve().parents[2]
 SLACK_SECONDS = 10.0  # the watchdog's poll, its SIGKILL rounds, a busy machine
@@ -47,22 +48,6 @@ print("child", child.pid, flush=True)
 while True:
     time.sleep(600)
 """
-LAUNCHER = """
-import json, sys, time
-from pathlib import Path
-from tasks.engines.vllm_server.serving.launch import VllmServer
-port, log = sys.argv[1], Path(sys.argv[2])
-server = VllmServer.launch([sys.executable, "-c", sys.argv[3], port], {}, url="http://127.0.0.1:" + port, log_path=log)
-print(json.dumps({"server": server.process.pid, "watchdog": server.reaper.pid}), flush=True)
-time.sleep(600)
-"""
-
-
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_a_server_stuck_after_sigterm_is_gone_within_the_reap_grace_once_serve_is_sigkilled(tmp_path: Path) -> None:
@@ -78,22 +63,19 @@ def test_a_server_stuck_after_sigterm_is_gone_within_the_reap_grace_once_serve_i
     deadline = time.monotonic() + 30
     while "child" not in log.read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
-    tree = [pids["server"], *(child.pid for child in psutil.Process(pids["server"]).children(recursive=True))]
+    server = psutil.Process(pids["server"])
+    tree = [server, *server.children(recursive=True)]
     assert len(tree) == 2 and port_taken("127.0.0.1", port)
+    everything = [*tree, psutil.Process(pids["watchdog"])]
 
     killed_at = time.monotonic()
     launcher.kill()
     launcher.wait()
-    everything = [*tree, pids["watchdog"]]
-    while any(running(pid) for pid in everything) and time.monotonic() - killed_at < STOP_GRACE_SECONDS:
-        time.sleep(0.05)
-    seconds = time.monotonic() - killed_at
+    seconds = assert_reaped(everything, port, killed_at=killed_at)
     print(f"a server stuck after SIGTERM: gone {seconds:.1f} s after its launcher's SIGKILL")
 
-    assert [pid for pid in everything if running(pid)] == []
     assert "SIGTERM: waiting for connections to close" in log.read_text()  # SIGTERM came first
     assert REAP_GRACE_SECONDS - 0.5 <= seconds <= REAP_GRACE_SECONDS + SLACK_SECONDS < STOP_GRACE_SECONDS
-    assert not port_taken("127.0.0.1", port)
 
 
 def test_the_reap_grace_waits_out_a_drain_mode_shutdown_too(tmp_path: Path) -> None:
