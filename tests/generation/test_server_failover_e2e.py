@@ -131,12 +131,20 @@ def test_a_replica_killed_mid_shard_fails_over_to_the_other_and_the_dataset_is_p
     assert all(f.startswith("rollout ") and f"server {second.url}" in f for f in summary["failovers"])
     assert summary["calls_by_replica"][vllm_server.url] > 0 and summary["calls_by_replica"][second.url] > 0
     assert summary["rollouts"] == config.num_rollouts and summary["poisoned"] == summary["failed"] == 0
-    assert "starts again from its first turn on a live one" in log and "failed over: rollout" in log
+    assert "starts again from its first turn on a live one, replaying the calls it committed" in log
+    assert "failed over: rollout" in log
+    # Each rollout restarted on the live server replayed what it had committed and sampled from the lost call on.
+    assert summary["resumed"] == len(summary["failovers"]) and summary["divergences"] == 0
+    assert summary["live_calls"] >= summary["resumed"]
     assert_finished_without_duplicates(store, summary["ok"], attempts=1)
     status = batch_status(Batch.open(root, config.batch_id))
     committed = status.shards[0].committed
     assert committed.failovers == () and committed.rollouts_failed_over == len(summary["failovers"])
     assert committed.calls_by_server[second.url] > 0
+    assert (committed.resumed.rollouts, committed.resumed.replayed_calls) == (
+        summary["resumed"],
+        summary["replayed_calls"],
+    )
     assert f"{len(summary['failovers'])} rollout(s) restarted on a live server" in render_status(status)
     published = finalize_and_publish(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))
     assert published.published is not None and published.staged.marker.rows == config.num_rollouts
