@@ -57,7 +57,8 @@ def test_a_lost_replica_s_rollouts_start_again_on_the_live_one_and_the_attempt_c
     assert len(restarted) == len(summary.failovers)
     staged = finalize_batch(batch, FinalizeOptions(audit=False))  # the fake's logprobs are no model's
     assert staged.marker.rows == config.num_rollouts
-    # Every restarted rollout's chain ran on the live server; its calls on the lost one are left unused.
+    # Every restarted rollout replayed what it had committed (on either server) and sampled the rest on the
+    # live one: its chain's calls of the lost server come first, and it replayed at least those.
     calls = tables.calls.to_pylist()
     for receipt in tables.receipts.to_pylist():
         if receipt["rollout_id"] not in restarted:
@@ -68,7 +69,10 @@ def test_a_lost_replica_s_rollouts_start_again_on_the_live_one_and_the_attempt_c
         while call is not None:
             chain.append(call["call_id"])
             call = by_id.get(call["parent_call_id"])
-        assert set(chain) <= set(live.answered), "a restarted rollout's chain holds a call of the lost server"
+        chain.reverse()
+        on_lost = [call not in live.answered for call in chain]
+        assert on_lost == sorted(on_lost, reverse=True), "a call sampled after the failover ran on the lost server"
+        assert sum(on_lost) <= infos[receipt["rollout_id"]]["resumed"]["replayed"]
         assert receipt["num_calls"] == len(by_id) > len(chain) or set(by_id) == set(chain)
 
     shard = batch_status(batch).shards[0].committed
