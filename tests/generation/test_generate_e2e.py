@@ -2,12 +2,14 @@
 
 Multi-turn ``guess_number`` and ``calculator`` rollouts, on local disk and on S3 (moto server):
 every child prompt starts with its parent's exact tokens, staged digests and chains recompute,
-a retry adopts finished rollouts with no duplicates, and an induced staging failure yields
-failure rows and a poisoned receipt.
+a retry adopts finished rollouts and resumes the rest token-identically to a clean run (no
+committed call sampled twice), and an induced staging failure yields failure rows and a
+poisoned receipt.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -20,6 +22,7 @@ from tasks.plan import plan_batch
 from tasks.sampling import SamplingSettings
 from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.objects import ObjectStore
+from tasks.storage.recovery import recover_earlier_attempts
 
 from .chains import linearized, verified_sequences
 from .configs import bundled_model_config
@@ -97,38 +100,47 @@ def test_calculator_on_s3_with_the_real_engine(vllm_engine, s3_bucket):
     verified_sequences(store, 0)
 
 
-def test_retry_adopts_finished_rollouts_and_produces_no_duplicates(vllm_engine, tmp_path, monkeypatch):
-    from tasks.generate import rollouts
-
-    monkeypatch.setattr(rollouts, "LEDGER_FLUSH_SECONDS", 0.0)
+def test_a_retry_adopts_finished_rollouts_and_resumes_the_rest_as_a_clean_run_samples_them(vllm_engine, tmp_path):
+    """In-process vLLM: the killed attempt's receipted rollouts are adopted, the others replay their committed calls
+    and go on live; no committed call is sampled again, and the batch is token-identical to a clean run."""
     engine, loop = vllm_engine
     config = bundled_model_config(
         batch_id="b-e2e-retry",
-        environment="arithmetic",
-        environment_options={},
+        environment_options={"lo": 1, "hi": 1000},  # rarely guessed: rollouts run several turns
         num_tasks=4,
         group_size=2,
         max_in_flight=2,
-        max_turns=1,
+        max_turns=3,
     )
+    clean = dataclasses.replace(config, batch_id="b-e2e-retry-clean")
     root = str(tmp_path / "runs")
-    plan_batch(Batch.open(root, config.batch_id), config)
+    for planned in (config, clean):
+        plan_batch(Batch.open(root, planned.batch_id), planned)
+    counted = CrashingEngine(engine, crash_at=10**9)
+    generate_shard(Batch.open(root, clean.batch_id), 0, engine=counted, run=loop.run, progress=False)
     with pytest.raises(FatalEngineCrash):
         generate_shard(
             Batch.open(root, config.batch_id),
             0,
-            engine=CrashingEngine(engine, crash_at=6),
+            engine=CrashingEngine(engine, crash_at=9),
             run=loop.run,
             progress=False,
         )
-    summary = generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
-    assert summary.attempt == 1
-    assert 0 < summary.adopted < 8
     store = Batch.open(root, config.batch_id).store
+    left = recover_earlier_attempts(store, 0, attempt=1)
+    committed = sum(len(b.manifest) for b in left.rollouts) + sum(len(c) for c in left.unreceipted.values())
+    retried = CrashingEngine(engine, crash_at=10**9)
+    summary = generate_shard(Batch.open(root, config.batch_id), 0, engine=retried, run=loop.run, progress=False)
+    assert summary.attempt == 1 and 0 < summary.adopted < 8 and summary.replayed_calls > 0
+    assert retried.calls == counted.calls - committed  # nothing committed was sampled again
     ledger = LedgerReader(store, 0)
     ids = [r.rollout_id for r in ledger.receipts]
     assert sorted(ids) == sorted(set(ids)) and len(ids) == 8
-    assert len(verified_sequences(store, 0)) == summary.ok
+    resumed = verified_sequences(store, 0)
+    reference = verified_sequences(Batch.open(root, clean.batch_id).store, 0)
+    assert resumed.keys() == reference.keys() and len(resumed) == summary.ok
+    for rollout, deltas in resumed.items():
+        assert linearized(deltas).tolist() == linearized(reference[rollout]).tolist(), rollout
 
 
 def test_induced_staging_failure_yields_failure_rows_and_a_poisoned_receipt(vllm_engine, tmp_path, monkeypatch):
