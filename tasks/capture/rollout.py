@@ -140,7 +140,8 @@ class RolloutCapture:
 
     def restart(self, why: str) -> None:
         """Start the rollout again from its first turn, in a new episode that replays what this one committed
-        (nothing with ``resume`` off): calls it does not replay stay in the ledger, off the new chain.
+        (with ``resume`` off: sampling it all again, no episode noted): calls it does not replay stay in the
+        ledger, off the new chain.
 
         Ordinals go on (no call id repeats), positions start again, and records and failures are
         kept: the receipt counts every call the ledger holds of the rollout, and a failure before
@@ -148,7 +149,10 @@ class RolloutCapture:
         """
         self.parent, self.links, self.last_captured_call_id = None, [], None
         self.failed_over.append(why)
-        self.begin_episode(self.episode_calls if self.resume else (), self.episode + 1)
+        if self.resume:
+            self.begin_episode(self.episode_calls, self.episode + 1)
+        else:
+            self.position, self.episode_calls = 0, []
 
     def begin_episode(self, entries: list[BookEntry] | tuple[BookEntry, ...], episode: int) -> None:
         """Begin episode ``episode`` (from the first turn), replaying ``entries`` first."""
