@@ -86,12 +86,18 @@ TOKEN_COLUMNS = (
 LOGPROB_TOLERANCE = 1e-2
 
 
+# The fewest model calls a kind's trial batch makes on the bundled model (calculator's rollouts mostly answer
+# at once): a kill on a later pass would never come.
+FEWEST_CALLS = {"guess_number": 22, "calculator": 8, "agent_command": 24}
+
+
 @dataclass(frozen=True)
 class CrashSite:
     """A boundary the recovery rules are about: crash point ``point`` on details matching ``match``.
 
     ``max_hit`` bounds the pass the kill comes on so that the trials' batches always reach it (they
-    make 22 and 32 model calls, one staging segment per call or two, a ledger flush every 10 s).
+    make 22 and 32 model calls, one staging segment per call or two, a ledger flush after every
+    segment); a kind whose batch makes fewer calls bounds it lower (:data:`FEWEST_CALLS`).
     """
 
     label: str
@@ -121,8 +127,8 @@ class Trial:
     def of_seed(cls, seed: int, once: Path, kinds: Sequence[str] = tuple(ENVIRONMENTS)) -> Trial:
         """The trial of ``seed``; its environment kind one of ``kinds``."""
         site = CRASH_SITES[seed % len(CRASH_SITES)]
-        hit = random.Random(seed).randint(1, site.max_hit)
         environment = kinds[(seed + seed // len(CRASH_SITES)) % len(kinds)]
+        hit = random.Random(seed).randint(1, min(site.max_hit, FEWEST_CALLS[environment]))
         return cls(seed, site, CrashPoint(site.point, hit=hit, match=site.match, once=str(once)), environment)
 
     def __str__(self) -> str:
