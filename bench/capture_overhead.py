@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.vllm_engine import started_engine
 from tasks.batch import Batch
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
-from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
 from tasks.engines.base import Engine
 from tasks.generate import generate_shard
@@ -121,28 +121,21 @@ def main(argv: list[str] | None = None) -> int:
     folder = resolve_model_reference(reference)
     model = ModelSpec(reference=reference, **model_provenance(folder))
     runs: list[Run] = []
-    with tempfile.TemporaryDirectory(prefix="bench-capture-") as root, BackgroundLoop("bench-engine") as loop:
-        started = time.perf_counter()
-        engine = loop.run(
-            create_engine("vllm", model_path=folder, options=ENGINE_OPTIONS, weight_version=WEIGHT_VERSION), timeout=900
-        )
-        print(f"vLLM engine on {reference} started in {time.perf_counter() - started:.0f}s", flush=True)
-        try:
-            for capture in (False, True):
-                config = batch_config(f"bench-warmup-{mode(capture).strip()}", model, args)
-                warm = timed_shard(root, config, engine, loop, capture=capture)
-                print(f"warm-up capture {mode(capture)}: {warm.seconds:6.2f}s (not counted)", flush=True)
-            for index in range(args.runs):
-                capture = index % 2 == 0
-                run = timed_shard(root, batch_config(f"bench-{index:02d}", model, args), engine, loop, capture=capture)
-                runs.append(run)
-                print(
-                    f"run {index:2d} capture {mode(capture)}: {run.rollouts} rollouts, {run.calls} calls, "
-                    f"{run.generated_tokens} tokens in {run.seconds:6.2f}s = {run.rate:7.1f} tok/s",
-                    flush=True,
-                )
-        finally:
-            loop.run(engine.close(), timeout=120)
+    engine_run = started_engine(folder, label=reference, options=ENGINE_OPTIONS, weight_version=WEIGHT_VERSION)
+    with tempfile.TemporaryDirectory(prefix="bench-capture-") as root, engine_run as (engine, loop):
+        for capture in (False, True):
+            config = batch_config(f"bench-warmup-{mode(capture).strip()}", model, args)
+            warm = timed_shard(root, config, engine, loop, capture=capture)
+            print(f"warm-up capture {mode(capture)}: {warm.seconds:6.2f}s (not counted)", flush=True)
+        for index in range(args.runs):
+            capture = index % 2 == 0
+            run = timed_shard(root, batch_config(f"bench-{index:02d}", model, args), engine, loop, capture=capture)
+            runs.append(run)
+            print(
+                f"run {index:2d} capture {mode(capture)}: {run.rollouts} rollouts, {run.calls} calls, "
+                f"{run.generated_tokens} tokens in {run.seconds:6.2f}s = {run.rate:7.1f} tok/s",
+                flush=True,
+            )
     on_rate, off_rate = median(runs, True, "rate"), median(runs, False, "rate")
     ratio = on_rate / off_rate
     same_work = len({r.generated_tokens for r in runs}) == 1

@@ -47,10 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tasks.generate.rollouts as rollouts_module
 from bench.figures import percentile_ms, print_table, ratio
+from bench.vllm_engine import started_engine
 from tasks.batch import Batch
 from tasks.capture.calls import CallCapture
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
-from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
 from tasks.engines.base import Engine, GenerationRequest, GenerationResult
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
@@ -433,17 +433,10 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     points: list[KillPoint] = []
-    with tempfile.TemporaryDirectory(prefix="bench-resume-") as base, BackgroundLoop("bench-engine") as loop:
-        started = time.perf_counter()
-        engine = loop.run(
-            create_engine("vllm", model_path=folder, options=ENGINE_OPTIONS, weight_version=WEIGHT_VERSION), timeout=900
-        )
-        print(f"vLLM engine on {BUNDLED_REFERENCE} started in {time.perf_counter() - started:.0f}s", flush=True)
-        try:
-            for index, k in enumerate(kills):
-                points.append(run_kill_point(args, k, index, model, base, engine, loop))
-        finally:
-            loop.run(engine.close(), timeout=120)
+    engine_run = started_engine(folder, label=BUNDLED_REFERENCE, options=ENGINE_OPTIONS, weight_version=WEIGHT_VERSION)
+    with tempfile.TemporaryDirectory(prefix="bench-resume-") as base, engine_run as (engine, loop):
+        for index, k in enumerate(kills):
+            points.append(run_kill_point(args, k, index, model, base, engine, loop))
     return 0 if report(args, points) else 1
 
 
