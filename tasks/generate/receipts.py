@@ -17,7 +17,9 @@ from tasks.capture.rollout import RolloutCapture
 from tasks.capture.terminal import attribute_terminal
 from tasks.environments.base import Turn
 from tasks.records.ledger import (
+    COULD_NOT_REPLAY,
     FAILED_OVER_NOTE,
+    RESUMED_COUNTS,
     RESUMED_NOTE,
     SERVED_BY_NOTE,
     CallRecord,
@@ -62,14 +64,10 @@ def capture_notes(state: RolloutCapture) -> dict[str, Any]:
     if state.failed_over:
         notes[FAILED_OVER_NOTE] = list(state.failed_over)
     if state.episode > 0 or state.resume_restarts:
-        resumed: dict[str, Any] = {
-            "episode": state.episode,
-            "replayed": state.replayed_calls,
-            "live": state.live_calls,
-            "diverged": state.divergences,
-        }
+        counts = (state.episode, state.replayed_calls, state.live_calls, state.divergences)
+        resumed: dict[str, Any] = dict(zip(RESUMED_COUNTS, counts, strict=True))
         if state.resume_restarts:
-            resumed["could_not_replay"] = list(state.resume_restarts)
+            resumed[COULD_NOT_REPLAY] = list(state.resume_restarts)
         notes[RESUMED_NOTE] = resumed
     return notes
 

@@ -467,6 +467,8 @@ class FailureRow(ArrowRecord):
 # the answers per server of an engine of several, each restart after the rollout's server was lost,
 # and what resuming it did (calls replayed and sampled live after, divergences, replays refused).
 SERVED_BY_NOTE, FAILED_OVER_NOTE, RESUMED_NOTE = "served_by", "failed_over", "resumed"
+# The counts a ``resumed`` note holds, in order, and its list of episodes that could not replay (why).
+RESUMED_COUNTS, COULD_NOT_REPLAY = ("episode", "replayed", "live", "diverged"), "could_not_replay"
 
 
 @dataclass(frozen=True, eq=False)

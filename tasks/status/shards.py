@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from tasks import layout
 from tasks.batch import Batch
 from tasks.errors import MalformedClaimError, StorageIntegrityError, UncommittedShardError
-from tasks.records.ledger import FAILED_OVER_NOTE, RESUMED_NOTE, SERVED_BY_NOTE
+from tasks.records.ledger import COULD_NOT_REPLAY, FAILED_OVER_NOTE, RESUMED_COUNTS, RESUMED_NOTE, SERVED_BY_NOTE
 from tasks.status.model import AttemptStatus, CommittedShard, ResumeCounts, ShardStatus
 from tasks.storage.claims import AttemptClaim, read_claims
 from tasks.storage.ledger_reader import LedgerReader
@@ -113,9 +113,6 @@ def receipt_notes(reward_infos: Iterable[str]) -> ReceiptNotes:
     return ReceiptNotes(dict(sorted(calls.items())), failed_over, resumed)
 
 
-_RESUMED_COUNTS = ("episode", "replayed", "live", "diverged")  # the counts a resumed note holds
-
-
 def _resume_counts(note: object) -> ResumeCounts:
     """One receipt's ``resumed`` note as counts (one rollout resumed); nothing for an absent or malformed note.
 
@@ -124,8 +121,8 @@ def _resume_counts(note: object) -> ResumeCounts:
     """
     if not isinstance(note, dict):
         return ResumeCounts()
-    counts = [note.get(key) for key in _RESUMED_COUNTS]
-    refused = note.get("could_not_replay", [])
+    counts = [note.get(key) for key in RESUMED_COUNTS]
+    refused = note.get(COULD_NOT_REPLAY, [])
     if not all(type(n) is int and n >= 0 for n in counts):
         return ResumeCounts()
     if not (isinstance(refused, list) and all(isinstance(reason, str) for reason in refused)):
