@@ -17,11 +17,15 @@ from typing import Any
 
 import pytest
 
+from tasks.generate.progress import HEARTBEAT_VARIABLE
 from tasks.storage.objects import ObjectStore
 from tests.serving import serve_process
 
 STORE_KINDS = ("local", "memory", "s3")
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# Generate's progress line every second (10 s in use): tests that stop a generate process midway wait for one, and
+# every process a test starts inherits it.
+os.environ.setdefault(HEARTBEAT_VARIABLE, "1")
 
 
 def pytest_configure(config: pytest.Config) -> None:

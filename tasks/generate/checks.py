@@ -18,6 +18,7 @@ from tasks.config import BatchConfig
 from tasks.engines.base import Engine
 from tasks.environments.registry import AnyEnvironment, Runnables, load_environment
 from tasks.errors import ConfigError, ModelMismatchError
+from tasks.generate.progress import DEFAULT_HEARTBEAT_SECONDS
 from tasks.generate.summary import ShardSummary
 from tasks.models.provenance import WEIGHTS_VERIFIED
 from tasks.records.planned import PlannedRollout
@@ -41,6 +42,7 @@ class CheckedBatch:
     try_number: int | None = None
     capture: bool = True
     progress: bool | None = None
+    progress_every_s: float = DEFAULT_HEARTBEAT_SECONDS
     summaries: dict[int, ShardSummary] = field(default_factory=dict)
 
 

@@ -8,21 +8,44 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import os
 import sys
 import time
+from collections.abc import Mapping
+
+from tasks.errors import ConfigError
 
 log = logging.getLogger(__name__)
-HEARTBEAT_SECONDS = 10.0
+# Seconds between the log lines of a shard's progress when no bar is shown (an operator's setting).
+HEARTBEAT_VARIABLE = "ROLLOUT_LEDGER_PROGRESS_SECONDS"
+DEFAULT_HEARTBEAT_SECONDS = 10.0
+MAX_HEARTBEAT_SECONDS = 3600.0
+
+
+def heartbeat_seconds(environ: Mapping[str, str] = os.environ) -> float:
+    """``$ROLLOUT_LEDGER_PROGRESS_SECONDS`` (a number in (0, 3600]), else 10; any other value is a ConfigError."""
+    text = environ.get(HEARTBEAT_VARIABLE)
+    if text is None:
+        return DEFAULT_HEARTBEAT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= MAX_HEARTBEAT_SECONDS:  # NaN fails too
+        raise ConfigError(f"${HEARTBEAT_VARIABLE} must be seconds in (0, {MAX_HEARTBEAT_SECONDS:.0f}], got {text!r}")
+    return seconds
 
 
 class Progress:
     """Progress per model call: a bar on a terminal (rollouts, calls, tok/s, failures), log lines otherwise.
 
     :meth:`heartbeat` keeps both alive while nothing finishes: the bar's clock ticks every second
-    and a log line is written at least every :data:`HEARTBEAT_SECONDS`.
+    and a log line is written every ``every_s`` seconds (:func:`heartbeat_seconds`).
     """
 
-    def __init__(self, *, total: int, enabled: bool | None, label: str) -> None:
+    def __init__(self, *, total: int, enabled: bool | None, label: str, every_s: float) -> None:
+        self.every_s = every_s
         self.total = total
         self.done = 0
         self.calls = 0
@@ -52,7 +75,7 @@ class Progress:
 
     async def heartbeat(self) -> None:
         while True:
-            await asyncio.sleep(1.0 if self.bar is not None else HEARTBEAT_SECONDS)
+            await asyncio.sleep(1.0 if self.bar is not None else self.every_s)
             if self.bar is not None:
                 self.bar.refresh()
             else:

@@ -123,7 +123,7 @@ async def run_rollouts(
             log.info(
                 "shard %d attempt %d: %d rollout(s) resume from calls committed before", shard, attempt, len(points)
             )
-    progress = Progress(total=len(todo), enabled=batch.progress, label=f"shard {shard}")
+    progress = Progress(total=len(todo), enabled=batch.progress, label=f"shard {shard}", every_s=batch.progress_every_s)
     limit = asyncio.Semaphore(min(config.max_in_flight, (agent and agent.max_concurrency) or config.max_in_flight))
     finished: list[Finished] = []
     last_flush = [time.monotonic()]

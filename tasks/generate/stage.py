@@ -19,6 +19,7 @@ from tasks.environments.registry import Runnables
 from tasks.errors import GenerateInterrupted
 from tasks.generate.attempt import run_shards
 from tasks.generate.checks import CheckedBatch, check_before_engine, check_engine_version
+from tasks.generate.progress import heartbeat_seconds
 from tasks.generate.shard_engine import ShardEngine
 from tasks.generate.signals import StopSignals
 from tasks.generate.summary import ShardSummary
@@ -56,6 +57,7 @@ def generate_shards(
     """
     work = check_before_engine(batch, shards, own_engine=engine is None, runnables=runnables)
     work.try_number, work.capture, work.progress = try_number, capture, progress
+    work.progress_every_s = heartbeat_seconds()
     if all(shard in work.committed for shard in shards):
         return [ShardSummary.of_marker(work.committed[shard]) for shard in shards]
     if engine is not None:

@@ -109,7 +109,7 @@ def test_a_retry_adopts_finished_rollouts_and_resumes_the_rest_as_a_clean_run_sa
         environment_options={"lo": 1, "hi": 1000},  # rarely guessed: rollouts run several turns
         num_tasks=4,
         group_size=2,
-        max_in_flight=2,
+        max_in_flight=4,
         max_turns=3,
     )
     clean = dataclasses.replace(config, batch_id="b-e2e-retry-clean")
@@ -122,7 +122,7 @@ def test_a_retry_adopts_finished_rollouts_and_resumes_the_rest_as_a_clean_run_sa
         generate_shard(
             Batch.open(root, config.batch_id),
             0,
-            engine=CrashingEngine(engine, crash_at=9),
+            engine=CrashingEngine(engine, crash_at=18),  # after about four rollouts' three calls each
             run=loop.run,
             progress=False,
         )

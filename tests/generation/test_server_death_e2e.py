@@ -31,7 +31,7 @@ def test_a_server_that_dies_mid_shard_poisons_nothing_and_the_retry_finishes_the
     proxy = DyingProxy(vllm_server.url)
     proxy.start()
     engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options() | {"urls": [proxy.url]})
-    config = interruptible_config("b-server-death", num_tasks=4, engine=engine)
+    config = interruptible_config("b-server-death", engine=engine)
     root, store = planned(tmp_path, config)
 
     run = GenerateProcess(root, config.batch_id, tmp_path / "died.log")
