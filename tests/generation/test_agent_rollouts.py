@@ -160,7 +160,8 @@ def test_an_agent_command_that_crashes_hangs_or_gives_no_reward_fails_only_its_r
     behaviors = ["answer", "crash", "hang", "no_reward"]
     tasks = tmp_path / "behaviors.jsonl"
     tasks.write_text("".join(json.dumps({"a": 2, "b": 3, "behavior": b}) + "\n" for b in behaviors))
-    options = {"command": [sys.executable, str(SCRIPT)], "tasks": str(tasks), "timeout_s": 20}  # a loaded CI machine
+    # "answer" takes about a second; 10 s leaves room on a loaded CI machine
+    options = {"command": [sys.executable, str(SCRIPT)], "tasks": str(tasks), "timeout_s": 10}
     batch, summary = run_agents(
         tmp_path, arithmetic_engine(tokenizer), "agent_command", options, num_tasks=4, group_size=1
     )
@@ -171,6 +172,25 @@ def test_an_agent_command_that_crashes_hangs_or_gives_no_reward_fails_only_its_r
     for behavior, reason in expected.items():
         assert (receipts[behavior].status, receipts[behavior].failure_reason) == ("failed", reason), behavior
     assert "the agent's tool crashed" in json.loads(receipts["crash"].reward_info)["error"]
+    assert summary.ok == 1 and summary.failed == 3
+
+
+def test_an_agent_callable_that_crashes_hangs_or_gives_no_reward_fails_only_its_rollout(tmp_path, tokenizer):
+    shapes = ["tools", "crash", "hang", "no_reward"]
+    tasks = tmp_path / "shapes.jsonl"
+    tasks.write_text("".join(json.dumps({"shape": shape, "a": 2, "b": 3}) + "\n" for shape in shapes))
+    options = {"function": f"{AGENTS}:any_shape", "tasks": str(tasks), "timeout_s": 5}
+    batch, summary = run_agents(
+        tmp_path, arithmetic_engine(tokenizer), "agent_callable", options, num_tasks=4, group_size=1
+    )
+    plan = {p.rollout_id: json.loads(p.task_json)["shape"] for p in batch.shard_plan(0)}
+    receipts = {plan[rollout]: receipt for rollout, (receipt, _) in staged_manifests(batch).items()}
+    assert receipts["tools"].status == "ok" and receipts["tools"].reward == 1.0
+    expected = {"crash": "agent_error", "hang": "agent_timeout", "no_reward": "agent_no_reward"}
+    for shape, reason in expected.items():
+        assert (receipts[shape].status, receipts[shape].failure_reason) == ("failed", reason), shape
+    assert "the agent's tool crashed" in json.loads(receipts["crash"].reward_info)["error"]
+    assert "timeout_s=5" in json.loads(receipts["hang"].reward_info)["error"]
     assert summary.ok == 1 and summary.failed == 3
 
 

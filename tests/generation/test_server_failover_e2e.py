@@ -1,25 +1,26 @@
-"""Real ``rollout-ledger serve`` processes lost mid-shard: a replica killed, a server restarted, calls aborted.
+"""Real ``rollout-ledger serve`` processes lost mid-shard: a server restarted, a replica killed, calls aborted.
 
-* Two replicas (the test run's server and a second ``serve`` on the same key); the second's process
-  group is SIGKILLed while ``rollout-ledger generate`` runs (as a shell's ``kill -9 -PGID``: vLLM
-  runs in a group of its own, and ``serve``'s watchdog must take it down, port freed, nothing
-  left): the rollouts whose calls it held
-  start again on the first, in the same attempt, which commits; its dataset is validated and
-  published; the summary names each rollout that failed over and the calls each replica
-  answered, and status says the same.
+Both of the first two use one spare ``serve`` beside the test run's server, on the same key (a
+``serve`` start is a large share of either test):
+
 * One server restarted on its port while generate runs and while an engine is connected: ``serve``
   alone is SIGKILLed (its watchdog must take vLLM down and free the port), then a new ``serve`` takes
   the port at once: the calls in flight end the attempt as engine death (exit 1, no rollout
   poisoned); the connected engine's next call, answered by the new process, is refused as a
   restart; the retry refuses the restarted server's start-up version until it is named the
   planned one again, then commits with every call stamped at the planned version.
+* Two replicas (the test run's server and the spare); the spare's process group is SIGKILLed
+  while ``rollout-ledger generate`` runs (as a shell's ``kill -9 -PGID``: vLLM runs in a group of
+  its own, and ``serve``'s watchdog must take it down, port freed, nothing left): the rollouts
+  whose calls it held start again on the first, in the same attempt, which commits; its dataset
+  is validated and published; the summary names each rollout that failed over and the calls each
+  replica answered, and status says the same.
 * Calls aborted by a pause in abort mode end the attempt as engine death, never a cut reply
   captured as ``stop``; the retry finishes the shard.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -98,14 +99,36 @@ class Serve:
         assert not [p.pid for p in started if running(p)], "processes of serve outlived its SIGTERM"
 
 
-@contextlib.contextmanager
-def serving(home: Path, key_file: str, port: int) -> Iterator[Serve]:
-    serve = Serve(home, key_file, port)
+class Spare:
+    """A ``serve`` on one port beside the test run's server, on its key; started again when a test left it dead."""
+
+    def __init__(self, home: Path, key_file: str) -> None:
+        self.home, self.key_file, self.port = home, key_file, free_port()
+        self.serve: Serve | None = None
+
+    def running(self) -> Serve:
+        if self.serve is None or self.serve.process.poll() is not None:
+            self.serve = Serve(self.home, self.key_file, self.port)
+        return self.serve
+
+    def restart(self) -> Serve:
+        """A new ``serve`` on the same port (the old one must be gone)."""
+        assert self.serve is not None and self.serve.process.poll() is not None, "the spare is still running"
+        self.serve = Serve(self.home, self.key_file, self.port)
+        return self.serve
+
+    def stop(self) -> None:
+        if self.serve is not None and self.serve.process.poll() is None:
+            self.serve.stop()
+
+
+@pytest.fixture(scope="module")
+def spare(vllm_server, tmp_path_factory) -> Iterator[Spare]:
+    spare = Spare(tmp_path_factory.mktemp("spare-serve"), vllm_server.key_file)
     try:
-        yield serve
+        yield spare
     finally:
-        if serve.process.poll() is None:
-            serve.stop()
+        spare.stop()
 
 
 def name_weight_version(url: str, key: str, version: int) -> None:
@@ -114,15 +137,61 @@ def name_weight_version(url: str, key: str, version: int) -> None:
     httpx.post(f"{url}/update_weight_version", json={"new_version": str(version)}, headers=headers).raise_for_status()
 
 
-def test_a_replica_killed_mid_shard_fails_over_to_the_other_and_the_dataset_is_published(vllm_server, tmp_path):
-    with serving(tmp_path, vllm_server.key_file, free_port()) as second:
-        options = vllm_server.engine_options() | {"urls": [vllm_server.url, second.url]}
-        config = interruptible_config("b-failover", engine=EngineSpec(name="vllm_server", options=options))
+def test_a_server_restarted_mid_shard_is_engine_death_and_nothing_is_stamped_with_its_start_up_version(
+    vllm_server, spare, tmp_path
+):
+    key_file, key = vllm_server.key_file, vllm_server.key
+    first = spare.running()
+    loop = BackgroundLoop("restart-test")
+    try:
+        name_weight_version(first.url, key, PLANNED_VERSION)
+        options = {"urls": [first.url], "api_key_file": key_file}
+        model = resolve_model_reference(BUNDLED_REFERENCE)
+        connected = loop.run(create_engine("vllm_server", model_path=model, options=options), timeout=300)
+        text = connected.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Count to 3."}], tokenize=False, add_generation_prompt=True
+        )
+        prompt = tuple(connected.tokenizer.encode(text, add_special_tokens=False))
+        request = GenerationRequest("c0", prompt, SamplingSettings(max_tokens=8), seed=1, session_id="r0")
+        before = loop.run(connected.generate(request), timeout=300)
+        assert {span.version for span in before.weight_spans} == {PLANNED_VERSION}
+
+        engine = EngineSpec(name="vllm_server", options=options)
+        config = interruptible_config("b-restart", weight_version=PLANNED_VERSION, engine=engine)
         root, store = planned(tmp_path, config)
-        run = GenerateProcess(root, config.batch_id, tmp_path / "failover.log")
-        run.wait_for_completed_rollouts()
-        second.sigkill(group=True)
-        code, stdout = run.finish(timeout=900)
+        run = GenerateProcess(root, config.batch_id, tmp_path / "restart.log")
+        done = run.wait_for_completed_rollouts()
+        first.sigkill(group=False)
+        assert_stopped_cleanly(run, store, 0, expected_code=1, reported_done=done)
+        assert "the engine died" in run.log.read_text()
+
+        restarted = spare.restart()  # the same port, a new process
+        with pytest.raises(ReplicaDeadError, match="restarted"):
+            loop.run(connected.generate(request), timeout=300)
+        with pytest.raises(ConfigError, match=f"serves weight version 0, older than the planned {PLANNED_VERSION}"):
+            generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
+        name_weight_version(restarted.url, key, PLANNED_VERSION)  # the operator refits it again
+        summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
+        name_weight_version(restarted.url, key, 0)  # as the other tests of the spare plan
+        loop.run(connected.close(), timeout=60)
+    finally:
+        loop.close()
+    assert summary.rollouts == config.num_rollouts and summary.poisoned == 0 and summary.adopted >= done
+    assert_finished_without_duplicates(store, summary.ok, attempts=summary.attempt + 1)
+    calls = Batch.open(root, config.batch_id).ledger(0).tables.calls
+    assert set(calls.column("weight_version").to_pylist()) == {PLANNED_VERSION}
+    assert "abort" not in calls.column("finish_reason").to_pylist()
+
+
+def test_a_replica_killed_mid_shard_fails_over_to_the_other_and_the_dataset_is_published(vllm_server, spare, tmp_path):
+    second = spare.running()
+    options = vllm_server.engine_options() | {"urls": [vllm_server.url, second.url]}
+    config = interruptible_config("b-failover", engine=EngineSpec(name="vllm_server", options=options))
+    root, store = planned(tmp_path, config)
+    run = GenerateProcess(root, config.batch_id, tmp_path / "failover.log")
+    run.wait_for_completed_rollouts()
+    second.sigkill(group=True)
+    code, stdout = run.finish(timeout=900)
 
     log = run.log.read_text()
     assert code == 0, log[-3000:]
@@ -150,52 +219,6 @@ def test_a_replica_killed_mid_shard_fails_over_to_the_other_and_the_dataset_is_p
     assert published.published is not None and published.staged.marker.rows == config.num_rollouts
 
 
-def test_a_server_restarted_mid_shard_is_engine_death_and_nothing_is_stamped_with_its_start_up_version(tmp_path):
-    key_file = tmp_path / "key"
-    key_file.write_text("restart-test-key-0123")
-    port, key = free_port(), key_file.read_text()
-    loop = BackgroundLoop("restart-test")
-    request = None
-    try:
-        with serving(tmp_path, str(key_file), port) as first:
-            name_weight_version(first.url, key, PLANNED_VERSION)
-            options = {"urls": [first.url], "api_key_file": str(key_file)}
-            model = resolve_model_reference(BUNDLED_REFERENCE)
-            connected = loop.run(create_engine("vllm_server", model_path=model, options=options), timeout=300)
-            text = connected.tokenizer.apply_chat_template(
-                [{"role": "user", "content": "Count to 3."}], tokenize=False, add_generation_prompt=True
-            )
-            prompt = tuple(connected.tokenizer.encode(text, add_special_tokens=False))
-            request = GenerationRequest("c0", prompt, SamplingSettings(max_tokens=8), seed=1, session_id="r0")
-            before = loop.run(connected.generate(request), timeout=300)
-            assert {span.version for span in before.weight_spans} == {PLANNED_VERSION}
-
-            engine = EngineSpec(name="vllm_server", options=options)
-            config = interruptible_config("b-restart", num_tasks=4, weight_version=PLANNED_VERSION, engine=engine)
-            root, store = planned(tmp_path, config)
-            run = GenerateProcess(root, config.batch_id, tmp_path / "restart.log")
-            done = run.wait_for_completed_rollouts()
-            first.sigkill(group=False)
-        assert_stopped_cleanly(run, store, 0, expected_code=1, reported_done=done)
-        assert "the engine died" in run.log.read_text()
-
-        with serving(tmp_path, str(key_file), port) as restarted:  # the same port, a new process
-            with pytest.raises(ReplicaDeadError, match="restarted"):
-                loop.run(connected.generate(request), timeout=300)
-            with pytest.raises(ConfigError, match=f"serves weight version 0, older than the planned {PLANNED_VERSION}"):
-                generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
-            name_weight_version(restarted.url, key, PLANNED_VERSION)  # the operator refits it again
-            summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
-        loop.run(connected.close(), timeout=60)
-    finally:
-        loop.close()
-    assert summary.rollouts == config.num_rollouts and summary.poisoned == 0 and summary.adopted >= done
-    assert_finished_without_duplicates(store, summary.ok, attempts=summary.attempt + 1)
-    calls = Batch.open(root, config.batch_id).ledger(0).tables.calls
-    assert set(calls.column("weight_version").to_pylist()) == {PLANNED_VERSION}
-    assert "abort" not in calls.column("finish_reason").to_pylist()
-
-
 def pause_until_it_ends(url: str, headers: dict[str, str], run: GenerateProcess, *, every_s: float = 5.0) -> None:
     """Pause the server in abort mode, again every ``every_s`` while ``run`` goes on (at most 120 s).
 
@@ -210,9 +233,8 @@ def pause_until_it_ends(url: str, headers: dict[str, str], run: GenerateProcess,
 
 
 def test_calls_aborted_by_a_pause_end_the_attempt_and_are_never_captured_as_replies(vllm_server, tmp_path):
-    config = interruptible_config(
-        "b-abort", num_tasks=4, engine=EngineSpec(name="vllm_server", options=vllm_server.engine_options())
-    )
+    engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
+    config = interruptible_config("b-abort", engine=engine)
     root, store = planned(tmp_path, config)
     run = GenerateProcess(root, config.batch_id, tmp_path / "abort.log")
     done = run.wait_for_completed_rollouts()

@@ -36,7 +36,17 @@ from tests.reliability.crash_trials import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.crash_trials]
 TRIALS = trial_count("CRASH_TRIALS_DAG", 1)
-CONF = {"num_tasks": 4, "group_size": 2, "shards": 1, "max_turns": 3, "max_tokens": 16, "max_in_flight": 2}
+# The plan of the CLI trials' guess_number kind (tests/reliability/test_crash_trials.py): one clean run serves both.
+CONF = {
+    "num_tasks": 4,
+    "group_size": 2,
+    "shards": 1,
+    "max_turns": 3,
+    "max_tokens": 16,
+    "temperature": 0.8,
+    "environment_options": {"lo": 1, "hi": 8},
+    "max_in_flight": 2,
+}
 
 
 class KilledAttemptSnapshot(threading.Thread):

@@ -45,6 +45,7 @@ from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shards
 from tasks.pipeline import finalize_and_publish
 from tasks.plan import plan_batch
+from tasks.sampling import SamplingSettings
 from tasks.storage.claims import is_claim_path
 from tasks.storage.dataset_manifest import read_dataset_marker, read_dataset_part
 from tasks.storage.ledger_reader import LedgerReader
@@ -57,7 +58,11 @@ SHARD = 0
 ROOT = Path(__file__).resolve().parents[2]
 # The environment kinds the trials rotate through: a config's environment fields for each.
 ENVIRONMENTS: dict[str, dict[str, Any]] = {
-    "guess_number": {"environment": "guess_number"},
+    "guess_number": {
+        "environment": "guess_number",
+        "max_turns": 3,
+        "sampling": SamplingSettings(temperature=0.8, max_tokens=16),
+    },
     "calculator": {"environment": "calculator", "environment_options": {}},
     "agent_command": {
         "environment": "agent_command",
@@ -161,15 +166,26 @@ class CleanRun:
     calls: int
 
 
+# Clean runs by plan (the config less its batch id and code version, on which no token depends), once per process.
+_CLEAN_RUNS: dict[str, CleanRun] = {}
+
+
 def reference_rows(root: str, config: BatchConfig) -> CleanRun:
-    """The dataset of a clean, uninterrupted run of ``config``'s plan on its own engine, and its call count."""
-    clean = dataclasses.replace(config, batch_id=f"{config.batch_id}-clean")
-    batch = Batch.open(root, clean.batch_id)
-    plan_batch(batch, clean)
-    generate_shards(batch, range(clean.shards), progress=False)
-    finalize_batch(batch, FinalizeOptions(audit=False))
-    calls = sum(len(LedgerReader(batch.store, shard).calls) for shard in range(clean.shards))
-    return CleanRun(dataset_rows(batch.store, staged=True), calls)
+    """The dataset of a clean, uninterrupted run of ``config``'s plan on its own engine, and its call count.
+
+    Made under ``root`` the first time a plan is asked for; a trial of the same plan (a CLI trial and a DAG trial
+    of one kind) gets the same clean run.
+    """
+    plan = dataclasses.replace(config, batch_id="clean", code_version="").to_json()
+    if plan not in _CLEAN_RUNS:
+        clean = dataclasses.replace(config, batch_id=f"{config.batch_id}-clean")
+        batch = Batch.open(root, clean.batch_id)
+        plan_batch(batch, clean)
+        generate_shards(batch, range(clean.shards), progress=False)
+        finalize_batch(batch, FinalizeOptions(audit=False))
+        calls = sum(len(LedgerReader(batch.store, shard).calls) for shard in range(clean.shards))
+        _CLEAN_RUNS[plan] = CleanRun(dataset_rows(batch.store, staged=True), calls)
+    return _CLEAN_RUNS[plan]
 
 
 def killed_attempt_calls(store: ObjectStore) -> int:

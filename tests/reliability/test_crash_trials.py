@@ -27,7 +27,6 @@ from tests.generation.processes import GenerateProcess
 
 from .crash_trials import (
     ENVIRONMENTS,
-    CleanRun,
     Trial,
     check_survivors,
     finish_batch,
@@ -53,22 +52,9 @@ def planned(vllm_server):
     }
 
 
-@pytest.fixture(scope="module")
-def clean_runs(planned, tmp_path_factory):
-    """The clean run of each kind's plan, made when a trial first needs it."""
-    runs: dict[str, CleanRun] = {}
-
-    def clean(kind: str) -> CleanRun:
-        if kind not in runs:
-            runs[kind] = reference_rows(str(tmp_path_factory.mktemp(f"clean-{kind}")), planned[kind])
-        return runs[kind]
-
-    return clean
-
-
 @pytest.mark.parametrize("seed", range(TRIALS))
 def test_a_generate_process_killed_at_a_crash_point_is_retried_without_losing_a_rollout(
-    seed, planned, clean_runs, tmp_path, request
+    seed, planned, tmp_path, request
 ):
     trial = Trial.of_seed(seed, tmp_path / "crashed")
     print(trial)
@@ -89,4 +75,5 @@ def test_a_generate_process_killed_at_a_crash_point_is_retried_without_losing_a_
 
     generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
     finish_batch(root, config.batch_id)
-    check_survivors(Batch.open(root, config.batch_id), crashed, clean_runs(trial.environment), killed_calls)
+    clean_run = reference_rows(str(tmp_path / "clean"), Batch.open(root, config.batch_id).config)  # as planned
+    check_survivors(Batch.open(root, config.batch_id), crashed, clean_run, killed_calls)
