@@ -54,10 +54,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     worker (``vllm_server``). A test of both (the server's exactness against the in-process engine)
     is in the first, so its worker starts the server too: the server's tests in a module that also
     tests the in-process engine run there as well, which evens out the two groups (the second is
-    the longer one). The other tests go wherever a worker is free.
+    the longer one). A module marked with a group of its own choosing keeps it. The other tests go wherever
+    a worker is free.
     """
     engine_modules = {item.module for item in items if "vllm_engine" in getattr(item, "fixturenames", ())}
     for item in items:
+        if item.get_closest_marker("xdist_group") is not None:  # a module that chose its worker
+            continue
         names = getattr(item, "fixturenames", ())
         group = next((name for name in ("vllm_engine", "vllm_server") if name in names), None)
         if group == "vllm_server" and item.module in engine_modules:
@@ -224,13 +227,14 @@ class RunningServer:
     def at_weight_version(self, version: int) -> Iterator[None]:
         """The server names its (unchanged) weights ``version`` inside the block, ``0`` after it: the server is
         shared, and the other tests plan at version 0."""
-        self._name_weight_version(version)
+        self.name_weight_version(version)
         try:
             yield
         finally:
-            self._name_weight_version(0)
+            self.name_weight_version(0)
 
-    def _name_weight_version(self, version: int) -> None:
+    def name_weight_version(self, version: int) -> None:
+        """What a refit's last step does: the server names its weights ``version``."""
         import httpx
 
         httpx.post(

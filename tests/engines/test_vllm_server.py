@@ -129,7 +129,7 @@ def test_a_refit_between_calls_is_recorded_in_the_weight_spans(vllm_server) -> N
         assert {span.version for span in after.weight_spans} == {version}
         assert after.token_ids == before.token_ids  # the same weights, reloaded: the same seeded sample
     finally:  # the server is shared: give it back the version the other tests plan with
-        vllm_server._name_weight_version(0)
+        vllm_server.name_weight_version(0)
 
 
 def test_an_unreachable_server_is_an_engine_death_not_a_failed_call(vllm_server) -> None:

@@ -96,12 +96,13 @@ def test_a_server_fault_loses_no_row_and_labels_none_wrongly(fault: str, trial: 
         options = {"urls": [server.url for server in servers]}
         engine = EngineSpec("vllm_server", options)
         config = bundled_model_config(batch_id=f"b-{fault}", num_tasks=4, max_in_flight=4, engine=engine)
-        if fault == "restart":  # one rollout at a time, a second between its calls: the restart falls between calls
+        if fault == "restart":  # one rollout at a time, half a second between its calls: the restart (0.1 s after a
+            # call, then a stop and a start of a few tens of ms) falls between calls
             config = bundled_model_config(
                 batch_id=f"b-{fault}",
                 num_tasks=2,
                 max_in_flight=1,
-                staging=StagingSpec(max_delay_ms=1000.0),
+                staging=StagingSpec(max_delay_ms=500.0),
                 engine=engine,
             )
         root = str(tmp_path / "runs")

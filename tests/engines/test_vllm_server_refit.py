@@ -1,8 +1,11 @@
 """Refits of a real ``rollout-ledger serve`` and the weights each weight version is named with, end to end.
 
-One server of the bundled model for the module (its own: its weights change here), and three
-folders: the bundled model, ``other`` (its copy with ``model.norm.weight`` scaled by 1.01: other
-weights) and ``broken`` (its copy with the safetensors file cut in half: a load that fails).
+The test run's server on the in-process engine's worker (the lighter one; its other tests compare
+the server with that engine), and three folders: the bundled model, ``other`` (its copy with
+``model.norm.weight`` scaled by 1.01: other weights) and ``broken`` (its copy with the safetensors
+file cut in half: a load that fails). The weights change here: the module's versions start at
+:data:`BASE_VERSION`, and at the end the server loads the bundled model's weights again and names
+them weight version 0, as every other test of the server plans.
 
 * A shard during which ``rollout-ledger refit`` loads ``other``: the rows name both versions, and
   the published card names the planned sha256 for the first and ``other``'s for the second.
@@ -25,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +43,6 @@ from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
 from tasks.engines.base import GenerationRequest, GenerationResult
 from tasks.engines.vllm_server.refit import RefitFailedError, refit_urls
-from tasks.engines.vllm_server.serving.launch import free_port
 from tasks.engines.weight_records import FAILED_LOAD, RECORDS_PATH, UNANNOUNCED_LOAD, WeightRecords
 from tasks.errors import ModelMismatchError
 from tasks.finalize.card import render_card
@@ -54,12 +55,14 @@ from tasks.pipeline import finalize_and_publish
 from tasks.plan import plan_from_values
 from tasks.sampling import SamplingSettings
 from tests.generation.fakes import DelegatingEngine
-from tests.serving import serve_process
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("vllm_refit")]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("vllm_engine")]
 RUNS = int(os.environ.get("REFIT_FAULT_RUNS", "1"))
 REFIT_AT_CALL = 4  # the shard's n-th call runs the refit(s) while the others are in flight
 PAUSED_SECONDS = 8.0  # how long the shard is watched while a failed refit leaves the server paused
+# The module's refits count on from here: the versions the other tests of the shared server name (0 to 3) keep
+# their weights' records (a version's weights stay verified only while every load it saw hashes the same).
+BASE_VERSION = 100
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,8 @@ class RefitServer:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RefitServer]:
-    home = tmp_path_factory.mktemp("refit-server")
+def server(vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RefitServer]:
+    home = tmp_path_factory.mktemp("refit-folders")
     bundled = resolve_model_reference(BUNDLED_REFERENCE)
     other, broken = home / "other", home / "broken"
     for copy in (other, broken):
@@ -101,12 +104,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RefitServer]:
     save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
     cut = (broken / "model.safetensors").read_bytes()
     (broken / "model.safetensors").write_bytes(cut[: len(cut) // 2])
-    key_file = home / "api-key"
-    key_file.write_text(uuid.uuid4().hex)
-    argv = [sys.executable, "-m", "tasks.cli", "serve", "--port", str(free_port()), "--api-key-file", str(key_file)]
-    argv += ["--engine-option", "max_model_len=2048", "--log", str(home / "server.log")]
-    with serve_process(argv, home) as url:
-        yield RefitServer(url, str(key_file), bundled, other, broken)
+    server = RefitServer(vllm_server.url, vllm_server.key_file, bundled, other, broken)
+    vllm_server.name_weight_version(BASE_VERSION)
+    try:
+        yield server
+    finally:
+        restored = server.refit(bundled)  # a paused server too: a refit that loads resumes it
+        assert restored.returncode == 0, restored.stderr
+        vllm_server.name_weight_version(0)
+        records = server.records()
+        assert not records.paused and records.sha256_of(0) == hashed_weights(bundled), records
 
 
 def _options(server: RefitServer, **more: object) -> dict[str, object]:

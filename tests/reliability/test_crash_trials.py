@@ -24,8 +24,7 @@ from tasks.generate import generate_shard
 from tasks.plan import plan_batch
 from tests.generation.configs import bundled_model_config
 from tests.generation.processes import GenerateProcess
-
-from .crash_trials import (
+from tests.reliability.crash_trials import (
     ENVIRONMENTS,
     Trial,
     check_survivors,
