@@ -156,41 +156,32 @@ def test_a_call_offering_other_tools_is_a_new_root_that_sees_them_never_a_splice
         assert receipt.terminal_call_id == records[2].call_id and receipt.reward == 1.0
 
 
-def test_an_agent_command_that_crashes_hangs_or_gives_no_reward_fails_only_its_rollout(tmp_path, tokenizer):
-    behaviors = ["answer", "crash", "hang", "no_reward"]
-    tasks = tmp_path / "behaviors.jsonl"
-    tasks.write_text("".join(json.dumps({"a": 2, "b": 3, "behavior": b}) + "\n" for b in behaviors))
-    # "answer" takes about a second; 10 s leaves room on a loaded CI machine
-    options = {"command": [sys.executable, str(SCRIPT)], "tasks": str(tasks), "timeout_s": 10}
-    batch, summary = run_agents(
-        tmp_path, arithmetic_engine(tokenizer), "agent_command", options, num_tasks=4, group_size=1
-    )
-    plan = {p.rollout_id: json.loads(p.task_json)["behavior"] for p in batch.shard_plan(0)}
-    receipts = {plan[rollout]: receipt for rollout, (receipt, _) in staged_manifests(batch).items()}
-    assert receipts["answer"].status == "ok" and receipts["answer"].reward == 1.0
-    expected = {"crash": "agent_exit", "hang": "agent_timeout", "no_reward": "agent_no_reward"}
-    for behavior, reason in expected.items():
-        assert (receipts[behavior].status, receipts[behavior].failure_reason) == ("failed", reason), behavior
-    assert "the agent's tool crashed" in json.loads(receipts["crash"].reward_info)["error"]
-    assert summary.ok == 1 and summary.failed == 3
+# Per agent environment: the task field naming what an agent does, the one that answers, how a crash fails the
+# rollout, and the options (timeout_s: an agent command's process answers in about a second, a callable at once; both
+# leave room on a loaded CI machine).
+MISBEHAVING = {
+    "agent_command": ("behavior", "answer", "agent_exit", {"command": [sys.executable, str(SCRIPT)], "timeout_s": 10}),
+    "agent_callable": ("shape", "tools", "agent_error", {"function": f"{AGENTS}:any_shape", "timeout_s": 5}),
+}
 
 
-def test_an_agent_callable_that_crashes_hangs_or_gives_no_reward_fails_only_its_rollout(tmp_path, tokenizer):
-    shapes = ["tools", "crash", "hang", "no_reward"]
-    tasks = tmp_path / "shapes.jsonl"
-    tasks.write_text("".join(json.dumps({"shape": shape, "a": 2, "b": 3}) + "\n" for shape in shapes))
-    options = {"function": f"{AGENTS}:any_shape", "tasks": str(tasks), "timeout_s": 5}
+@pytest.mark.parametrize("environment", sorted(MISBEHAVING))
+def test_an_agent_that_crashes_hangs_or_gives_no_reward_fails_only_its_rollout(environment, tmp_path, tokenizer):
+    field, answering, crashed, options = MISBEHAVING[environment]
+    tasks = tmp_path / "agents.jsonl"
+    kinds = [answering, "crash", "hang", "no_reward"]
+    tasks.write_text("".join(json.dumps({"a": 2, "b": 3, field: kind}) + "\n" for kind in kinds))
     batch, summary = run_agents(
-        tmp_path, arithmetic_engine(tokenizer), "agent_callable", options, num_tasks=4, group_size=1
+        tmp_path, arithmetic_engine(tokenizer), environment, options | {"tasks": str(tasks)}, num_tasks=4, group_size=1
     )
-    plan = {p.rollout_id: json.loads(p.task_json)["shape"] for p in batch.shard_plan(0)}
+    plan = {p.rollout_id: json.loads(p.task_json)[field] for p in batch.shard_plan(0)}
     receipts = {plan[rollout]: receipt for rollout, (receipt, _) in staged_manifests(batch).items()}
-    assert receipts["tools"].status == "ok" and receipts["tools"].reward == 1.0
-    expected = {"crash": "agent_error", "hang": "agent_timeout", "no_reward": "agent_no_reward"}
-    for shape, reason in expected.items():
-        assert (receipts[shape].status, receipts[shape].failure_reason) == ("failed", reason), shape
+    assert receipts[answering].status == "ok" and receipts[answering].reward == 1.0
+    expected = {"crash": crashed, "hang": "agent_timeout", "no_reward": "agent_no_reward"}
+    for kind, reason in expected.items():
+        assert (receipts[kind].status, receipts[kind].failure_reason) == ("failed", reason), kind
     assert "the agent's tool crashed" in json.loads(receipts["crash"].reward_info)["error"]
-    assert "timeout_s=5" in json.loads(receipts["hang"].reward_info)["error"]
+    assert f"timeout_s={options['timeout_s']}" in json.loads(receipts["hang"].reward_info)["error"]
     assert summary.ok == 1 and summary.failed == 3
 
 

@@ -45,7 +45,7 @@ CONF = {
     "max_tokens": 16,
     "temperature": 0.8,
     "environment_options": {"lo": 1, "hi": 8},
-    "max_in_flight": 2,
+    "max_in_flight": 4,
 }
 
 

