@@ -59,7 +59,7 @@ from tests.generation.fakes import DelegatingEngine
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("vllm_engine")]
 RUNS = int(os.environ.get("REFIT_FAULT_RUNS", "1"))
 REFIT_AT_CALL = 4  # the shard's n-th call runs the refit(s) while the others are in flight
-PAUSED_SECONDS = 8.0  # how long the shard is watched while a failed refit leaves the server paused
+PAUSED_SECONDS = 4.0  # how long the shard is watched while a failed refit leaves the server paused (a call: ~1 s)
 # The module's refits count on from here: the versions the other tests of the shared server name (0 to 3) keep
 # their weights' records (a version's weights stay verified only while every load it saw hashes the same).
 BASE_VERSION = 100
