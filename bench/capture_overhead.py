@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,26 @@ def timed_shard(root: str, config: BatchConfig, engine: Engine, loop: Background
     return Run(capture, seconds, summary.generated_tokens, summary.rollouts, summary.calls)
 
 
+def timed_runs(
+    root: str, config_of: Callable[[str], BatchConfig], engine: Engine, loop: BackgroundLoop, captures: Sequence[bool]
+) -> list[Run]:
+    """One untimed warm-up shard with capture off and one with it on, then one timed shard per entry of
+    ``captures`` (capture on or off), each printed as it ends; ``config_of(batch_id)`` is a run's batch."""
+    for capture in (False, True):
+        warm = timed_shard(root, config_of(f"bench-warmup-{mode(capture).strip()}"), engine, loop, capture=capture)
+        print(f"warm-up capture {mode(capture)}: {warm.seconds:6.2f}s (not counted)", flush=True)
+    runs: list[Run] = []
+    for index, capture in enumerate(captures):
+        run = timed_shard(root, config_of(f"bench-{index:02d}"), engine, loop, capture=capture)
+        runs.append(run)
+        print(
+            f"run {index:2d} capture {mode(capture)}: {run.rollouts} rollouts, {run.calls} calls, "
+            f"{run.generated_tokens} tokens in {run.seconds:6.2f}s = {run.rate:7.1f} tok/s",
+            flush=True,
+        )
+    return runs
+
+
 def mode(capture: bool) -> str:
     return "on " if capture else "off"
 
@@ -120,22 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     reference = model_reference(args.model)
     folder = resolve_model_reference(reference)
     model = ModelSpec(reference=reference, **model_provenance(folder))
-    runs: list[Run] = []
     engine_run = started_engine(folder, label=reference, options=ENGINE_OPTIONS, weight_version=WEIGHT_VERSION)
     with tempfile.TemporaryDirectory(prefix="bench-capture-") as root, engine_run as (engine, loop):
-        for capture in (False, True):
-            config = batch_config(f"bench-warmup-{mode(capture).strip()}", model, args)
-            warm = timed_shard(root, config, engine, loop, capture=capture)
-            print(f"warm-up capture {mode(capture)}: {warm.seconds:6.2f}s (not counted)", flush=True)
-        for index in range(args.runs):
-            capture = index % 2 == 0
-            run = timed_shard(root, batch_config(f"bench-{index:02d}", model, args), engine, loop, capture=capture)
-            runs.append(run)
-            print(
-                f"run {index:2d} capture {mode(capture)}: {run.rollouts} rollouts, {run.calls} calls, "
-                f"{run.generated_tokens} tokens in {run.seconds:6.2f}s = {run.rate:7.1f} tok/s",
-                flush=True,
-            )
+        captures = [index % 2 == 0 for index in range(args.runs)]  # on, off, on, ...
+        runs = timed_runs(root, lambda batch_id: batch_config(batch_id, model, args), engine, loop, captures)
     on_rate, off_rate = median(runs, True, "rate"), median(runs, False, "rate")
     ratio = on_rate / off_rate
     same_work = len({r.generated_tokens for r in runs}) == 1

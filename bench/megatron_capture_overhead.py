@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.capture_overhead import TARGET_RATIO, Run, median, mode, spread, timed_shard
+from bench.capture_overhead import TARGET_RATIO, Run, median, spread, timed_runs
 from tasks.config import BatchConfig, EngineSpec, ModelSpec
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
@@ -85,27 +85,13 @@ def main(argv: list[str] | None = None) -> int:
 
         standin = install_flash_attn_standin()
         print("attention: the test-only SDPA stand-in for flash-attn (figures measure it, not flash-attn)")
-    runs: list[Run] = []
     with standin, tempfile.TemporaryDirectory(prefix="bench-megatron-") as root, BackgroundLoop("bench") as loop:
         started = time.perf_counter()
         engine = loop.run(create_engine(args.engine, model_path=folder, options=engine_options(args)), timeout=900)
         print(f"{args.engine} engine {engine_options(args)} started in {time.perf_counter() - started:.0f}s")
         try:
-            for capture in (False, True):
-                warm = timed_shard(
-                    root, batch_config(f"warm-{mode(capture).strip()}", model, args), engine, loop, capture=capture
-                )
-                print(f"warm-up capture {mode(capture)}: {warm.seconds:6.2f}s (not counted)", flush=True)
-            for index in range(args.runs):
-                pair, second = divmod(index, 2)
-                capture = (pair % 2 == 0) != bool(second)  # on-off, off-on, on-off, ...
-                run = timed_shard(root, batch_config(f"bench-{index:02d}", model, args), engine, loop, capture=capture)
-                runs.append(run)
-                print(
-                    f"run {index:2d} capture {mode(capture)}: {run.rollouts} rollouts, {run.calls} calls, "
-                    f"{run.generated_tokens} tokens in {run.seconds:6.2f}s = {run.rate:7.1f} tok/s",
-                    flush=True,
-                )
+            captures = [(index // 2 % 2 == 0) != bool(index % 2) for index in range(args.runs)]  # on-off, off-on, ...
+            runs = timed_runs(root, lambda batch_id: batch_config(batch_id, model, args), engine, loop, captures)
         finally:
             loop.run(engine.close(), timeout=120)
     on_rate, off_rate = median(runs, True, "rate"), median(runs, False, "rate")
