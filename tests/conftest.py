@@ -19,7 +19,7 @@ import pytest
 
 from tasks.generate.progress import HEARTBEAT_VARIABLE
 from tasks.storage.objects import ObjectStore
-from tests.serving import serve_process
+from tests.serving import name_weight_version, serve_process
 
 STORE_KINDS = ("local", "memory", "s3")
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -235,13 +235,7 @@ class RunningServer:
 
     def name_weight_version(self, version: int) -> None:
         """What a refit's last step does: the server names its weights ``version``."""
-        import httpx
-
-        httpx.post(
-            f"{self.url}/update_weight_version",
-            json={"new_version": str(version)},
-            headers={"Authorization": f"Bearer {self.key}"},
-        ).raise_for_status()
+        name_weight_version(self.url, self.key, version)
 
 
 @pytest.fixture(scope="session")

@@ -70,3 +70,11 @@ def serve_process(argv: list[str], home: Path, env: dict[str, str] | None = None
     assert code == 0, f"serve exited {code} on SIGTERM:\n{(home / 'serve.stderr').read_text()[-3000:]}"
     left = [p.pid for p in started if running(p)]
     assert started and not left, f"processes of rollout-ledger serve outlived its SIGTERM: {left}"
+
+
+def name_weight_version(url: str, key: str, version: int) -> None:
+    """What a refit's last step does: the server at ``url`` names its weights ``version``."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"}
+    httpx.post(f"{url}/update_weight_version", json={"new_version": str(version)}, headers=headers).raise_for_status()

@@ -49,7 +49,7 @@ from tasks.pipeline import finalize_and_publish
 from tasks.sampling import SamplingSettings
 from tasks.status.gather import batch_status
 from tasks.status.render import render_status
-from tests.serving import assert_reaped, running
+from tests.serving import assert_reaped, name_weight_version, running
 
 from .processes import GenerateProcess
 from .test_interruptions_e2e import (
@@ -129,12 +129,6 @@ def spare(vllm_server, tmp_path_factory) -> Iterator[Spare]:
         yield spare
     finally:
         spare.stop()
-
-
-def name_weight_version(url: str, key: str, version: int) -> None:
-    """What a refit's last step does: the server names its weights ``version``."""
-    headers = {"Authorization": f"Bearer {key}"}
-    httpx.post(f"{url}/update_weight_version", json={"new_version": str(version)}, headers=headers).raise_for_status()
 
 
 def test_a_server_restarted_mid_shard_is_engine_death_and_nothing_is_stamped_with_its_start_up_version(
