@@ -120,6 +120,18 @@ class TaskFileError(PromptFileError):
     reason = "bad_task_file"
 
 
+class AgentCommandError(UsageError):
+    """An agent command that cannot run where generate runs (its executable is not found); the message says why."""
+
+    reason = "bad_agent_command"
+
+
+class SandboxUnavailableError(UsageError):
+    """Agents must run in an OS sandbox and none can start on this host (no bwrap, no user namespaces)."""
+
+    reason = "sandbox_unavailable"
+
+
 class ModelReferenceError(UsageError):
     """A model reference that names nothing this worker can load."""
 

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -77,24 +77,38 @@ class AgentLimits:
 
 
 def agent_environment(
-    rollout: Mapping[str, str], passed: Sequence[str], home: str, worker: Mapping[str, str] = os.environ
+    rollout: Mapping[str, str],
+    passed: Sequence[str],
+    home: FreshHome,
+    worker: Mapping[str, str] = os.environ,
 ) -> dict[str, str]:
-    """The agent's variables: the allow-list, ``HOME``/``TMPDIR`` = ``home``'s folders, the names ``passed``, and
-    ``rollout``'s (the base URL, key and task, which no worker variable replaces)."""
+    """The agent's variables: the allow-list, ``HOME``/``TMPDIR`` = ``home``'s folders (as the agent sees them), the
+    names ``passed``, and ``rollout``'s (the base URL, key and task, which no worker variable replaces)."""
     allowed = {k: v for k, v in worker.items() if k in BASE_VARIABLES or k.startswith("LC_")}
     named = {name: worker[name] for name in passed if name in worker}
-    homes = {"HOME": os.path.join(home, "home"), "TMPDIR": os.path.join(home, "tmp")}
-    return {**allowed, **named, **homes, **rollout}
+    return {**allowed, **named, "HOME": home.seen_home, "TMPDIR": home.seen_tmp, **rollout}
+
+
+@dataclass(frozen=True)
+class FreshHome:
+    """One agent's private ``home`` and ``tmp`` folders on the worker, and the paths the agent sees them at."""
+
+    home: str
+    tmp: str
+    seen_home: str
+    seen_tmp: str
 
 
 @contextlib.contextmanager
-def fresh_home() -> Any:
-    """A private folder with ``home/`` and ``tmp/`` for one agent; removed with everything in it afterwards."""
+def fresh_home(seen_at: tuple[str, str] | None = None) -> Iterator[FreshHome]:
+    """A private folder with ``home/`` and ``tmp/`` for one agent, removed with everything in it afterwards;
+    ``seen_at``: where the agent sees the two (a sandbox's fixed paths), default where they are."""
     folder = tempfile.mkdtemp(prefix="rollout-ledger-agent-")
     try:
-        for name in ("home", "tmp"):
-            os.mkdir(os.path.join(folder, name), 0o700)
-        yield folder
+        home, tmp = (os.path.join(folder, name) for name in ("home", "tmp"))
+        for made in (home, tmp):
+            os.mkdir(made, 0o700)
+        yield FreshHome(home, tmp, *(seen_at or (home, tmp)))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

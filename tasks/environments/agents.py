@@ -31,6 +31,7 @@ import json
 import math
 import os
 import ssl
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -39,15 +40,28 @@ from tasks.environments.agent_process import (
     LAUNCH_FAILED,
     AgentLimits,
     AgentWatchdog,
+    FreshHome,
     OutputPipes,
     agent_environment,
     fresh_home,
     kill_group,
     launcher_argv,
 )
+from tasks.environments.agent_sandbox import (
+    BWRAP_PREFIX,
+    ISOLATION_PROCESS,
+    ISOLATION_SANDBOX,
+    SANDBOX_HOME,
+    SANDBOX_TMP,
+    Sandbox,
+    binds_of,
+    check_isolation,
+    check_sandbox,
+    resolve_executable,
+)
 from tasks.environments.imports import ImportPathError, import_object
 from tasks.environments.pinned_file import read_pinned, seeded_sample
-from tasks.errors import TaskFileError
+from tasks.errors import AgentCommandError, TaskFileError
 
 AGENT_EXIT = "agent_exit"  # the command exited non-zero
 AGENT_TIMEOUT = "agent_timeout"  # the episode outlasted timeout_s
@@ -64,6 +78,7 @@ LAUNCH_EXIT = 127
 OUTPUTS = ("stdout", "stderr")
 OUTPUT_GRACE_S = 10.0  # how long the output may stay open after the agent exited and its group was killed
 MIN_REDACTED_CHARS = 8  # a passed variable's value this long or longer is kept out of failure messages
+PYTHON_PLACEHOLDER = "{python}"  # in a command: the interpreter that runs generate
 
 
 @dataclass(frozen=True)
@@ -181,6 +196,10 @@ class Agent(abc.ABC):
         except TimeoutError:
             raise AgentFailure(AGENT_TIMEOUT, f"the agent did not finish within timeout_s={self.timeout_s:g}") from None
 
+    def check_can_run(self) -> None:
+        """Before an engine starts: raise naming what keeps the agent from running here (nothing, by default)."""
+        return None
+
     def close(self) -> None:
         """The attempt is over: end whatever the agent still runs (nothing, unless it starts processes)."""
         return None
@@ -212,10 +231,14 @@ def _task_rows(data: bytes, uri: str) -> list[dict[str, Any]]:
 
 
 class AgentCommand(Agent):
-    """Options: ``command`` (argv list), ``scorer`` (optional ``module:function``), ``env`` (names of worker
-    variables the agent receives), ``limits`` (:class:`~tasks.environments.agent_process.AgentLimits`), and
-    :class:`Agent`'s. The process runs as :mod:`tasks.environments.agent_process` says: allow-listed
-    variables, a fresh home, rlimits, bounded output, and it dies with its episode and its worker."""
+    """Options: ``command`` (argv list; ``{python}`` in it is the worker's interpreter), ``scorer`` (optional
+    ``module:function``), ``env`` (names of worker variables the agent receives), ``limits``
+    (:class:`~tasks.environments.agent_process.AgentLimits`), ``isolation`` (``sandbox``, the default, or
+    ``process``), ``binds`` (what the sandbox shows besides the system, the worker's Python and the files the
+    command names: :class:`~tasks.environments.agent_sandbox.Bind`), and :class:`Agent`'s. The process runs as
+    :mod:`tasks.environments.agent_process` says (allow-listed variables, a fresh home, rlimits, bounded
+    output, it dies with its episode and its worker), inside the OS sandbox of
+    :mod:`tasks.environments.agent_sandbox` unless ``isolation`` is ``process``."""
 
     name: ClassVar[str] = "agent_command"
 
@@ -226,6 +249,8 @@ class AgentCommand(Agent):
         scorer: str | None = None,
         env: list[str] | None = None,
         limits: Mapping[str, Any] | None = None,
+        isolation: str = ISOLATION_SANDBOX,
+        binds: list[Any] | None = None,
         **options: Any,
     ) -> None:
         if not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command):
@@ -234,6 +259,12 @@ class AgentCommand(Agent):
             raise ValueError(f"env must be a list of variable names, got {env!r}")
         self.command, self.scorer, self.env = list(command), scorer, list(env or [])
         self.limits = AgentLimits.of(limits)
+        self.isolation = check_isolation(isolation)
+        self.sandbox = Sandbox(binds_of(binds))
+        if self.isolation == ISOLATION_PROCESS and self.sandbox.binds:
+            raise ValueError(
+                "binds: an agent with isolation 'process' sees the whole file system; binds are for 'sandbox'"
+            )
         self._score = _callable_at(scorer, "scorer") if scorer is not None else None
         self._watchdog = AgentWatchdog()
         super().__init__(**options)
@@ -244,8 +275,28 @@ class AgentCommand(Agent):
             "scorer": self.scorer,
             "env": self.env,
             "limits": self.limits.as_options(),
+            "isolation": self.isolation,
+            "binds": [bind.as_option() for bind in self.sandbox.binds],
             **super().options(),
         }
+
+    @property
+    def argv(self) -> list[str]:
+        """The command as it runs here: ``{python}`` is this process's interpreter."""
+        return [arg.replace(PYTHON_PLACEHOLDER, sys.executable) for arg in self.command]
+
+    def check_can_run(self) -> None:
+        """Before an engine starts: the command's executable resolves here, and the agent's sandbox starts on this
+        host (unless ``isolation: process``); an :class:`AgentCommandError` or
+        :class:`~tasks.errors.SandboxUnavailableError` names what is wrong and what to do."""
+        path = os.environ.get("PATH")
+        if resolve_executable(self.argv[0], path, os.getcwd()) is None:
+            raise AgentCommandError(
+                f"agent command {self.command!r}: its executable {self.argv[0]!r} is not found (PATH={path!r}); give "
+                f"its absolute path, or {PYTHON_PLACEHOLDER!r} for the interpreter that runs generate"
+            )
+        if self.isolation == ISOLATION_SANDBOX:
+            check_sandbox()
 
     def close(self) -> None:
         """Kill whatever agents are still running and end the watchdog (the attempt is over)."""
@@ -255,10 +306,12 @@ class AgentCommand(Agent):
         rollout = {BASE_URL_VARIABLE: door.base_url, API_KEY_VARIABLE: door.api_key, TASK_VARIABLE: json.dumps(task)}
         passed = [os.environ[n] for n in self.env if len(os.environ.get(n, "")) >= MIN_REDACTED_CHARS]
         secrets = [door.api_key, *passed]  # the route's key is worthless after the attempt; still, never kept
-        with fresh_home() as home:
-            returncode, out, err = await self._run(agent_environment(rollout, self.env, home))
+        sandboxed = self.isolation == ISOLATION_SANDBOX
+        with fresh_home((SANDBOX_HOME, SANDBOX_TMP) if sandboxed else None) as home:
+            returncode, out, err = await self._run(home, agent_environment(rollout, self.env, home))
         stdout, stderr = (_redacted(s.decode("utf-8", "replace"), secrets) for s in (out, err))
-        if returncode == LAUNCH_EXIT and stderr.startswith(LAUNCH_FAILED):
+        launch_failed = returncode == LAUNCH_EXIT and stderr.startswith(LAUNCH_FAILED)
+        if launch_failed or (sandboxed and _sandbox_refused(stderr)):
             raise AgentFailure(AGENT_ERROR, f"command {self.command!r} could not start: {_shown(stderr.strip())}")
         if returncode != 0:
             raise AgentFailure(AGENT_EXIT, f"the command exited with {returncode}: {_shown(stderr.strip())}")
@@ -280,12 +333,18 @@ class AgentCommand(Agent):
             raise AgentFailure(AGENT_NO_REWARD, f"the last line of stdout is not a JSON object: {_shown(last)}")
         return result_of(report, source="the command's last stdout line")
 
-    async def _run(self, environ: dict[str, str]) -> tuple[int, bytes, bytes]:
+    def _launched(self, home: FreshHome, environ: Mapping[str, str]) -> list[str]:
+        """What the launcher execs: the command, or ``bwrap`` running it in the agent's sandbox."""
+        if self.isolation == ISOLATION_PROCESS:
+            return self.argv
+        return self.sandbox.argv(self.argv, home=home.home, tmp=home.tmp, cwd=os.getcwd(), path=environ.get("PATH"))
+
+    async def _run(self, home: FreshHome, environ: dict[str, str]) -> tuple[int, bytes, bytes]:
         """Run the command to its end (its whole process group killed then, or on any way out of here)."""
         async with OutputPipes() as pipes:
             try:
                 process = await asyncio.create_subprocess_exec(
-                    *launcher_argv(self.command, self.limits),
+                    *launcher_argv(self._launched(home, environ), self.limits),
                     env=environ,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=pipes.writers[0],
@@ -326,6 +385,11 @@ async def _read_bounded(stream: asyncio.StreamReader, cap: int, name: str) -> by
             raise AgentFailure(AGENT_OUTPUT_LIMIT, f"the command wrote more than {cap} bytes to {name}")
         data += chunk
     return bytes(data)
+
+
+def _sandbox_refused(stderr: str) -> bool:
+    """Whether ``bwrap`` itself failed: it could not set the sandbox up or exec the command (its own message)."""
+    return stderr.startswith(BWRAP_PREFIX)
 
 
 def _redacted(text: str, secrets: list[str]) -> str:

@@ -16,9 +16,14 @@ An entry::
       trigger_options:               # what a trigger may set: type and bounds
         timeout_s: {type: number, minimum: 1, maximum: 600}
       env: [SEARCH_API_KEY]          # agent_command: worker variables the agent receives, by name
+      binds: ["{here}", {path: /data/scratch, writable: true}]  # agent_command: what its sandbox shows
+      isolation: sandbox             # agent_command: or `process` where no sandbox can start (weaker)
 
 In ``command``, ``{python}`` is the interpreter that runs generate and ``{here}`` the registry
-file's folder; a relative ``tasks`` or ``path`` is relative to that folder. The registry is read
+file's folder; a relative ``tasks``, ``path`` or bind is relative to that folder. An agent
+command runs in an OS sandbox that shows the system folders, the worker's Python, the files its
+command names and its ``binds`` (:mod:`tasks.environments.agent_sandbox`); ``isolation:
+process`` runs it as a plain child process where no sandbox can start, and is recorded. The registry is read
 where it is used (the DAG parse for the form's choices, plan, and each generate worker), from
 ``$ROLLOUT_LEDGER_ENVIRONMENTS`` or else this checkout's ``dags/environments.yaml``. A batch
 records the entry's name and its resolved options; a worker rebuilds them from its own registry
@@ -32,7 +37,6 @@ import functools
 import math
 import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +114,8 @@ class DeclaredEnvironment(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     trigger_options: dict[str, TriggerOption] = Field(default_factory=dict)
     env: list[str] = Field(default_factory=list)
+    isolation: Literal["sandbox", "process"] | None = None  # agent_command: default sandbox (agent_sandbox.py)
+    binds: list[str | Bind] = Field(default_factory=list)  # agent_command: what its sandbox shows
 
     @field_validator("env")
     @classmethod
@@ -118,6 +124,19 @@ class DeclaredEnvironment(BaseModel):
             if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not an environment variable name")
         return names
+
+
+class Bind(BaseModel):
+    """A folder or file an agent's sandbox shows: ``path`` (relative: to the registry's folder), read-only unless
+    ``writable``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    path: str = Field(min_length=1)
+    writable: bool = False
+
+
+AGENT_COMMAND_FIELDS = ("env", "isolation", "binds")  # entry fields only an agent_command has; options of it
 
 
 @dataclass(frozen=True)
@@ -137,6 +156,10 @@ class EnvironmentRegistry:
         options = {**self._resolved(entry.options), **checked}
         if entry.env:
             options["env"] = list(entry.env)
+        if entry.isolation is not None:
+            options["isolation"] = entry.isolation
+        if entry.binds:
+            options["binds"] = [self._bind(bind) for bind in entry.binds]
         return options
 
     def kind_of(self, name: str) -> str:
@@ -169,16 +192,23 @@ class EnvironmentRegistry:
                 resolved[key] = self._local(resolved[key])
         return resolved
 
+    def _bind(self, bind: str | Bind) -> str | dict[str, Any]:
+        """A bind as an agent command's option: its path absolute (``{here}`` and relative paths resolved)."""
+        spec = Bind(path=bind) if isinstance(bind, str) else bind
+        path = os.path.normpath(self._local(_placeholders(spec.path, str(self.path.parent.resolve()))))
+        return {"path": path, "writable": True} if spec.writable else path
+
     def _local(self, path: str) -> str:
         """``path`` relative to the registry's folder (URLs and absolute paths as they are)."""
         return path if "://" in path or os.path.isabs(path) else str(self.path.parent.resolve() / path)
 
 
 def _placeholders(arg: Any, here: str) -> Any:
-    """``{python}`` and ``{here}`` in a command argument; a path made with ``{here}`` is normalized."""
+    """``{here}`` in a command argument; a path made with it is normalized. ``{python}`` stays: it is the
+    interpreter of the worker that runs the agent (:class:`~tasks.environments.agents.AgentCommand`)."""
     if not isinstance(arg, str):
         return arg
-    resolved = arg.replace("{python}", sys.executable).replace("{here}", here)
+    resolved = arg.replace("{here}", here)
     return os.path.normpath(resolved) if arg.startswith("{here}") else resolved
 
 
@@ -219,8 +249,12 @@ def _parsed(path: Path, _mtime_ns: int, _size: int) -> EnvironmentRegistry:
                 f"{'.'.join(str(p) for p in e['loc']) or 'entry'}: {e['msg']}" for e in error.errors(include_url=False)
             )
             raise ConfigError(f"environment registry {path}: entry {name!r}: {problems}") from None
-        if entries[name].env and entries[name].kind != "agent_command":
-            raise ConfigError(f"environment registry {path}: entry {name!r}: env is for agent_command entries only")
+        entry = entries[name]
+        given = [field for field in AGENT_COMMAND_FIELDS if getattr(entry, field) not in (None, [])]
+        if given and entry.kind != "agent_command":
+            raise ConfigError(
+                f"environment registry {path}: entry {name!r}: {given} are for agent_command entries only"
+            )
     return EnvironmentRegistry(path, entries)
 
 

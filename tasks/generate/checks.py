@@ -1,8 +1,9 @@
 """Everything generate checks before an engine starts, and the checked batch the later steps share.
 
 Fail fast: the shards named, their plans (or their commit markers), the environment and its
-prompt file, and, when generate starts its own engine and has a shard to run, the model the
-worker resolves from the plan's portable reference, whose hashes must equal the planned ones. An
+prompt file, whether an agent command can run here (its executable, its sandbox), and, when
+generate starts its own engine and has a shard to run, the model the worker resolves from the
+plan's portable reference, whose hashes must equal the planned ones. An
 engine passed in must serve at least the planned weight version. Each failure is a
 :class:`~tasks.errors.ConfigError` (or the loader's own error) before minutes of engine start.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from tasks.batch import Batch
 from tasks.config import BatchConfig
 from tasks.engines.base import Engine
+from tasks.environments.agents import Agent
 from tasks.environments.registry import AnyEnvironment, Runnables, load_environment
 from tasks.errors import ConfigError, ModelMismatchError
 from tasks.generate.progress import DEFAULT_HEARTBEAT_SECONDS
@@ -66,6 +68,8 @@ def check_before_engine(
         else:
             plans[shard] = batch.shard_plan(shard)
     environment = load_environment(config.environment, config.environment_options, runnables=runnables)
+    if plans and isinstance(environment, Agent):
+        environment.check_can_run()
     work = CheckedBatch(store=batch.store, config=config, environment=environment, plans=plans, committed=committed)
     if own_engine and plans:
         folder = resolve_model_reference(config.model.reference)

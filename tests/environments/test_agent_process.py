@@ -9,8 +9,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -19,6 +21,7 @@ import pytest
 from tasks.engines.vllm_server.options import API_KEY_ENV
 from tasks.environments import agents
 from tasks.environments.agent_process import AgentLimits
+from tasks.environments.agent_sandbox import ISOLATION_SANDBOX, ISOLATIONS, SANDBOX_HOME, SANDBOX_TMP
 from tasks.environments.agents import AgentCommand, AgentDoor, AgentFailure
 from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
 
@@ -54,10 +57,15 @@ def run(agent: AgentCommand, bound_s: float = 120.0):
         agent.close()
 
 
-def test_an_agent_sees_only_the_allow_list_and_the_names_its_entry_passes(tasks_file, monkeypatch):
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_an_agent_sees_only_the_allow_list_and_the_names_its_entry_passes(tasks_file, tmp_path, monkeypatch, isolation):
+    homes = tmp_path / "homes"  # where the worker makes the agents' fresh homes
+    homes.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(homes))
     for name, value in {**PLANTED, "TOOL_TOKEN": "passed-tool-token", "LC_ALL": "C.UTF-8"}.items():
         monkeypatch.setenv(name, value)
-    agent = AgentCommand(command=[sys.executable, "-c", DUMP_ENV], tasks=str(tasks_file), env=["TOOL_TOKEN"])
+    command = [sys.executable, "-c", DUMP_ENV]
+    agent = AgentCommand(command=command, tasks=str(tasks_file), env=["TOOL_TOKEN"], isolation=isolation)
     seen = run(agent).info["env"]
     assert not set(PLANTED.values()) & set(seen.values()) - {DOOR.api_key}
     assert seen["OPENAI_API_KEY"] == "[redacted]"  # the rollout's key: kept out of the info like a passed secret
@@ -66,11 +74,14 @@ def test_an_agent_sees_only_the_allow_list_and_the_names_its_entry_passes(tasks_
         json.loads(seen["ROLLOUT_LEDGER_TASK"]) == {"i": 0} and seen["TOOL_TOKEN"] == "[redacted]"
     )  # passed, kept out of the info
     assert seen["PATH"] == os.environ["PATH"] and seen["LC_ALL"] == "C.UTF-8"
-    allowed = {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TOOL_TOKEN", "LC_CTYPE"}
+    allowed = {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "TOOL_TOKEN", "LC_CTYPE", "PWD"}
     assert set(seen) - {"OPENAI_API_KEY", "OPENAI_BASE_URL", "ROLLOUT_LEDGER_TASK"} <= allowed
-    home = Path(seen["HOME"])
-    assert home.parent == Path(seen["TMPDIR"]).parent and home != Path.home()
-    assert not home.parent.exists(), "the agent's fresh home outlived its rollout"
+    if isolation == ISOLATION_SANDBOX:  # the rollout's private folders, at the sandbox's fixed paths
+        assert (seen["HOME"], seen["TMPDIR"]) == (SANDBOX_HOME, SANDBOX_TMP)
+    else:
+        home = Path(seen["HOME"])
+        assert home.parent == Path(seen["TMPDIR"]).parent and home.parent.parent == homes
+    assert not list(homes.iterdir()), "the agent's fresh home outlived its rollout"
 
 
 def test_a_passed_secret_the_agent_prints_is_kept_out_of_the_failure(tasks_file, monkeypatch):
@@ -96,24 +107,30 @@ def test_output_past_the_bound_fails_the_rollout_without_holding_it(tasks_file, 
     assert failed.value.reason == "agent_output_limit" and "stdout" in failed.value.detail
 
 
-def test_a_process_that_left_the_group_cannot_hold_the_rollout_open(tasks_file, tmp_path, monkeypatch):
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_process_that_left_the_group_cannot_hold_the_rollout_open(tasks_file, monkeypatch, isolation):
     monkeypatch.setattr(agents, "OUTPUT_GRACE_S", 1.0)
-    left = tmp_path / "left"  # the child keeps the agent's stdout open from a session of its own
-    escape = f"import os, time; os.setsid(); open({str(left)!r}, 'w').close(); time.sleep(20)"
+    token = f"escapee-{uuid.uuid4().hex}"  # the child keeps the agent's stdout open from a session of its own
+    escape = f"import os, sys, time; os.setsid(); open(sys.argv[1], 'w').close(); time.sleep(20)  # {token}"
     script = textwrap.dedent(
         f"""
-        import os, subprocess, sys, time
-        subprocess.Popen([sys.executable, '-c', {escape!r}])
-        while not os.path.exists({str(left)!r}):
+        import os, subprocess, sys, tempfile, time
+        left = os.path.join(tempfile.gettempdir(), 'left')
+        subprocess.Popen([sys.executable, '-c', {escape!r}, left])
+        while not os.path.exists(left):
             time.sleep(0.05)
         print('{{"reward": 1}}')
         """
     )
-    agent = AgentCommand(command=[sys.executable, "-c", script], tasks=str(tasks_file))
+    agent = AgentCommand(command=[sys.executable, "-c", script], tasks=str(tasks_file), isolation=isolation)
     started = time.monotonic()
-    with pytest.raises(AgentFailure) as failed:
-        run(agent, bound_s=15)
-    assert failed.value.reason == "agent_error" and "left the agent's group" in failed.value.detail
+    if isolation == ISOLATION_SANDBOX:  # the sandbox's PID namespace ends with the agent: so does the escapee
+        assert run(agent, bound_s=15).reward == 1
+        assert _ended(_with_token(token), timeout=5)
+    else:
+        with pytest.raises(AgentFailure) as failed:
+            run(agent, bound_s=15)
+        assert failed.value.reason == "agent_error" and "left the agent's group" in failed.value.detail
     assert time.monotonic() - started < 10
 
 
@@ -148,15 +165,17 @@ def test_bad_limits_are_refused(tasks_file, limits):
     assert AgentLimits.of({"processes": None}).rlimits().keys() == {"RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NOFILE"}
 
 
-def test_what_an_agent_leaves_running_ends_with_its_episode(tasks_file, tmp_path):
-    pids = tmp_path / "pids"
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_what_an_agent_leaves_running_ends_with_its_episode(tasks_file, isolation):
+    token = f"left-running-{uuid.uuid4().hex}"
     script = (
         "import subprocess, sys; "
-        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-        f"open({str(pids)!r}, 'w').write(str(c.pid)); print('{{\"reward\": 1}}')"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)  # {token}']); "
+        "print('{\"reward\": 1}')"
     )
-    assert run(AgentCommand(command=[sys.executable, "-c", script], tasks=str(tasks_file))).reward == 1
-    assert _ended([int(pids.read_text())], timeout=5)
+    command = [sys.executable, "-c", script]
+    assert run(AgentCommand(command=command, tasks=str(tasks_file), isolation=isolation)).reward == 1
+    assert _ended(_with_token(token), timeout=5)
 
 
 WORKER = """
@@ -165,24 +184,40 @@ from tasks.environments.agents import AgentCommand, AgentDoor
 script = (
     "import os, subprocess, sys, time; "
     "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
-    "open(sys.argv[1], 'w').write(f'{os.getpid()} {c.pid}'); time.sleep(120)"
+    "open(sys.argv[1], 'w').close(); time.sleep(120)"
 )
-agent = AgentCommand(command=[sys.executable, "-c", script, sys.argv[1]], tasks=sys.argv[2], timeout_s=300)
+binds = [{"path": sys.argv[3], "writable": True}] if sys.argv[4] == "sandbox" else []
+agent = AgentCommand(
+    command=[sys.executable, "-c", script, sys.argv[1]], tasks=sys.argv[2], timeout_s=300, isolation=sys.argv[4],
+    binds=binds,
+)
 asyncio.run(agent.run(AgentDoor("http://127.0.0.1:9/v1", "k"), {"i": 0}))
 """
 
 
-def test_a_sigkilled_worker_leaves_no_agent_process(tasks_file, tmp_path):
-    pids = tmp_path / "pids"
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(pids), str(tasks_file)], cwd=Path.cwd())
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_sigkilled_worker_leaves_no_agent_process(tasks_file, tmp_path, isolation):
+    started = tmp_path / "shared" / "started"
+    started.parent.mkdir()
+    argv = [sys.executable, "-c", WORKER, str(started), str(tasks_file), str(started.parent), isolation]
+    worker = subprocess.Popen(argv, cwd=Path.cwd())
     deadline = time.monotonic() + 60
-    while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+    while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    agents = [int(pid) for pid in pids.read_text().split()]
-    assert all(psutil.pid_exists(pid) for pid in agents)
+    agents = [child.pid for child in psutil.Process(worker.pid).children(recursive=True)]
+    assert started.exists() and len(agents) >= 2  # the agent and its child (and, sandboxed, bwrap)
     worker.send_signal(signal.SIGKILL)
     worker.wait()
     assert _ended(agents, timeout=10), "an agent process outlived its SIGKILLed worker"
+
+
+def _with_token(token: str) -> list[int]:
+    """The processes whose command line holds ``token``."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(token in part for part in process.info["cmdline"] or ()):
+            found.append(process.pid)
+    return found
 
 
 def _ended(pids: list[int], *, timeout: float) -> bool:

@@ -30,6 +30,8 @@ def test_options_are_recorded_with_the_task_file_pinned(tasks_file):
         "scorer": None,
         "env": [],
         "limits": AgentLimits().as_options(),
+        "isolation": "sandbox",
+        "binds": [],
         "tasks": f"file://{tasks_file}",
         "sha256": digest,
         "timeout_s": 600.0,

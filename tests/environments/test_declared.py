@@ -37,6 +37,11 @@ environments:
       timeout_s: {type: number, minimum: 1, maximum: 60}
       max_concurrency: {type: integer, minimum: 1, maximum: 8}
     env: [TOOL_TOKEN]
+    binds: ["{here}", data, {path: /srv/scratch, writable: true}]
+  plain_agent:
+    kind: agent_command
+    options: {command: ["{python}", "{here}/agent.py"], tasks: tasks.jsonl}
+    isolation: process
   wide_guess:
     kind: guess_number
     options: {lo: 1, hi: 1000}
@@ -48,9 +53,15 @@ environments:
 def test_an_entry_resolves_its_placeholders_and_relative_paths(registry):
     agent = load_environment("tiny_agent", {"timeout_s": 5}, runnables=Runnables.triggered(registry))
     assert isinstance(agent, AgentCommand)
-    assert agent.command == [sys.executable, str(registry.parent / "agent.py")]
+    assert agent.command == ["{python}", str(registry.parent / "agent.py")]  # {python}: the worker's, at launch
+    assert agent.argv == [sys.executable, str(registry.parent / "agent.py")]
     assert agent.tasks_path == f"file://{registry.parent / 'tasks.jsonl'}" and agent.timeout_s == 5
     assert agent.options()["env"] == ["TOOL_TOKEN"]
+    here = str(registry.parent.resolve())
+    binds = [here, f"{here}/data", {"path": "/srv/scratch", "writable": True}]
+    assert agent.options()["binds"] == binds and agent.options()["isolation"] == "sandbox"
+    plain = load_environment("plain_agent", {}, runnables=Runnables.triggered(registry))
+    assert plain.options()["isolation"] == "process" and plain.options()["binds"] == []
     guess = load_environment("wide_guess", {}, runnables=Runnables.triggered(registry))
     assert isinstance(guess, GuessNumber) and guess.options() == {"lo": 1, "hi": 1000}
 
@@ -62,7 +73,7 @@ def test_an_entry_resolves_its_placeholders_and_relative_paths(registry):
 def test_a_trigger_cannot_name_code_or_files_directly(registry, spec):
     with pytest.raises(ConfigError, match=f"environment '{spec}'.*{registry}") as caught:
         load_environment(spec, {"command": ["bash", "-c", "true"]}, runnables=Runnables.triggered(registry))
-    assert "choices: arithmetic, calculator, guess_number, tiny_agent, wide_guess" in str(caught.value)
+    assert "choices: arithmetic, calculator, guess_number, plain_agent, tiny_agent, wide_guess" in str(caught.value)
 
 
 def test_the_operator_may_name_code_directly(registry, tmp_path):
@@ -80,6 +91,8 @@ def test_the_operator_may_name_code_directly(registry, tmp_path):
     [
         ({"command": ["bash", "-c", "touch x"]}, r"environment_options.command: .* fixes \['command'\]"),
         ({"env": ["AWS_SECRET_ACCESS_KEY"]}, r"environment_options.env: .* fixes \['env'\]"),
+        ({"isolation": "process"}, r"environment_options.isolation: .* fixes \['isolation'\]"),
+        ({"binds": ["/root"]}, r"environment_options.binds: .* fixes \['binds'\]"),
         ({"timeout_s": 61}, r"environment_options.timeout_s must be a finite number in \[1, 60\], got 61"),
         ({"timeout_s": True}, r"environment_options.timeout_s must be a finite number"),
         ({"max_concurrency": 2.0}, r"environment_options.max_concurrency must be an integer in \[1, 8\]"),
@@ -108,7 +121,10 @@ def test_recorded_options_must_still_be_what_the_entry_gives(registry):
         ("environments: {x.jsonl: {kind: arithmetic}}", "reads as a prompt file"),
         ("environments: {'../up': {kind: arithmetic}}", "must match"),
         ("environments: {a: {kind: arithmetic, run: x}}", "entry 'a': run: Extra inputs"),
-        ("environments: {a: {kind: arithmetic, env: [X]}}", "env is for agent_command entries only"),
+        ("environments: {a: {kind: arithmetic, env: [X]}}", r"\['env'\] are for agent_command entries"),
+        ("environments: {a: {kind: arithmetic, isolation: process}}", r"\['isolation'\] are for agent_command"),
+        ("environments: {a: {kind: agent_command, isolation: none}}", "isolation: Input should be 'sandbox'"),
+        ("environments: {a: {kind: agent_command, binds: [{path: /x, mode: rw}]}}", "binds"),
         ("environments: {a: {kind: agent_command, env: ['A B']}}", "'A B' is not an environment variable name"),
         ("environments: [a]", "a mapping with one key 'environments'"),
         ("profiles: {}", "a mapping with one key 'environments'"),
@@ -141,7 +157,7 @@ def test_the_registry_file_follows_its_variable_and_an_absent_file_declares_noth
 
 def test_the_form_offers_the_built_in_games_and_the_registry_names(registry):
     field = form_fields({REGISTRY_VARIABLE: str(registry)})["environment"]
-    assert field["enum"] == ["arithmetic", "calculator", "guess_number", "tiny_agent", "wide_guess"]
+    assert field["enum"] == ["arithmetic", "calculator", "guess_number", "plain_agent", "tiny_agent", "wide_guess"]
     assert field["values_display"]["tiny_agent"] == "tiny_agent: a command agent" and "examples" not in field
 
 
