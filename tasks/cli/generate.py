@@ -9,6 +9,7 @@ import argparse
 
 from tasks.cli.context import lineage_sink, open_batch, say, say_lineage
 from tasks.cli.flags import AddCommand, root_and_batch, shard_number
+from tasks.entry_point import make_undumpable
 from tasks.environments.registry import Runnables
 from tasks.errors import EXIT_OK, ConfigError
 
@@ -45,6 +46,7 @@ def run_generate(args: argparse.Namespace) -> int:
             "generate takes no --model: the model is fixed at plan time (plan/batch.json records it and its hashes); "
             "plan a new batch id with --model to use another one"
         )
+    make_undumpable()  # it holds the storage credentials and runs agents: no same-user process reads its memory
     batch = open_batch(args)
     shards = list(range(batch.config.shards)) if args.all_shards else args.shard
     lineage = lineage_sink()

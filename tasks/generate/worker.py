@@ -1,7 +1,9 @@
 """``python -m tasks.generate.worker``: one shard of a triggered batch, in the process an Airflow task starts.
 
 The task (:mod:`tasks.orchestration.generate_process`) starts this module with the shard and the
-storage root on its command line, the storage options and secrets in its environment. It runs
+storage root on its command line and the storage options and secrets on its stdin
+(``--secrets-on-stdin``), so that neither is in its initial environment, and the process makes
+itself non-dumpable (:func:`~tasks.entry_point.make_undumpable`). It runs
 :func:`tasks.generate.generate_shards` as ``rollout-ledger generate`` does, but only for what a
 trigger may name (:meth:`Runnables.triggered`: a built-in game or an entry of the deployment's
 registry, docs/security.md), writes log lines (never a progress bar) and the run's lines on
@@ -14,20 +16,23 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from tasks.batch import Batch
-from tasks.entry_point import configure_logging, run_command
+from tasks.entry_point import configure_logging, make_undumpable, run_command
 from tasks.environments.registry import Runnables
-from tasks.errors import EXIT_OK
+from tasks.errors import EXIT_OK, ConfigError
 from tasks.generate.console import engine_notice, shard_lines, summaries_json
 from tasks.generate.stage import generate_shards
 from tasks.storage.options import storage_options_from_env
 
 _PR_SET_PDEATHSIG = 1
+HAND_OVER_KEYS = ("storage_options", "environment")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -36,12 +41,36 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-id", required=True, help="the planned batch")
     parser.add_argument("--shard", type=int, required=True, help="the shard to generate")
     parser.add_argument("--try-number", type=int, default=None, help="the task's try, recorded in the attempt claim")
+    parser.add_argument(
+        "--secrets-on-stdin",
+        action="store_true",
+        help='read {"storage_options": {...}, "environment": {...}} on stdin (how the task hands over secrets)',
+    )
     return parser.parse_args(argv)
+
+
+def handed_over(text: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The storage options and secret variables the task wrote on stdin; a ConfigError when it is not that."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"generate worker: stdin is not the task's JSON hand-over: {error.msg}") from None
+    options, environment = (value.get(key) if isinstance(value, dict) else None for key in HAND_OVER_KEYS)
+    if not isinstance(options, dict) or not isinstance(environment, dict):
+        raise ConfigError(f"generate worker: stdin must be a JSON object with {list(HAND_OVER_KEYS)}")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in environment.items()):
+        raise ConfigError("generate worker: the handed-over environment must map names to strings")
+    return options, environment
 
 
 def run_shard(args: argparse.Namespace) -> int:
     """Generate ``args.shard``, say what it did on stderr and print its summary on stdout; 0 when committed."""
-    batch = Batch.open(args.root, args.batch_id, storage_options_from_env(args.root, os.environ))
+    if args.secrets_on_stdin:
+        options, environment = handed_over(sys.stdin.read())
+        os.environ.update(environment)  # this process's own: not in its initial environment, which /proc shows
+    else:
+        options = storage_options_from_env(args.root, os.environ)
+    batch = Batch.open(args.root, args.batch_id, options)
     summaries = generate_shards(
         batch,
         [args.shard],
@@ -67,6 +96,7 @@ def stop_with_parent() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    make_undumpable()
     configure_logging(verbose=False)
     return run_command("generate", args.root, lambda: run_shard(args), verbose=False)
 

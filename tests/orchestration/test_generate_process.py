@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
+from tasks.engines.vllm_server.options import API_KEY_ENV
 from tasks.orchestration.generate_process import GenerateCommand, GenerateProcessError, run_generate, stop
 from tasks.orchestration.storage_location import StorageLocation
+from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
 
 
 def test_an_input_error_of_the_child_is_permanent_and_quoted(tmp_path):
@@ -25,17 +29,65 @@ def test_an_input_error_of_the_child_is_permanent_and_quoted(tmp_path):
     assert "never-planned" in str(error.value) and any("never-planned" in line for line in lines)
 
 
-def test_the_child_gets_the_storage_options_in_its_environment_only():
+def test_the_child_gets_its_secrets_on_stdin_never_in_its_argv_or_environment():
     location = StorageLocation("s3://bucket/runs", {"key": "k", "secret": "s"})
-    command = GenerateCommand(location, "b1", 3, try_number=2)
+    command = GenerateCommand(location, "b1", 3, try_number=2, secrets={API_KEY_ENV: "server-key"})
     argv = command.argv("python")
     assert argv == [
         *("python", "-m", "tasks.generate.worker"),
-        *("--root", "s3://bucket/runs", "--batch-id", "b1", "--shard", "3", "--try-number", "2"),
+        *("--root", "s3://bucket/runs", "--batch-id", "b1", "--shard", "3", "--secrets-on-stdin", "--try-number", "2"),
     ]
-    env = command.environment({"ROLLOUT_LEDGER_STORAGE_OPTIONS": "stale", "PATH": "/bin"})
-    assert env["PATH"] == "/bin" and '"secret": "s"' in env["ROLLOUT_LEDGER_STORAGE_OPTIONS"]
-    assert env["OPENLINEAGE_DISABLED"] == "true"  # the task reports generate's lineage, never the child too
+    worker = {STORAGE_OPTIONS_VARIABLE: "stale", API_KEY_ENV: "old", "PATH": "/bin", "AIRFLOW_HOME": "/a"}
+    worker |= {"AIRFLOW__CORE__FERNET_KEY": "f", "AIRFLOW_CONN_S3": "s3://k:s@", "AIRFLOW_VAR_X": "x"}
+    env = command.environment(worker)
+    assert env == {"PATH": "/bin", "AIRFLOW_HOME": "/a", "OPENLINEAGE_DISABLED": "true"}  # lineage: the task's
+    assert json.loads(command.handed_over()) == {
+        "storage_options": {"key": "k", "secret": "s"},
+        "environment": {API_KEY_ENV: "server-key"},
+    }
+
+
+def test_the_real_worker_reads_its_secrets_from_stdin_and_starts_without_them(tmp_path, monkeypatch):
+    """The worker child of a real task start: its initial environment (what /proc shows) holds no planted secret."""
+    dump = tmp_path / "environ"
+    shim = tmp_path / "python"  # records the child's initial environment and stdin, then runs the real worker
+    shim.write_text(
+        f'#!/bin/sh\ncat /proc/self/environ > {dump}\nexec {sys.executable} "$@"\n',
+    )
+    shim.chmod(0o755)
+    monkeypatch.setenv("AIRFLOW__CORE__FERNET_KEY", "planted-fernet")
+    monkeypatch.setenv(STORAGE_OPTIONS_VARIABLE, '{"secret": "planted-storage"}')
+    location = StorageLocation(f"file://{tmp_path}/runs", {"auto_mkdir": True})
+    command = GenerateCommand(location, "never-planned", 0, secrets={API_KEY_ENV: "planted-server-key"})
+    with pytest.raises(GenerateProcessError) as error:  # it read the hand-over, then found no batch
+        run_generate(command, log=lambda line: None, python=str(shim))
+    assert error.value.returncode == 2 and "never-planned" in str(error.value)
+    environ = dump.read_bytes()
+    assert environ and not any(s in environ for s in (b"planted-fernet", b"planted-storage", b"planted-server-key"))
+
+
+@pytest.mark.parametrize("undumpable", [True, False])
+def test_a_non_dumpable_process_hides_its_environment_from_its_own_user(undumpable):
+    """Two processes of one unprivileged user (nobody): the reader gets the target's /proc environ unless the target
+    made itself non-dumpable."""
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"]
+    target = (
+        "import time; from tasks.entry_point import make_undumpable; "
+        f"assert make_undumpable() if {undumpable} else True; print('ready', flush=True); time.sleep(30)"
+    )
+    env = {"PYTHONPATH": str(Path.cwd()), "PLANTED": "planted-in-the-environment", "PATH": "/usr/bin:/bin"}
+    process = subprocess.Popen([*as_nobody, target], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        reader = f"print(open('/proc/{process.pid}/environ', 'rb').read().decode())"
+        read = subprocess.run([*as_nobody, reader], capture_output=True, text=True, check=False)
+    finally:
+        process.kill()
+        process.wait()
+    if undumpable:
+        assert read.returncode != 0 and "PermissionError" in read.stderr
+    else:
+        assert "planted-in-the-environment" in read.stdout
 
 
 @pytest.fixture
