@@ -12,7 +12,16 @@ A book that cannot be trusted is not replayed: the rollout starts again from not
 kept (:data:`REPLAY_REFUSED` with the detail). That is a note that does not parse or names more
 entries than its book had, first-episode calls in two attempts (written without resume), a delta
 that is not prompt tokens then sampled ones, or sampled ids that do not decode to the text the call
-recorded (its ``output_fingerprint``).
+recorded (its ``output_fingerprint``). So is a book that cannot be read: a call whose staged row
+storage does not hold as its record committed it (the staged reader's ``StorageIntegrityError``:
+a segment absent, not Parquet, of another schema, a row past its end, of another call or breaking
+the staged delta's rules; or a row whose digest is not its record's, :data:`WRONG_DIGEST`, or not
+that of its own contents, :data:`CORRUPT_DIGEST`). The detail names the call and the reason.
+
+Invariant: a rollout is refused only for its own calls. A bad segment or row refuses the books of
+the rollouts with a call in it; the others resume. A store that does not answer (any other error:
+the retry policy's ``StorageUnavailableError``, credentials, permissions) is no finding on the
+contents: it propagates, the attempt fails, and the retry reads again.
 """
 
 from __future__ import annotations
@@ -28,12 +37,17 @@ import numpy as np
 from tasks import ids
 from tasks.capture.replay import RESUME_NOTES, BookEntry
 from tasks.capture.terminal import fingerprint_content
+from tasks.errors import StorageIntegrityError
 from tasks.records.ledger import StagedDelta
 from tasks.storage.recovery import CommittedCall
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import CommitCoordinates
 
 REPLAY_REFUSED = "replay_refused"  # the committed calls of a rollout cannot be replayed consistently
+# A staged row that is not the call its record committed (the names finalize gives the same findings):
+WRONG_DIGEST = "wrong_digest"  # its digest is not the one its call record holds
+CORRUPT_DIGEST = "corrupt_digest"  # its digest is not that of its own contents
+MAX_DETAIL_CHARS = 300  # of a storage error's message kept in a refusal
 
 
 @dataclass(frozen=True)
@@ -70,24 +84,100 @@ async def resume_points(
 def _points(
     calls: Mapping[str, Sequence[CommittedCall]], reader: StagedReader, decode: Callable[[Sequence[int]], str]
 ) -> dict[str, ResumePoint]:
-    requests = [(ids.staging_key(c.record.rollout_id, c.record.call_id), _coordinates(c)) for c in _all(calls)]
-    deltas = iter(reader.fetch_records(requests))
+    deltas, unreadable = _read(calls, reader)
     points = {}
     for rollout, found in calls.items():
-        staged = [(call, next(deltas)) for call in found]
+        staged = [(call, deltas[call.record.call_id]) for call in found if call.record.call_id in deltas]
         try:
+            if rollout in unreadable:
+                raise _Untrusted(unreadable[rollout])
             points[rollout] = _point(staged, decode)
         except _Untrusted as untrusted:
+            # An unreadable call's episode is unknown, but it stays unreadable (no object is ever rewritten): every
+            # later resume refuses this book again, so the new episode need only follow the episodes read.
             points[rollout] = ResumePoint((), _latest_episode(staged), f"{REPLAY_REFUSED}: {untrusted}")
     return points
 
 
-def _all(calls: Mapping[str, Sequence[CommittedCall]]) -> list[CommittedCall]:
-    return [call for found in calls.values() for call in found]
+def _read(
+    calls: Mapping[str, Sequence[CommittedCall]], reader: StagedReader
+) -> tuple[dict[str, StagedDelta], dict[str, str]]:
+    """Each call's staged delta by call id, and why each rollout with a call whose delta cannot be read has no book
+    (naming the first such call found).
+
+    One fetch per segment; only a fetch that fails on the contents is narrowed to the calls it holds
+    (:func:`_fetch_segment`), so a bad segment or row refuses only the rollouts with a call in it. Any
+    other error is the store's and propagates.
+    """
+    by_segment: dict[str, list[CommittedCall]] = {}
+    for found in calls.values():
+        for call in found:
+            by_segment.setdefault(call.record.staging_segment, []).append(call)
+    deltas: dict[str, StagedDelta] = {}
+    unreadable: dict[str, str] = {}
+    for segment, found in by_segment.items():
+        for call, delta in _fetch_segment(reader, segment, found):
+            problem = _mismatch(call, delta) if isinstance(delta, StagedDelta) else _unreadable(call, delta)
+            if problem is None:
+                deltas[call.record.call_id] = delta
+            else:
+                unreadable.setdefault(call.record.rollout_id, problem)
+    return deltas, unreadable
 
 
-def _coordinates(call: CommittedCall) -> CommitCoordinates:
-    return CommitCoordinates(call.record.staging_segment, call.record.staging_row)
+def _fetch_segment(
+    reader: StagedReader, segment: str, found: Sequence[CommittedCall]
+) -> list[tuple[CommittedCall, StagedDelta | StorageIntegrityError]]:
+    """The staged delta of each of ``found`` (calls whose rows ``segment`` holds), or what storage holds wrong there:
+    all fetched at once, narrowed when that fails on the contents (only their errors are caught)."""
+    try:
+        return list(zip(found, reader.fetch_records([_request(call) for call in found]), strict=True))
+    except StorageIntegrityError:
+        return _narrowed(reader, segment, found)
+
+
+def _narrowed(
+    reader: StagedReader, segment: str, found: Sequence[CommittedCall]
+) -> list[tuple[CommittedCall, StagedDelta | StorageIntegrityError]]:
+    """What :func:`_fetch_segment` returns once a fetch of every call failed: a segment that does not read as a whole
+    fails each of ``found``; else each is fetched alone (from the reader's cached segment), so a bad row fails only
+    its own call."""
+    try:
+        reader.segment(segment)
+    except StorageIntegrityError as whole:
+        return [(call, whole) for call in found]
+    fetched: list[tuple[CommittedCall, StagedDelta | StorageIntegrityError]] = []
+    for call in found:
+        try:
+            fetched.append((call, reader.fetch_records([_request(call)])[0]))
+        except StorageIntegrityError as bad:
+            fetched.append((call, bad))
+    return fetched
+
+
+def _request(call: CommittedCall) -> tuple[str, CommitCoordinates]:
+    """How the staged reader asks for ``call``'s row."""
+    coordinates = CommitCoordinates(call.record.staging_segment, call.record.staging_row)
+    return ids.staging_key(call.record.rollout_id, call.record.call_id), coordinates
+
+
+def _unreadable(call: CommittedCall, error: StorageIntegrityError) -> str:
+    """Why ``call``'s book cannot be read: its staged row is not there as committed (``error``'s reason and words)."""
+    detail = str(error)
+    if len(detail) > MAX_DETAIL_CHARS:
+        detail = f"{detail[:MAX_DETAIL_CHARS]}..."
+    return f"the staged row of {call.record.call_id} cannot be read ({error.reason}): {detail}"
+
+
+def _mismatch(call: CommittedCall, delta: StagedDelta) -> str | None:
+    """Why ``delta`` is not the call ``call`` committed (its digest), or None when it is."""
+    record = call.record
+    row = f"the staged row of {record.call_id} (row {record.staging_row} of segment {record.staging_segment})"
+    if delta.digest != record.digest:
+        return f"{row} is not the one its call record committed ({WRONG_DIGEST})"
+    if delta.recompute_digest() != delta.digest:
+        return f"{row} does not hash to its digest ({CORRUPT_DIGEST})"
+    return None
 
 
 def _point(staged: Sequence[tuple[CommittedCall, StagedDelta]], decode: Callable[[Sequence[int]], str]) -> ResumePoint:

@@ -3,6 +3,14 @@
 Invariant: rows come back only from segments whose bytes match the committed sha256 (when
 given) and whose schema is the :class:`StagedDelta` schema, and only when the row at the
 coordinates holds the requested ``rollout_id/call_id``.
+
+Bad contents and a failing store are told apart by type: whatever is wrong with what storage
+holds (a segment absent, bytes that are not a staged-delta Parquet file, a checksum, a row past
+the end or of another call, a row that breaks the staged delta's rules) raises a
+:class:`StorageIntegrityError` whose ``reason`` names it and whose message names the segment (and
+the staging key, for a row); any other exception is the store failing to answer
+(:class:`~tasks.errors.StorageUnavailableError` once its retries ran out, credentials,
+permissions), never a verdict on the contents.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from tasks.storage.objects import ObjectStore, sha256_hex
 from tasks.storage.staging import CommitCoordinates
 
 DEFAULT_CACHED_SEGMENTS = 4
+INVALID_STAGED_ROW = "invalid_staged_row"  # the reason of bytes, a schema or a row that is not a staged delta
 
 
 class StagedReader:
@@ -93,8 +102,16 @@ class StagedReader:
         return combined
 
     def fetch_records(self, requests: Sequence[tuple[str, CommitCoordinates]]) -> list[StagedDelta]:
-        """The requested rows as validated :class:`StagedDelta` records, in request order."""
-        return StagedDelta.from_table(self.fetch(requests), source="staged rows")
+        """The requested rows as validated :class:`StagedDelta` records, in request order.
+
+        Raises what :meth:`fetch` raises, and ``StorageIntegrityError`` with reason
+        ``invalid_staged_row`` naming the first requested row that breaks the record's rules.
+        """
+        table = self.fetch(requests)
+        try:
+            return StagedDelta.from_table(table, source="staged rows")
+        except (ValueError, TypeError) as invalid:
+            raise _first_invalid_row(table, requests, invalid) from invalid
 
     def fetch_token_ids(self, requests: Sequence[tuple[str, CommitCoordinates]]) -> list[np.ndarray]:
         """Each requested row's ``token_ids_delta`` as a read-only int64 array, in request order."""
@@ -108,8 +125,8 @@ class StagedReader:
         """Every row of ``segment`` with the :class:`StagedDelta` schema, after its checksum and schema checks.
 
         Raises :class:`SegmentChecksumMismatchError`, :class:`MissingStagingRowError` (a segment
-        absent or not committed), ``StorageIntegrityError`` with reason ``invalid_staged_row`` for
-        another schema, or ``pyarrow.ArrowInvalid`` for bytes that are not Parquet.
+        absent or not committed), or ``StorageIntegrityError`` with reason ``invalid_staged_row``
+        for bytes that are not a Parquet file or one of another schema.
         """
         with self._lock:
             table = self._cache.get(segment)
@@ -140,11 +157,17 @@ class StagedReader:
                 raise SegmentChecksumMismatchError(
                     f"segment {segment} has sha256 {actual}, the commit marker recorded {expected}"
                 )
-        table = read_parquet_bytes(data)
+        try:
+            # In-memory bytes: any error decoding them (pyarrow raises OSError for some) is theirs.
+            table = read_parquet_bytes(data)
+        except (pa.ArrowException, OSError) as exc:
+            raise StorageIntegrityError(
+                f"segment {segment} is not a readable Parquet file: {exc}", reason=INVALID_STAGED_ROW
+            ) from exc
         try:
             StagedDelta.check_table(table, source=f"segment {segment}")
         except SchemaMismatchError as exc:
-            raise StorageIntegrityError(str(exc), reason="invalid_staged_row") from exc
+            raise StorageIntegrityError(str(exc), reason=INVALID_STAGED_ROW) from exc
         schema = StagedDelta.arrow_schema()
         return table if table.schema.equals(schema) else table.select(schema.names).cast(schema)
 
@@ -166,3 +189,17 @@ def _check_keys(part: pa.Table, keys: list[str], segment: str, rows: list[int]) 
     if not ok_rollouts[bad]:
         raise StagingKeyMismatchError(where)
     raise CallIdMismatchError(where)
+
+
+def _first_invalid_row(
+    table: pa.Table, requests: Sequence[tuple[str, CommitCoordinates]], invalid: Exception
+) -> StorageIntegrityError:
+    """The error naming the first of ``requests`` (the rows of ``table``) whose row breaks the record's rules
+    (``invalid``, what the rows together raised, if none does alone)."""
+    for position, (key, coords) in enumerate(requests):
+        try:
+            StagedDelta.from_table(table.slice(position, 1))
+        except (ValueError, TypeError) as exc:
+            where = f"staging key {key}: row {coords.row} of segment {coords.segment}"
+            return StorageIntegrityError(f"{where} is not a valid staged delta: {exc}", reason=INVALID_STAGED_ROW)
+    return StorageIntegrityError(f"the staged rows are not valid staged deltas: {invalid}", reason=INVALID_STAGED_ROW)

