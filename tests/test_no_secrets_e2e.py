@@ -2,24 +2,29 @@
 
 Planted: the storage's credentials (AWS variables of the CLI), the servers' API key (its file),
 worker secrets an agent must not see (Airflow's Fernet key, a Hugging Face token, a worker
-OpenAI key), a tool token the registry entry passes to its agent (which prints it, and its whole
-environment, into its reward info and its failure output), and a password in a server URL
-(refused without echoing it). The batch runs plan, generate (an agent command through the
-capture gateway on the test run's vLLM server, on S3), finalize and status from the CLI with
-OpenLineage events written to a file. Grepped: every object under the bucket (config, plan,
-staging, ledger, receipts, reports, dataset card and rows), every command's stdout and stderr,
-and every lineage event.
+OpenAI key; also in the worker's credential files ``~/.aws/credentials`` and ``airflow.cfg``), a
+tool token the registry entry passes to its agent (which prints it, its whole environment, and
+every ``/proc/*/environ``, ``/proc/*/cmdline`` and credential file it can read into its reward
+info and its failure output), and a password in a server URL (refused without echoing it). The
+batch runs plan, generate (an agent command through the capture gateway on the test run's vLLM
+server, on S3), finalize and status from the CLI with OpenLineage events written to a file.
+Grepped: every object under the bucket (config, plan, staging, ledger, receipts, reports, dataset
+card and rows; a Parquet file both as bytes and decoded, since compression could hide a string),
+every command's stdout and stderr, and every lineage event.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import textwrap
 import uuid
 
+import pyarrow.parquet as pq
 import pytest
 
 from tasks.environments.declared import REGISTRY_VARIABLE
+from tasks.models.bundled import HOME_ENV, cache_dir
 
 from .lineage.test_cli_lineage import file_transport
 from .test_cli import run_cli
@@ -27,17 +32,24 @@ from .test_cli import run_cli
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 AGENT = textwrap.dedent(
     """
-    import json, os, sys
+    import glob, json, os, sys
     import openai
 
     task = json.loads(os.environ["ROLLOUT_LEDGER_TASK"])
     reply = openai.OpenAI().chat.completions.create(
         model="m", messages=[{"role": "user", "content": task["question"]}], max_tokens=8
     )
+    found = {}  # every /proc/*/environ and cmdline it can see, and the worker's credential files (tool code could)
+    for name in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline") + task["files"]:
+        try:
+            found[name] = open(name, "rb").read().decode("latin-1")
+        except OSError as error:
+            found[name] = "unreadable: " + error.strerror
     sys.stderr.write(json.dumps(dict(os.environ)))
     if task["i"] % 2:
         sys.exit(f"failing on purpose with {os.environ['TOOL_TOKEN']} and {os.environ['OPENAI_API_KEY']}")
-    print(json.dumps({"reward": 1, "token": os.environ["TOOL_TOKEN"], "env": dict(os.environ)}))
+    report = {"reward": 1, "token": os.environ["TOOL_TOKEN"], "env": dict(os.environ), "found": found}
+    print(json.dumps({**report, "answered": bool(reply.choices[0].message.content is not None)}))
     """
 )
 
@@ -56,9 +68,18 @@ def test_no_planted_secret_reaches_anything_a_batch_writes(vllm_server, s3_bucke
     monkeypatch.delenv("OPENLINEAGE_DISABLED", raising=False)
     for name, value in file_transport(lineage).items():  # the variable the CLI reads first
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv(HOME_ENV, str(cache_dir()))  # the model's cache stays where it is when HOME moves
+    worker_home, airflow_home = tmp_path / "worker-home", tmp_path / "airflow"  # the worker's credential files
+    (worker_home / ".aws").mkdir(parents=True)
+    airflow_home.mkdir()
+    (worker_home / ".aws" / "credentials").write_text(f"[default]\naws_secret_access_key = {planted['aws_secret']}\n")
+    (airflow_home / "airflow.cfg").write_text(f"[core]\nfernet_key = {planted['fernet']}\n")
+    monkeypatch.setenv("HOME", str(worker_home))
+    monkeypatch.setenv("AIRFLOW_HOME", str(airflow_home))
+    files = [str(worker_home / ".aws" / "credentials"), str(airflow_home / "airflow.cfg"), vllm_server.key_file]
     (tmp_path / "agent.py").write_text(AGENT)
     (tmp_path / "tasks.jsonl").write_text(
-        "".join(json.dumps({"i": i, "question": f"{i} + 1?"}) + "\n" for i in range(4))
+        "".join(json.dumps({"i": i, "question": f"{i} + 1?", "files": files}) + "\n" for i in range(4))
     )
     registry = tmp_path / "environments.yaml"
     registry.write_text(
@@ -93,6 +114,7 @@ def test_no_planted_secret_reaches_anything_a_batch_writes(vllm_server, s3_bucke
 
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
     written = {path: fs.cat_file(path) for path in fs.find(s3_bucket.removeprefix("s3://"))}
+    written |= {f"{path} decoded": decoded(data) for path, data in written.items() if path.endswith(".parquet")}
     assert any(path.endswith("dataset/README.md") for path in written) and lineage.stat().st_size > 0
     written |= {f"stdout of {out.args[3]}": out.stdout.encode() for out in outputs}
     written |= {f"stderr of {out.args[3]}": out.stderr.encode() for out in outputs}
@@ -103,3 +125,23 @@ def test_no_planted_secret_reaches_anything_a_batch_writes(vllm_server, s3_bucke
     assert not found, f"secrets written: {found}"
     receipts = b"".join(data for path, data in written.items() if "/receipts-" in path)
     assert b"[redacted]" in receipts  # the agents did print the tool token: it was caught, not absent
+    # They did look, through their sandbox, and their own gateway call worked: /proc showed bwrap and themselves
+    # only, each credential file was not there.
+    infos = [
+        json.loads(info)
+        for path, data in written.items()
+        if "/receipts-" in path and path.endswith(".parquet")
+        for info in pq.read_table(io.BytesIO(data)).column("reward_info").to_pylist()
+        if info and "found" in info
+    ]
+    assert len(infos) == 2 and all(info["answered"] for info in infos)
+    for info in infos:
+        assert sorted(name for name in info["found"] if name.startswith("/proc")) == [
+            "/proc/1/cmdline", "/proc/1/environ", "/proc/2/cmdline", "/proc/2/environ",
+        ]  # fmt: skip
+        assert all(info["found"][name] == "unreadable: No such file or directory" for name in files)
+
+
+def decoded(parquet: bytes) -> bytes:
+    """A Parquet file's rows as JSON text."""
+    return json.dumps(pq.read_table(io.BytesIO(parquet)).to_pylist(), default=str).encode()
