@@ -109,13 +109,15 @@ def run_refit(args: argparse.Namespace) -> int:
     refit = asyncio.run(
         refit_urls(urls, args.folder, args.version, api_key=options.api_key(), key_source=options.key_source())
     )
-    sha = refit.load.weights_sha256
+    sha = refit.announced.weights_sha256
     weights = (
         f"weights sha256 {sha} (hashed here)"
         if sha is not None
         else f"weights declared, not verified ({args.folder} is not a folder of weights this machine can read)"
     )
     print(f"refit {len(urls)} server(s) to {args.folder} at weight version {refit.version}: {weights}")
+    for verdict in refit.verdicts():  # each server hashed what it loaded: the same sha256, or declared
+        print(f"  {verdict}")
     return EXIT_OK
 
 

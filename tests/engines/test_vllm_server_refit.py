@@ -15,6 +15,9 @@ them weight version 0, as every other test of the server plans.
 * Weights loaded through vLLM's own routes (nobody announced them) are declared, not verified.
 * A batch planned at a refit version verifies against that version's weights, not the planned
   model's; planning the bundled model there is refused.
+* The server hashes what it loaded: a forged announcement (the bundled model's sha256 for ``other``)
+  and a folder rewritten between the refit's hash and the load are recorded declared, both hashes
+  kept, and a plan does not verify them.
 
 ``REFIT_FAULT_RUNS`` (default 1) repeats the two shard scenarios (the fault table's runs).
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,8 +46,18 @@ from tasks.batch import Batch
 from tasks.engines import create_engine
 from tasks.engines.background import BackgroundLoop
 from tasks.engines.base import GenerationRequest, GenerationResult
+from tasks.engines.vllm_server import refit as refit_module
 from tasks.engines.vllm_server.refit import RefitFailedError, refit_urls
-from tasks.engines.weight_records import FAILED_LOAD, RECORDS_PATH, UNANNOUNCED_LOAD, WeightRecords
+from tasks.engines.weight_records import (
+    ANNOUNCE_PATH,
+    FAILED_LOAD,
+    LOADED_BY_REFIT,
+    RECORDS_PATH,
+    UNANNOUNCED_LOAD,
+    Announcement,
+    Load,
+    WeightRecords,
+)
 from tasks.errors import ModelMismatchError
 from tasks.finalize.card import render_card
 from tasks.finalize.stage import FinalizeOptions, finalize_batch
@@ -226,6 +240,7 @@ def test_a_refit_to_other_weights_mid_shard_names_each_versions_weights_in_the_r
     (code, out, err) = refits[0]
     other_sha = hashed_weights(server.other)
     assert code == 0 and f"at weight version {first + 1}: weights sha256 {other_sha} (hashed here)" in out, err
+    assert f"\n  {server.url}: verified: the server hashed the folder it loaded to the sha256 hashed here" in out
 
     published = finalize_and_publish(Batch.open(root, batch.batch_id), FinalizeOptions(audit=False))
     card = Path(Batch.open(root, batch.batch_id).store.full_path("dataset/README.md")).read_text()
@@ -320,7 +335,7 @@ def test_weights_loaded_through_vllms_own_routes_are_declared_not_verified(serve
         httpx.post(f"{server.url}{path}", json=body, headers=server.headers(), timeout=600).raise_for_status()
     assert server.records().versions[version][0].loaded_by == UNANNOUNCED_LOAD
     root = str(tmp_path / "runs")
-    with pytest.raises(ModelMismatchError, match="whose weights were not hashed"):
+    with pytest.raises(ModelMismatchError, match="whose weights are not verified"):
         _plan(server, root, "b-unannounced")
     served_model = str(server.bundled)  # the server's model name: its start-up folder
     batch = _plan(server, root, "b-declared", num_tasks=1, engine_options=_options(server, served_model=served_model))
@@ -364,3 +379,60 @@ def test_a_batch_planned_at_a_refit_version_verifies_against_that_versions_weigh
 
     weights, result = asyncio.run(one_call())
     assert weights == WEIGHTS_VERIFIED and read_weights_extras(result.extras) == {version: other_sha}
+
+
+def _load_announced(server: RefitServer, announced: Announcement, folder: Path) -> int:
+    """What a refit sends, with ``announced`` in place of the folder's own hash: ``folder`` at the next version."""
+    version = server.version() + 1
+    for path, body in (
+        ("/pause", None),
+        (ANNOUNCE_PATH, announced.to_json()),
+        ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}),
+        ("/update_weight_version", {"new_version": str(version)}),
+        ("/resume", None),
+    ):
+        httpx.post(f"{server.url}{path}", json=body, headers=server.headers(), timeout=600).raise_for_status()
+    return version
+
+
+def test_a_forged_refit_hash_is_recorded_declared_with_both_hashes_and_a_plan_does_not_verify_it(
+    server: RefitServer, tmp_path: Path
+) -> None:
+    """The key holder announces the planned model's sha256 and loads other weights: the server's own hash of the
+    folder it loaded disagrees, so the version is declared, and planning the bundled model on it is refused (only
+    the served_model option would accept it, as declared)."""
+    forged = Announcement(hashed_weights(server.bundled), str(server.other))
+    version = _load_announced(server, forged, server.other)
+    records, loaded = server.records(), Load(LOADED_BY_REFIT, hashed_weights(server.other), str(server.other), forged)
+    assert records.versions[version] == (loaded,) and records.sha256_of(version) is None
+    root = str(tmp_path / "runs")
+    both = f"sha256 {loaded.weights_sha256[:12]}… (announced: {server.other}, sha256 {forged.weights_sha256[:12]}…)"
+    with pytest.raises(ModelMismatchError, match=rf"whose weights are not verified \(refit of .*{re.escape(both)}"):
+        _plan(server, root, "b-forged")
+
+
+def test_a_folder_rewritten_between_the_refits_hash_and_the_load_is_recorded_declared(
+    server: RefitServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """refit hashes ``moving`` (other's weights); before the load its weights file is swapped for the bundled
+    model's: the server loads and hashes the bundled weights, and says so."""
+    moving = tmp_path / "moving"
+    moving.mkdir()
+    for file in server.other.iterdir():
+        (moving / file.name).symlink_to(file)
+
+    def hash_then_rewrite(folder: str) -> str | None:
+        sha = hashed_weights(folder)
+        (moving / "model.safetensors").unlink()
+        (moving / "model.safetensors").symlink_to(server.bundled / "model.safetensors")
+        return sha
+
+    monkeypatch.setattr(refit_module, "hashed_weights", hash_then_rewrite)
+    key = Path(server.key_file).read_text().strip()
+    refit = asyncio.run(refit_urls([server.url], str(moving), None, api_key=key, key_source="the test's key"))
+    other_sha, bundled_sha = hashed_weights(server.other), hashed_weights(server.bundled)
+    assert refit.announced == Announcement(other_sha, str(moving))
+    assert refit.recorded == {server.url: Load(LOADED_BY_REFIT, bundled_sha, str(moving), refit.announced)}
+    (verdict,) = refit.verdicts()
+    assert f"declared, not verified: the server hashed the folder it loaded to sha256 {bundled_sha}" in verdict
+    assert server.records().sha256_of(refit.version) is None

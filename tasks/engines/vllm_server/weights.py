@@ -2,9 +2,10 @@
 
 Before the first call (plan and generate), :func:`served_weights` judges the weights of the
 version the servers serve: *verified* when they were hashed where they were loaded (the server's
-weight records, :mod:`tasks.engines.weight_records`, hash every load of that version to one sha256; a
-server without records, at its start-up version, loaded a folder on this machine), else
-*declared*, accepted only by the server's model name (``served_model``).
+weight records, :mod:`tasks.engines.weight_records`, verify every load of that version, all to one
+sha256: the server hashed what it loaded, and for a refit its hash is the announced one; a server
+without records, at its start-up version, loaded a folder on this machine), else *declared*,
+accepted only by the server's model name (``served_model``).
 
 After each answer, :meth:`ServedWeights.stamp` reads the answering replica's records and names,
 for every version in the call's weight spans, the sha256 of that version's weights, or ``None``
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from tasks.engines.base import GenerationResult
 from tasks.engines.vllm_server.replica import ReplicaDeadError, ServerAnswerError, ServerReplica
-from tasks.engines.weight_records import RECORDS_PATH, RecordsFormatError, WeightRecords
+from tasks.engines.weight_records import RECORDS_PATH, Load, RecordsFormatError, WeightRecords
 from tasks.errors import EngineError, ModelMismatchError
 from tasks.models.provenance import (
     WEIGHTS_DECLARED,
@@ -113,7 +114,7 @@ def check_served_weights(
         return WEIGHTS_VERIFIED
     if records is not None:
         loads = describe_loads(records, claim)
-        unhashed = f"weight version {claim.weight_version}, whose weights were not hashed ({loads})"
+        unhashed = f"weight version {claim.weight_version}, whose weights are not verified ({loads})"
     elif claim.weight_version == 0:
         unhashed = f"{claim.model!r} from {claim.root!r}, which is not on this machine to hash against the plan"
     else:
@@ -138,11 +139,19 @@ def describe_loads(records: WeightRecords | None, claim: ServerClaim) -> str:
     loads = records.versions.get(claim.weight_version, ()) if records is not None else ()
     if not loads:
         return "no load recorded for it"
-    return "; ".join(
-        f"{load.loaded_by} of {load.folder or 'weights from elsewhere'}, "
-        + (f"sha256 {load.weights_sha256[:12]}…" if load.weights_sha256 else "not hashed")
-        for load in loads
-    )
+    return "; ".join(_described(load) for load in loads)
+
+
+def _described(load: Load) -> str:
+    """One load in words: what it loaded, the server's hash, and for a refit whose hashes differ what it announced."""
+    text = f"{load.loaded_by} of {load.folder or 'weights from elsewhere'}, {_hashed(load.weights_sha256)}"
+    if load.announced is not None and load.verified_sha256 is None:
+        text += f" (announced: {load.announced.folder}, {_hashed(load.announced.weights_sha256)})"
+    return text
+
+
+def _hashed(sha: str | None) -> str:
+    return f"sha256 {sha[:12]}…" if sha else "not hashed"
 
 
 class ServedWeights:
