@@ -6,7 +6,7 @@ It knows nothing of rollout-ledger: it reads the three variables every agent com
 client, and prints its reward as a JSON object on the last line of its stdout.
 
     rollout-ledger plan ... --environment agent_command \\
-        --env-option command='["python", "examples/command_agent.py"]' \\
+        --env-option command='["{python}", "examples/command_agent.py"]' \\
         --env-option tasks=examples/arithmetic_tasks.jsonl
 """
 

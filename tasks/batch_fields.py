@@ -30,6 +30,7 @@ from tasks.errors import ConfigError
 from tasks.ids import ID_PATTERN, MAX_ID_LENGTH
 from tasks.models.reference import BUNDLED_REFERENCE
 
+BUNDLED_LABEL = "SmolLM2-135M-Instruct (bundled)"
 ON_INVALID = ("mask", "drop")
 MESSAGE_GRAPHS = ("splice", "independent")  # how agents' calls are prompted (tasks/capture/graph.py)
 MESSAGE_GRAPH_LABELS = {
@@ -192,7 +193,7 @@ class BatchFields(BaseModel):
         examples=[BUNDLED_REFERENCE],
         json_schema_extra={
             "section": "Model and engine",
-            "values_display": {BUNDLED_REFERENCE: "SmolLM2-135M-Instruct (bundled)"},
+            "values_display": {BUNDLED_REFERENCE: BUNDLED_LABEL},
         },
     )
     engine: Annotated[str, InConfig("engine.name")] = Field(  # a registered engine: checked with its options
@@ -205,15 +206,16 @@ class BatchFields(BaseModel):
     engine_options: Annotated[dict[str, Any], InConfig("engine.options"), PlanFlag("--engine-option")] = Field(
         {"max_model_len": 2048},
         title="Engine options",
-        description="options of the engine as a JSON object, e.g. max_model_len, gpu_memory_utilization",
+        description="options of the engine as a JSON object, e.g. max_model_len, gpu_memory_utilization (a trigger "
+        "sets only those the trigger policy opens; engine_kwargs, urls and api_key_file are the CLI's)",
         json_schema_extra={"section": "Model and engine"},
     )
     engine_conn_id: str | None = Field(
         None,
         title="Engine server connection",
         description="engine vllm_server: Airflow connection of type rollout_servers (or http) naming the "
-        'servers (host and port, more in its extra {"urls": [...]}) with the API key as password; empty: the urls '
-        "engine option",
+        'servers (host and port, more in its extra {"urls": [...]}) with the API key as password, one the '
+        "deployment lists; the CLI gives the urls engine option instead",
         json_schema_extra={"section": "Model and engine"},
     )
     weight_version: Annotated[int, InConfig("weight_version")] = Field(
@@ -271,13 +273,15 @@ class BatchFields(BaseModel):
         default_factory=default_storage_url,
         min_length=1,
         title="Storage URL",
-        description="where batches live: file:///path, s3://bucket/prefix or s3://conn_id@bucket/prefix",
+        description="where batches live: file:///path, s3://bucket/prefix or s3://conn_id@bucket/prefix (a trigger: at "
+        "or below a URL the deployment lists)",
         json_schema_extra={"section": "Storage"},
     )
     storage_conn_id: str | None = Field(
         None,
         title="Storage connection",
-        description="Airflow connection with the storage's credentials (e.g. an AWS connection); empty: none",
+        description="Airflow connection with the storage's credentials (e.g. an AWS connection), one the deployment "
+        "lists; empty: none",
         json_schema_extra={"section": "Storage"},
     )
     max_invalid_row_rate: Annotated[Rate, InConfig("validation.max_invalid_row_rate")] = Field(

@@ -120,6 +120,13 @@ class TaskFileError(PromptFileError):
     reason = "bad_task_file"
 
 
+class TriggerPolicyError(ConfigError):
+    """A triggered run asks for what the trigger policy does not allow (tasks/trigger_policy.py); the message names
+    the field and the rule."""
+
+    reason = "refused_by_trigger_policy"
+
+
 class AgentCommandError(UsageError):
     """An agent command that cannot run where generate runs (its executable is not found); the message says why."""
 

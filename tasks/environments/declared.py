@@ -73,7 +73,7 @@ class TriggerOption(BaseModel):
     description: str = ""
 
     def check(self, name: str, value: Any) -> Any:
-        """``value`` when it fits; else a ConfigError naming ``name`` and the rule."""
+        """``value`` when it fits; else a ConfigError naming ``name`` (the option's dotted name) and the rule."""
         fits = {
             "integer": isinstance(value, int) and not isinstance(value, bool),
             "number": isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value),
@@ -87,7 +87,7 @@ class TriggerOption(BaseModel):
         if fits and self.enum is not None:
             fits = value in self.enum
         if not fits:
-            raise ConfigError(f"environment_options.{name} must be {self.rule()}, got {value!r}")
+            raise ConfigError(f"{name} must be {self.rule()}, got {value!r}")
         return value
 
     def rule(self) -> str:
@@ -95,13 +95,20 @@ class TriggerOption(BaseModel):
         if self.enum is not None:
             return f"one of {list(self.enum)}"
         text = {"integer": "an integer", "number": "a finite number", "string": "a string", "boolean": "true or false"}
-        low, high = self.minimum, self.maximum
+        low, high = (_bound(b) for b in (self.minimum, self.maximum))
         if low is not None and high is not None:
-            return f"{text[self.type]} in [{low:g}, {high:g}]"
-        bounds = [f">= {low:g}"] if low is not None else []
-        bounds += [f"<= {high:g}"] if high is not None else []
+            return f"{text[self.type]} in [{low}, {high}]"
+        bounds = [f">= {low}"] if low is not None else []
+        bounds += [f"<= {high}"] if high is not None else []
         bounds += [f"of at most {self.max_length} characters"] if self.max_length is not None else []
         return " ".join([text[self.type], *bounds])
+
+
+def _bound(value: float | None) -> str | None:
+    """A bound as people write it: ``1048576``, ``0.5`` (no exponent, no ``.0`` on whole numbers)."""
+    if value is None:
+        return None
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 class DeclaredEnvironment(BaseModel):
@@ -152,7 +159,8 @@ class EnvironmentRegistry:
     def options_for(self, name: str, given: Mapping[str, Any]) -> dict[str, Any]:
         """Entry ``name``'s options with ``given`` ones a trigger may set (each checked); see :meth:`trigger_set`."""
         entry = self.entries[name]
-        checked = {key: entry.trigger_options[key].check(key, value) for key, value in given.items()}
+        opened = entry.trigger_options
+        checked = {key: opened[key].check(f"environment_options.{key}", value) for key, value in given.items()}
         options = {**self._resolved(entry.options), **checked}
         if entry.env:
             options["env"] = list(entry.env)

@@ -55,6 +55,7 @@ def render_card(
             "saw and sampled, verified against its staged deltas; anything unproven is masked "
             "(`sample_mask` 0) or dropped, with its reason.\n"
         ),
+        *_agent_isolation(config),
         _weights(config, metrics.get("weights_by_version") or {}),
         _counts(metrics),
         _statistics(metrics),
@@ -113,6 +114,19 @@ def _planned_weights(config: Mapping[str, Any]) -> str:
         f"{_code(engine.get('options', {}).get('served_model'))}. The token ids and logprobs are exactly the "
         f"servers' own; that they came from the planned weights is the servers' word. {ROW_WEIGHTS}\n"
     )
+
+
+def _agent_isolation(config: Mapping[str, Any]) -> list[str]:
+    """How the agent commands of an ``agent_command`` batch were isolated (no section for other environments)."""
+    isolation = config.get("environment_options", {}).get("isolation")
+    if isolation is None:
+        return []
+    if isolation == "sandbox":
+        return ["Agents: each agent command ran in an OS sandbox (bubblewrap): no other process, no worker file.\n"]
+    return [
+        f"Agents: isolation {_code(isolation)}: the agent commands ran as plain child processes, without an OS "
+        "sandbox (the deployment declared it; docs/security.md says what that leaves open).\n"
+    ]
 
 
 def _partial(missing: Sequence[int], shards: object) -> list[str]:

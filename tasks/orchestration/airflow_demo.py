@@ -2,7 +2,8 @@
 
 A local Airflow in ``.demo/airflow`` (SQLite metadata DB), batches under ``.demo/runs``, the
 bundled SmolLM2-135M-Instruct served by ONE vLLM server on loopback (``.demo/server.log``) that
-every generate task calls (engine ``vllm_server``): one engine start in the whole demo. The
+every generate task calls (engine ``vllm_server``, named by the Airflow connection
+``rollout_servers`` as the trigger policy asks): one engine start in the whole demo. The
 server stops when the run ends, on every path. ``dag.test()`` runs every task in this process
 (generate in its child process), with the form's defaults unless ``--conf`` overrides some (a
 ``--conf`` naming another engine starts no server). While it runs the console shows one line per
@@ -28,6 +29,7 @@ from typing import Any
 
 from tasks.orchestration import local_airflow
 from tasks.orchestration.demo_console import quiet_console
+from tasks.orchestration.engine_servers import SERVERS_CONN_ID, servers_connection_variable
 
 DAG_ID = "rollout_batch"
 
@@ -114,6 +116,7 @@ def demo_server(folder: Path, home: Path, *, skip: bool) -> Iterator[dict[str, A
     from tasks.engines.vllm.options import VllmOptions
     from tasks.engines.vllm_server.serving.launch import VllmServer, free_port
 
+    name = ""
     key_file = home / "server-key"
     key_file.write_text(secrets.token_hex(16))
     key_file.chmod(0o600)
@@ -130,8 +133,11 @@ def demo_server(folder: Path, home: Path, *, skip: bool) -> Iterator[dict[str, A
     try:
         server.wait_ready()
         print(f"      ready at {server.url}", flush=True)
-        yield {"engine": "vllm_server", "engine_options": {"urls": [server.url], "api_key_file": str(key_file)}}
+        name, connection = servers_connection_variable(server.url, key_file.read_text())
+        os.environ[name] = connection
+        yield {"engine": "vllm_server", "engine_options": {}, "engine_conn_id": SERVERS_CONN_ID}
     finally:
+        os.environ.pop(name, None)
         server.stop()
 
 

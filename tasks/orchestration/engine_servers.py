@@ -64,3 +64,16 @@ def server_connection(conn_id: str) -> ServerConnection:
         return ServerConnection(RolloutServerHook(conn_id).get_conn())
     except AirflowNotFoundException:
         raise ConfigError(f"engine_conn_id {conn_id!r}: no such Airflow connection") from None
+
+
+def servers_connection_variable(url: str, key: str, conn_id: str = SERVERS_CONN_ID) -> tuple[str, str]:
+    """The environment variable (name, value) that defines Airflow connection ``conn_id`` as the ``rollout_servers``
+    connection of the server at ``url``: host, port, password = its API key (the demo's and the tests' servers)."""
+    import json
+    from urllib.parse import urlsplit
+
+    from tasks.orchestration.provider_info import SERVERS_CONN_TYPE
+
+    parts = urlsplit(url)
+    connection = {"conn_type": SERVERS_CONN_TYPE, "host": parts.hostname, "port": parts.port, "password": key}
+    return f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(connection)

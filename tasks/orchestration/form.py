@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tasks.batch_fields import field_default, field_defaults, json_schemas
+from tasks.trigger_policy import any_below, load_trigger_policy
 
 DEFAULT_REVIEW_TIMEOUT_HOURS = field_default("review_timeout_hours")  # the review operator's, until a run sets its own
 
@@ -23,12 +24,19 @@ def form_fields(environ: Mapping[str, str] = os.environ) -> dict[str, dict[str, 
 
     ``storage_url``'s default follows ``environ`` (:func:`tasks.batch_fields.default_storage_url`);
     ``environment`` is a choice among what a trigger may run (:func:`environment_choices`), ``engine``
-    among the registered engines (:func:`engine_choices`).
+    among the registered engines (:func:`engine_choices`); the model, the connections, the storage URL
+    and the engine options' keys are limited to what the trigger policy allows
+    (:meth:`tasks.trigger_policy.TriggerPolicy.form_limits`).
     """
+    policy = load_trigger_policy(environ)
     defaults = field_defaults(environ)
     fields = {name: {"default": defaults[name], **schema} for name, schema in json_schemas().items()}
     fields["environment"] = {**fields["environment"], **environment_choices(environ)}
     fields["engine"] = {**fields["engine"], **engine_choices()}
+    for name, limits in policy.form_limits().items():
+        fields[name] = {**fields[name], **limits}
+    if not any_below(fields["storage_url"]["default"], policy.storage_urls):
+        fields["storage_url"]["default"] = policy.storage_urls[0]  # the default must be a value the form allows
     return fields
 
 

@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,8 @@ class GenerateCommand:
     shard: int
     try_number: int | None = None
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)  # e.g. the engine servers' API key
+    servers: Sequence[str] = ()  # the run's servers connection's URLs: the only ones the key may go to
+    models: Sequence[str] = ()  # the models the trigger policy lists besides the bundled one
 
     def argv(self, python: str) -> list[str]:
         argv = [python, "-m", WORKER_MODULE, "--root", self.location.root_url, "--batch-id", self.batch_id]
@@ -73,10 +75,11 @@ class GenerateCommand:
         return {**{k: v for k, v in base.items() if kept_variable(k)}, LINEAGE_OFF: "true"}
 
     def handed_over(self) -> bytes:
-        """What the child reads on its stdin: the storage options and the secrets, as one JSON object."""
-        return json.dumps(
-            {"storage_options": self.location.storage_options, "environment": dict(self.secrets)}
-        ).encode()
+        """What the child reads on its stdin, as one JSON object: the storage options, the secrets, and what the
+        trigger policy lets the batch config on storage name (the run's servers, the listed models)."""
+        policy = {"servers": list(self.servers), "models": list(self.models)}
+        hand_over = {"storage_options": self.location.storage_options, "environment": dict(self.secrets)}
+        return json.dumps({**hand_over, "trigger_policy": policy}).encode()
 
 
 def kept_variable(name: str) -> bool:

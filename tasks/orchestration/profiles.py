@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import ProfileError
+from tasks.errors import ProfileError, TriggerPolicyError
 from tasks.orchestration.form import form_fields
+from tasks.trigger_policy import load_trigger_policy
 
 PROFILE_NAME = re.compile(r"[a-z0-9_]+")
 PROFILE_KEYS = {"schedule", "timezone", "paused", "description", "params"}
@@ -92,7 +93,8 @@ def _profile(where: str, name: Any, raw: Any) -> Profile:
 
 
 def check_params(where: str, params: Mapping[str, Any]) -> dict[str, Any]:
-    """``params`` when every name is a batch form field and every value fits that field's JSON Schema."""
+    """``params`` when every name is a batch form field, every value fits that field's JSON Schema, and the trigger
+    policy allows them (a profile's runs are triggered runs: tasks/trigger_policy.py)."""
     import jsonschema
 
     fields = form_fields()
@@ -106,6 +108,14 @@ def check_params(where: str, params: Mapping[str, Any]) -> dict[str, Any]:
             jsonschema.validate(value, schema)
         except jsonschema.ValidationError as exc:
             raise ProfileError(f"{where}: params.{name}: {exc.message}") from None
+    policy = load_trigger_policy()
+    try:
+        policy.check_values(params)
+        if "storage_url" in params or "storage_conn_id" in params:
+            url = params.get("storage_url", fields["storage_url"]["default"])
+            policy.check_storage(url, params.get("storage_conn_id"))
+    except TriggerPolicyError as exc:
+        raise ProfileError(f"{where}: params: {exc}") from None
     return dict(params)
 
 

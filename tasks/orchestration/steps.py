@@ -66,7 +66,11 @@ def run_batch_id(params: Mapping[str, Any], run: DagRunRef) -> str:
 
 
 def location(params: Mapping[str, Any]) -> StorageLocation:
-    """The run's storage (credentials from its connection)."""
+    """The run's storage (credentials from its connection), once the trigger policy allows it."""
+    from tasks.trigger_policy import load_trigger_policy
+
+    with _permanent("storage", None):
+        load_trigger_policy().check_storage(params["storage_url"], params.get("storage_conn_id"))
     with _permanent("storage", params.get("storage_url")):
         return storage_location(params["storage_url"], params.get("storage_conn_id"))
 
@@ -105,9 +109,12 @@ def plan(params: Mapping[str, Any], run: DagRunRef) -> list[int]:
     from tasks.environments.registry import Runnables
     from tasks.lineage.datasets import plan_lineage
     from tasks.plan import plan_from_values
+    from tasks.trigger_policy import load_trigger_policy
 
-    batch = run_batch(params, run)
     values = {name: params[name] for name in BatchFields.model_fields if name in params}
+    with _permanent("plan", None):  # before anything is read, sent or written
+        load_trigger_policy().check_values(values)
+    batch = run_batch(params, run)
     servers = engine_servers(params)
     with _permanent("plan", batch.root_url):
         if servers is not None:
@@ -130,6 +137,7 @@ def generate(params: Mapping[str, Any], run: DagRunRef, shard: int, *, try_numbe
     """Generate one shard in a child process (a retry is a new attempt that adopts the last one's receipts)."""
     from tasks.lineage.datasets import generate_lineage
     from tasks.orchestration.generate_process import GenerateCommand, GenerateProcessError, run_generate
+    from tasks.trigger_policy import load_trigger_policy
 
     servers = engine_servers(params)
     command = GenerateCommand(
@@ -138,6 +146,8 @@ def generate(params: Mapping[str, Any], run: DagRunRef, shard: int, *, try_numbe
         shard,
         try_number=try_number,
         secrets=servers.environment() if servers else {},
+        servers=servers.pool.urls if servers else (),
+        models=load_trigger_policy().models,
     )
     try:
         summary = run_generate(command, log=log.info)

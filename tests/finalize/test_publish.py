@@ -205,6 +205,23 @@ def test_the_card_and_manifest_say_how_the_weights_are_known(tmp_path):
     assert "accepted by their model name `policy`" in card_of(marker, {})
 
 
+@pytest.mark.parametrize(
+    ("isolation", "line"),
+    [
+        ("sandbox", "Agents: each agent command ran in an OS sandbox (bubblewrap)"),
+        ("process", "Agents: isolation `process`: the agent commands ran as plain child processes, without an OS"),
+        (None, None),
+    ],
+)
+def test_the_card_names_how_agent_commands_were_isolated(tmp_path, isolation, line):
+    config = batch_config()
+    if isolation is not None:
+        config = dataclasses.replace(config, environment_options={"command": ["true"], "isolation": isolation})
+    store = ObjectStore(str(tmp_path / "batch"))
+    card = card_of(stage_dataset(store, mixed_groups(config), config=config).marker, {})
+    assert (line in card) if line else "Agents:" not in card
+
+
 def test_parts_are_plain_parquet_with_the_row_schema(tmp_path):
     store = ObjectStore(str(tmp_path / "batch"))
     stage_dataset(store, mixed_groups(batch_config()), config=batch_config())

@@ -10,16 +10,53 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
 from tasks.orchestration import local_airflow
-from tasks.orchestration.engine_servers import SERVERS_CONN_ID
-from tasks.orchestration.provider_info import SERVERS_CONN_TYPE
+from tasks.orchestration.engine_servers import SERVERS_CONN_ID, servers_connection_variable
+from tasks.trigger_policy import POLICY_VARIABLE
 
 AIRFLOW_TEST_HOME = Path(tempfile.mkdtemp(prefix="rollout-ledger-airflow-")) / "airflow"
 local_airflow.apply(local_airflow.airflow_environment(AIRFLOW_TEST_HOME))
+S3_TEST_CONN_ID = "ledger_s3"  # the storage connection the S3 runs name
+# A triggered batch on the test run's vLLM server: named by the servers connection (server_connection), as the
+# trigger policy asks.
+SERVERS_FIELDS = {"engine": "vllm_server", "engine_options": {}, "engine_conn_id": SERVERS_CONN_ID}
+
+
+def write_trigger_policy(path: Path, *, storage_urls: list[str], storage_connections: list[str] = ()) -> Path:
+    """A deployment's trigger policy for the tests: their storage, the test servers' connection."""
+    policy = {
+        "storage": {"urls": storage_urls, "connections": list(storage_connections)},
+        "servers": {"connections": [SERVERS_CONN_ID]},
+    }
+    path.write_text(json.dumps(policy))  # YAML is a superset of JSON
+    return path
+
+
+# The tests' runs keep their batches in temporary folders, and name the S3 connection.
+os.environ[POLICY_VARIABLE] = str(
+    write_trigger_policy(
+        AIRFLOW_TEST_HOME.parent / "trigger_policy.yaml",
+        storage_urls=[f"file://{tempfile.gettempdir()}", f"file://{Path.cwd()}"],
+        storage_connections=[S3_TEST_CONN_ID],
+    )
+)
+
+
+@pytest.fixture
+def allow_storage(monkeypatch, tmp_path_factory):
+    """Allow the runs of this test one more storage URL (an S3 bucket of its own) in the trigger policy."""
+
+    def allow(url: str) -> None:
+        path = tmp_path_factory.mktemp("policy") / "trigger_policy.yaml"
+        urls = [f"file://{tempfile.gettempdir()}", f"file://{Path.cwd()}", url]
+        monkeypatch.setenv(
+            POLICY_VARIABLE, str(write_trigger_policy(path, storage_urls=urls, storage_connections=[S3_TEST_CONN_ID]))
+        )
+
+    return allow
 
 
 @pytest.fixture(scope="session")
@@ -50,9 +87,7 @@ def api_server_url(airflow_db, tmp_path_factory):
 def server_connection(server) -> tuple[str, str]:
     """The environment variable (name, value) defining :data:`SERVERS_CONN_ID` as the ``rollout_servers``
     connection of ``server``: host, port, password = its API key."""
-    url = urlsplit(server.url)
-    connection = {"conn_type": SERVERS_CONN_TYPE, "host": url.hostname, "port": url.port, "password": server.key}
-    return f"AIRFLOW_CONN_{SERVERS_CONN_ID.upper()}", json.dumps(connection)
+    return servers_connection_variable(server.url, server.key)
 
 
 @pytest.fixture(scope="session")

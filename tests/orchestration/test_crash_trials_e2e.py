@@ -34,6 +34,8 @@ from tests.reliability.crash_trials import (
     trial_count,
 )
 
+from .conftest import SERVERS_FIELDS, server_connection
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.crash_trials]
 TRIALS = trial_count("CRASH_TRIALS_DAG", 1)
 # The plan of the CLI trials' guess_number kind (tests/reliability/test_crash_trials.py): one clean run serves both.
@@ -77,7 +79,8 @@ def test_a_generate_task_killed_at_a_crash_point_is_retried_by_airflow_and_the_b
     monkeypatch.setenv("PYTHONPATH", str(local_airflow.CHECKOUT))
     monkeypatch.setenv(CRASH_AT_VARIABLE, trial.crash.to_json())
     root = str(tmp_path / "runs")
-    conf = {**CONF, **vllm_server.engine_fields(), "batch_id": f"dag-crash-{seed}", "storage_url": f"file://{root}"}
+    monkeypatch.setenv(*server_connection(vllm_server))
+    conf = {**CONF, **SERVERS_FIELDS, "batch_id": f"dag-crash-{seed}", "storage_url": f"file://{root}"}
     store = Batch.open(root, conf["batch_id"]).store
     snapshot = KilledAttemptSnapshot(tmp_path / "crashed", store)
     snapshot.start()

@@ -10,7 +10,6 @@ midway: ``test_crash_trials_e2e.py``.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -22,7 +21,7 @@ from tasks.orchestration import local_airflow, steps
 from tasks.orchestration.storage_location import storage_location
 from tests.lineage.graph import descendants
 
-from .conftest import server_connection
+from .conftest import SERVERS_FIELDS, server_connection
 from .lineage_events import reported, task_events, task_runs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -104,7 +103,7 @@ def test_the_engine_servers_connection_names_the_servers_and_its_key_stays_out_o
 
 
 def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
-    airflow_db, s3_endpoint, s3_bucket, monkeypatch, vllm_server
+    airflow_db, s3_endpoint, s3_bucket, monkeypatch, vllm_server, allow_storage
 ):
     """``rollout_batch_on_servers`` with its form's engine defaults: the servers come from its connection, and
     generate runs in the default pool (it loads no model). Its environment is the registry's agent command
@@ -121,6 +120,7 @@ def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
         "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
     }
     monkeypatch.setenv("AIRFLOW_CONN_LEDGER_S3", json.dumps(connection))
+    allow_storage(f"{s3_bucket}/runs")  # the deployment's trigger policy lists the bucket and the connection
     conf = {
         **SMALL,
         "environment": "command_agent_example",
@@ -142,15 +142,16 @@ def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
     tasks_file = str(EXAMPLES / "arithmetic_tasks.jsonl")
     assert dataset in descendants(task_events(dag_run), ("file", tasks_file))  # task file -> dataset, on S3
     assert batch.config.environment == "command_agent_example" and len(batch.config.environment_options["sha256"]) == 64
-    assert batch.config.environment_options["command"] == [sys.executable, str(EXAMPLES / "command_agent.py")]
+    assert batch.config.environment_options["command"] == ["{python}", str(EXAMPLES / "command_agent.py")]
 
 
 def test_a_failing_suite_fails_the_run_with_its_report_in_the_log_and_publishes_nothing(
-    rollout_batch, tmp_path, caplog, vllm_server
+    rollout_batch, tmp_path, caplog, vllm_server, monkeypatch
 ):
+    monkeypatch.setenv(*server_connection(vllm_server))
     conf = {
         **SMALL,
-        **vllm_server.engine_fields(),
+        **SERVERS_FIELDS,
         "environment": "arithmetic",
         "environment_options": {},
         "max_turns": 1,

@@ -60,11 +60,12 @@ def test_a_refused_key_names_the_connection_it_came_from_never_the_key(monkeypat
     assert options.api_key() == KEY and options.key_source() == "the password of Airflow connection 'servers'"
 
 
-def test_the_key_reaches_the_generate_process_by_environment_only():
+def test_the_key_reaches_the_generate_process_on_its_stdin_only():
     servers = connection_of(host="h", port=1, password=KEY)
     command = GenerateCommand(StorageLocation("file:///tmp/runs"), "b1", 0, secrets=servers.environment())
     assert KEY not in " ".join(command.argv("python")) and KEY not in repr(command)
-    assert command.environment({"PATH": "/bin"})[API_KEY_ENV] == KEY
+    assert KEY not in json.dumps(command.environment({"PATH": "/bin", API_KEY_ENV: KEY}))
+    assert json.loads(command.handed_over())["environment"][API_KEY_ENV] == KEY
 
 
 def test_generate_needs_the_gpu_pool_only_for_an_engine_that_loads_the_model_in_the_task():

@@ -44,6 +44,7 @@ def test_the_child_gets_its_secrets_on_stdin_never_in_its_argv_or_environment():
     assert json.loads(command.handed_over()) == {
         "storage_options": {"key": "k", "secret": "s"},
         "environment": {API_KEY_ENV: "server-key"},
+        "trigger_policy": {"servers": [], "models": []},
     }
 
 

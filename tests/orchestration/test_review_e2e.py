@@ -26,6 +26,7 @@ from tasks.orchestration import local_airflow, steps
 from tasks.orchestration.form import form_defaults
 
 from .browser import chromium, sign_in
+from .conftest import SERVERS_FIELDS, server_connection
 from .hitl import AirflowRest, InBackground, answer_review, sweep_timeouts, wait_for_review
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -48,12 +49,13 @@ def generated(airflow_db, tmp_path_factory, vllm_server) -> SimpleNamespace:
     """The batch's storage root with its plan and its one shard committed, nothing validated yet, and its fields."""
     root = tmp_path_factory.mktemp("review-batch")
     # The first prompt has 70 tokens: no second turn fits in 84.
-    fields = {**WARNED, **vllm_server.engine_fields()}
-    fields["engine_options"] |= {"max_model_len": 84}
+    fields = {**WARNED, **SERVERS_FIELDS, "engine_options": {"max_model_len": 84}}
     params = {**form_defaults(), **fields, "batch_id": BATCH, "storage_url": f"file://{root}"}
     run = SimpleNamespace(dag_id="rollout_batch", run_id="review-fixture")
-    assert steps.plan(params, run) == [0]
-    steps.generate(params, run, 0, try_number=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(*server_connection(vllm_server))
+        assert steps.plan(params, run) == [0]
+        steps.generate(params, run, 0, try_number=1)
     return SimpleNamespace(root=root, fields=fields)
 
 
