@@ -33,7 +33,9 @@ from tasks.batch import Batch
 from tasks.orchestration import local_airflow, steps
 from tasks.storage.dataset_manifest import read_dataset_marker
 from tasks.storage.ledger_reader import LedgerReader
+from tasks.trigger_policy import POLICY_VARIABLE
 from tests.deploy.celery_deployment import WORKERS, celery_deployment
+from tests.policies import write_trigger_policy
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(2400)]  # deploy only: `-m e2e` must not pull it in
 
@@ -62,7 +64,13 @@ CALL_RUN_COLUMNS = ("batch_id", "admitted_at", "staging_segment", "staging_row",
 LOGPROB_TOLERANCE = 1e-4
 
 
-def test_a_batch_on_celery_workers_runs_generate_on_the_gpu_queue_and_equals_dag_test(tmp_path, s3_endpoint, s3_bucket):
+def test_a_batch_on_celery_workers_runs_generate_on_the_gpu_queue_and_equals_dag_test(
+    tmp_path, s3_endpoint, s3_bucket, monkeypatch
+):
+    policy = write_trigger_policy(
+        tmp_path / "trigger_policy.yaml", storage_urls=[s3_bucket], storage_connections=[CONN_ID]
+    )
+    monkeypatch.setenv(POLICY_VARIABLE, str(policy))  # the deployment lists the bucket and its connection
     connection = {
         "conn_type": "aws",
         "login": "testing",

@@ -6,7 +6,6 @@ this file; the ``airflow_db`` fixture migrates the DB and creates the ``gpu`` po
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from tasks.orchestration import local_airflow
 from tasks.orchestration.engine_servers import SERVERS_CONN_ID, servers_connection_variable
 from tasks.trigger_policy import POLICY_VARIABLE
+from tests.policies import write_trigger_policy
 
 AIRFLOW_TEST_HOME = Path(tempfile.mkdtemp(prefix="rollout-ledger-airflow-")) / "airflow"
 local_airflow.apply(local_airflow.airflow_environment(AIRFLOW_TEST_HOME))
@@ -23,16 +23,6 @@ S3_TEST_CONN_ID = "ledger_s3"  # the storage connection the S3 runs name
 # A triggered batch on the test run's vLLM server: named by the servers connection (server_connection), as the
 # trigger policy asks.
 SERVERS_FIELDS = {"engine": "vllm_server", "engine_options": {}, "engine_conn_id": SERVERS_CONN_ID}
-
-
-def write_trigger_policy(path: Path, *, storage_urls: list[str], storage_connections: list[str] = ()) -> Path:
-    """A deployment's trigger policy for the tests: their storage, the test servers' connection."""
-    policy = {
-        "storage": {"urls": storage_urls, "connections": list(storage_connections)},
-        "servers": {"connections": [SERVERS_CONN_ID]},
-    }
-    path.write_text(json.dumps(policy))  # YAML is a superset of JSON
-    return path
 
 
 # The tests' runs keep their batches in temporary folders, and name the S3 connection.
