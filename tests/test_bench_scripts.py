@@ -171,3 +171,10 @@ def test_report_bench_prints_the_page_size_and_build_times(tmp_path: Path) -> No
     assert int(figures["page bytes"].replace(",", "")) > 10_000 and figures["<svg> plots"] == "5"
     for metric in ("gather (first)", "render (first)", "render (median)", "write_report_index (median)"):
         assert any(line.startswith(metric) and line.endswith(" ms") for line in out.splitlines()), metric
+
+
+def test_agent_sandbox_bench_prints_both_commands_side_by_side_with_ratios(tmp_path: Path) -> None:
+    out = run_bench("agent_sandbox.py", "--rounds", "1", "--episodes", "2", tmp_path=tmp_path)
+    for command in ("echo", "python"):
+        line = next(line for line in out.splitlines() if line.strip().startswith(f"{command}:"))
+        assert re.search(r"sandbox [\d.]+ ms, process [\d.]+ ms; sandbox / process [\d.]+", line), line
