@@ -22,6 +22,7 @@ import pytest
 import tasks.crash_points  # noqa: F401  (imported, so read, before the variable is set: only generate's child crashes)
 from tasks.batch import Batch
 from tasks.crash_points import CRASH_AT_VARIABLE
+from tasks.engines.vllm_server.options import API_KEY_ENV
 from tasks.orchestration import local_airflow
 from tasks.storage.claims import read_claims
 from tasks.storage.objects import ObjectStore
@@ -95,5 +96,6 @@ def test_a_generate_task_killed_at_a_crash_point_is_retried_by_airflow_and_the_b
     assert states[("generate", 0)][1] == 2, f"{trial}: Airflow did not retry the killed generate task once"
     assert [c.try_number for c in read_claims(store, 0)][-1] == 2
     batch = Batch.open(root, conf["batch_id"])
+    monkeypatch.setenv(API_KEY_ENV, vllm_server.key)  # the clean run's key, as the run's connection gave it
     clean_run = reference_rows(str(tmp_path / "clean"), batch.config)
     check_survivors(batch, snapshot.objects, clean_run, snapshot.calls)

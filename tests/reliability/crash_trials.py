@@ -166,7 +166,8 @@ class CleanRun:
     calls: int
 
 
-# Clean runs by plan (the config less its batch id and code version, on which no token depends), once per process.
+# Clean runs by plan (the config less its batch id, code version and key file, on which no token depends), once per
+# process.
 _CLEAN_RUNS: dict[str, CleanRun] = {}
 
 
@@ -176,7 +177,9 @@ def reference_rows(root: str, config: BatchConfig) -> CleanRun:
     Made under ``root`` the first time a plan is asked for; a trial of the same plan (a CLI trial and a DAG trial
     of one kind) gets the same clean run.
     """
-    plan = dataclasses.replace(config, batch_id="clean", code_version="").to_json()
+    options = {k: v for k, v in config.engine.options.items() if k != "api_key_file"}  # how the key is passed
+    engine = dataclasses.replace(config.engine, options=options)
+    plan = dataclasses.replace(config, batch_id="clean", code_version="", engine=engine).to_json()
     if plan not in _CLEAN_RUNS:
         clean = dataclasses.replace(config, batch_id=f"{config.batch_id}-clean")
         batch = Batch.open(root, clean.batch_id)
