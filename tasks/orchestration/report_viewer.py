@@ -1,39 +1,35 @@
 """The validation report viewer: a FastAPI app the Airflow api-server mounts at ``/rollout-ledger``.
 
-Routes behind Airflow's own authentication:
+Routes, every one behind Airflow's own authentication:
 
 * ``GET /dags/{dag_id}/runs/{run_id}/reports/`` — the run's overview page (``reports/index.html``);
 * ``GET /dags/{dag_id}/runs/{run_id}/reports/{path}`` — any file below the batch's ``reports/``
-  (Data Docs pages, their styles and images);
+  (Data Docs pages, their styles, images and fonts), with its content type;
 * ``GET /batches`` — the recent batches the user may read: run, state, published or not, links.
 
-The two report routes answer with a redirect (307, a relative ``Location``) to the same file at
-``GET /dags/{dag_id}/runs/{run_id}/signed/{grant}/{path}``, which serves it with its content type
-to whoever holds the grant: a signed, short-lived grant to read that run's reports
-(:mod:`tasks.orchestration.report_grants`), because a sandboxed page's own requests carry no
-Airflow session. Relative links keep the grant.
+Invariant: no report file runs a script, and every one is read through Airflow's session. Storage
+contents are untrusted (whoever can write a batch's storage can put any HTML in ``reports/``), so
+every file is served with :data:`REPORT_POLICY`: a sandbox without ``allow-scripts`` and
+``script-src 'none'`` (scripts blocked twice, inline handlers and ``javascript:`` URLs included),
+no form, window, top navigation or ``<meta>`` refresh (the sandbox), nothing loaded but style
+sheets, images and fonts from the api-server itself (``default-src 'none'``), no ``<base>``, and
+no framing but by Airflow's own pages. With no script to run, the sandbox keeps Airflow's origin
+(``allow-same-origin``): a page's own loads and the links followed in the UI's frame carry the
+reader's session cookie (``SameSite=Lax``), so each request is authenticated and authorized again
+and an address of a report reads nothing without a session. GX's Data Docs are shown without their
+scripts (docs/validation.md says what that loses; their assets are vendored: :mod:`tasks.validate.data_docs`).
 
 A run maps to its batch through what its ``plan`` task recorded (XCom ``batch``: batch id,
 storage URL, connection id); files are read through ``ObjectStoragePath`` with that connection.
-Report routes require read access to the DAG's runs (``requires_access_dag``): 401 without a
-token, 403 without access; a signed route without a valid grant for its run is 403. Ids outside
-their charsets and paths that are not plain relative paths (``..``, ``.``, absolute, encoded,
-backslashes, hidden names) are 404 before any storage is touched; nothing outside ``reports/``
-can be named.
+Report routes require read access to the DAG's runs (``requires_access_dag``: the bearer token or
+the UI's ``_token`` cookie): 401 without a token, 403 without access. Ids outside their charsets and
+paths that are not plain relative paths (``..``, ``.``, absolute, encoded, backslashes, hidden
+names) are 404 before any storage is touched; nothing outside ``reports/`` can be named.
 
-Every response carries ``X-Content-Type-Options: nosniff``, ``Referrer-Policy: no-referrer`` and a
-Content-Security-Policy that sandboxes it (:data:`REPORT_POLICY`): a report file (the overview
-page, Data Docs pages, SVG, JSON, ...) may run scripts, but in an opaque origin, never Airflow's: it
-cannot read the session's cookies or storage. It loads scripts, style sheets, images and fonts
-from the API server alone (the Data Docs' are vendored: :mod:`tasks.validate.data_docs`), makes no
-request of its own (``connect-src 'none'``: no fetch, XHR, WebSocket or beacon, to Airflow's API or
-anywhere), submits no form, opens no window and navigates no window but its own; ``frame-ancestors
-'self'`` lets only Airflow's UI frame it. Whatever a hostile string in a report manages to run runs
-there. Font files are served with ``Access-Control-Allow-Origin: *``: an opaque-origin page loads
-fonts in CORS mode. The batches page is the viewer's own: everything it interpolates is
-HTML-escaped, its ``<base href>`` follows the API server's base path (``[api] base_url``), and it is
-sandboxed as well, without scripts, which it has none of, but in Airflow's origin: its links open a
-run's report in the same frame through the authenticated route (:data:`BATCHES_POLICY`).
+Every response carries ``X-Content-Type-Options: nosniff``, ``Referrer-Policy: no-referrer`` and
+:data:`REPORT_POLICY`, but the batches page, which is the viewer's own: everything it interpolates
+is HTML-escaped, its ``<base href>`` follows the API server's base path (``[api] base_url``), and
+its policy (:data:`BATCHES_POLICY`) is the same sandbox, its one style sheet allowed by hash.
 
 No ``from __future__ import annotations`` here: FastAPI resolves the routes' parameter types
 (``SessionDep``, ``GetUserDep``, imported inside :func:`create_app`) when they are declared.
@@ -48,17 +44,17 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from tasks.orchestration.batch_xcom import BATCH_XCOM_KEY, PLAN_TASK_ID
-from tasks.orchestration.report_grants import GrantError, check_grant, mint_grant
 
 URL_PREFIX = "/rollout-ledger"  # where the api-server mounts the app (plugins/report_viewer.py)
 DAG_ID = re.compile(r"[A-Za-z0-9_.-]{1,250}")
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,249}")
 PATH_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")  # no leading dot: no '.', '..' or hidden names
-# No allow-popups (window.open and target=_blank do nothing), no top navigation, no forms, no same origin.
+# The sandbox: no scripts, forms, popups, top navigation or automatic features (<meta> refresh); same origin kept,
+# so a page's loads and links carry the session cookie. default-src 'none': no fetch, frame, object, media or worker.
+# Styles inline (Data Docs are made of them) or from the server, images and fonts from the server; no page sets a base.
 REPORT_POLICY = (
-    "sandbox allow-scripts; default-src 'none'; script-src 'self' 'unsafe-inline'; "
-    "style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self'; connect-src 'none'; "
-    "form-action 'none'; base-uri 'self'; frame-ancestors 'self'"
+    "sandbox allow-same-origin; default-src 'none'; script-src 'none'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; font-src 'self'; form-action 'none'; base-uri 'none'; frame-ancestors 'self'"
 )
 RECENT_BATCHES = 50
 BATCHES_STYLE = """
@@ -67,8 +63,7 @@ table { border-collapse: collapse; width: 100%; }
 th, td { text-align: left; padding: .4rem .6rem; border-bottom: 1px solid #d8dde6; font-size: .9rem; }
 th { background: #f3f5f9; }
 """
-# Scripts blocked twice (the sandbox, default-src); same origin kept, so its links, followed in the UI's
-# frame, send the session cookie (SameSite=Lax: an opaque origin's navigation of a frame would not).
+# The report policy's sandbox, its one style sheet allowed by hash; its <base href> names the API server's base path.
 BATCHES_POLICY = (
     "sandbox allow-same-origin; default-src 'none'; "
     f"style-src 'sha256-{base64.b64encode(hashlib.sha256(BATCHES_STYLE.encode()).digest()).decode()}'; "
@@ -79,6 +74,7 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+FILE_HEADERS = {"Cache-Control": "private, no-cache"}  # a report is the reader's: no shared cache keeps it
 
 
 class NotFoundError(LookupError):
@@ -157,14 +153,6 @@ def read_report(record: dict[str, Any], segments: list[str]) -> tuple[bytes, str
     return data, kind
 
 
-def file_headers(kind: str) -> dict[str, str]:
-    """Headers of a served report file of content type ``kind``: fonts may be read by the opaque origin."""
-    headers = {"Cache-Control": "private, no-cache"}
-    if kind.startswith("font/"):
-        headers["Access-Control-Allow-Origin"] = "*"
-    return headers
-
-
 def batches_page(rows: list[dict[str, Any]], *, base_path: str = "") -> str:
     """The batches page: one table row per run, every value escaped; links resolve below ``base_path``."""
 
@@ -236,9 +224,8 @@ def _published(record: dict[str, Any]) -> bool:
 
 
 def create_app() -> Any:
-    """The FastAPI app; every route depends on Airflow's authentication and access checks, or on a grant."""
+    """The FastAPI app; every route depends on Airflow's authentication, the report routes on its access checks too."""
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-    from airflow.api_fastapi.auth.tokens import get_signing_key
     from airflow.api_fastapi.common.db.common import SessionDep
     from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
     from fastapi import Depends, FastAPI, Request, Response
@@ -259,22 +246,12 @@ def create_app() -> Any:
     async def not_found(request: Request, exc: NotFoundError) -> Response:
         return Response("Not Found", status_code=404, media_type="text/plain", headers=SECURITY_HEADERS)
 
-    @app.exception_handler(GrantError)
-    async def no_grant(request: Request, exc: GrantError) -> Response:
-        text = f"{exc}: open the report again from its run's page"
-        return Response(text, status_code=403, media_type="text/plain", headers=SECURITY_HEADERS)
-
-    def secret() -> str:
-        return get_signing_key("api", "secret_key")
-
-    def grant_redirect(session: Any, dag_id: str, run_id: str, requested: str) -> Response:
-        """From ``reports/{requested}`` to the same file below ``signed/<grant>/`` (``index.html`` for ``""``)."""
+    def report_file_response(session: Any, dag_id: str, run_id: str, path: str) -> Response:
+        """The file ``path`` below the run's ``reports/``; ids and path are checked before the run's record is read."""
         check_run(dag_id, run_id)
-        path = "/".join(report_path(requested or "index.html"))
-        read_batch_record(session, dag_id, run_id)  # a run without a batch is 404 before any grant is made
-        up = "../" * (requested.count("/") + 1)  # from the requested file's folder to the run's
-        target = f"{up}signed/{mint_grant(secret(), dag_id, run_id)}/{path}"
-        return RedirectResponse(target, status_code=307, headers={"Cache-Control": "no-store"})
+        segments = report_path(path)
+        data, kind = read_report(read_batch_record(session, dag_id, run_id), segments)
+        return Response(data, media_type=kind, headers=FILE_HEADERS)
 
     @app.get("/dags/{dag_id}/runs/{run_id}/reports", dependencies=read_runs, include_in_schema=False)
     def reports_root(dag_id: str, run_id: str) -> Response:
@@ -283,18 +260,11 @@ def create_app() -> Any:
 
     @app.get("/dags/{dag_id}/runs/{run_id}/reports/", dependencies=read_runs)
     def report_index(dag_id: str, run_id: str, session: SessionDep) -> Response:
-        return grant_redirect(session, dag_id, run_id, "")
+        return report_file_response(session, dag_id, run_id, "index.html")
 
     @app.get("/dags/{dag_id}/runs/{run_id}/reports/{path:path}", dependencies=read_runs)
     def report_file(dag_id: str, run_id: str, path: str, session: SessionDep) -> Response:
-        return grant_redirect(session, dag_id, run_id, path)
-
-    @app.get("/dags/{dag_id}/runs/{run_id}/signed/{grant}/{path:path}")
-    def signed_file(dag_id: str, run_id: str, grant: str, path: str, session: SessionDep) -> Response:
-        check_run(dag_id, run_id)
-        check_grant(secret(), grant, dag_id, run_id)
-        data, kind = read_report(read_batch_record(session, dag_id, run_id), report_path(path))
-        return Response(data, media_type=kind, headers=file_headers(kind))
+        return report_file_response(session, dag_id, run_id, path)
 
     @app.get("/batches", response_class=HTMLResponse)
     def batches(user: GetUserDep, session: SessionDep) -> HTMLResponse:

@@ -77,7 +77,8 @@ def _answers(url: str) -> bool:
 
 
 def chromium(width: int = 1400, height: int = 1000):
-    """A headless Chromium (the Debian package) under its matching chromedriver, resolving no host but loopback.
+    """A headless Chromium (the Debian package) under its matching chromedriver, resolving no host but loopback:
+    ``127.0.0.1`` (the api-server) and ``127.0.0.2`` (the report tests' listener, ``report_runs.LISTENER_HOST``).
 
     A request to any other host (a page naming a CDN) then fails at once, logged in the console, the
     same on every machine, instead of waiting on whatever DNS the machine has.
@@ -96,7 +97,7 @@ def chromium(width: int = 1400, height: int = 1000):
         "--no-sandbox",
         "--disable-dev-shm-usage",
         f"--window-size={width},{height}",
-        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE 127.0.0.2",
     ):
         options.add_argument(argument)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)

