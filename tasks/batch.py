@@ -39,13 +39,21 @@ from tasks.storage.options import StorageOptions
 
 
 class Batch:
-    """The batch ``batch_id`` under ``root_url``: ``store`` is rooted at its directory, ``url`` names it."""
+    """The batch ``batch_id`` under ``root_url``: ``store`` is rooted at its directory, ``url`` names it;
+    ``root_store`` is the storage root's (where :mod:`tasks.storage.roots` looks for the root and its batches).
+
+    A root URL fsspec would read as a local path though it looks like a URL (``s3:/bucket``,
+    ``file://host/path``) is refused here, before anything is read or written
+    (:func:`tasks.storage.roots.check_url_form`); which schemes a person may give is checked where they give
+    it (the CLI, Airflow's storage URL: :func:`tasks.storage.roots.check_root_url`).
+    """
 
     def __init__(self, root_url: str, batch_id: str, storage_options: StorageOptions | None = None) -> None:
         self.root_url = root_url
         self.batch_id = batch_id
         self.storage_options: dict[str, Any] = dict(storage_options or {})
-        self.store = ObjectStore(root_url, **self.storage_options).child(layout.batch_dir(batch_id))
+        self.root_store = ObjectStore(root_url, **self.storage_options)
+        self.store = self.root_store.child(layout.batch_dir(batch_id))
 
     @classmethod
     def open(cls, root_url: str, batch_id: str, storage_options: StorageOptions | None = None) -> Batch:

@@ -28,6 +28,7 @@ from tasks.errors import (
     exit_code,
 )
 from tasks.storage.options import aws_variables_read, is_s3_url
+from tasks.storage.roots import supported_text
 
 QUIET_LIBRARIES = ("great_expectations", "httpx")  # they narrate their internals at INFO
 _PR_SET_DUMPABLE = 4
@@ -91,8 +92,10 @@ def classify_error(exc: BaseException, command: str, root: str | None) -> tuple[
         return code, f"{prefix}: conflict: {exc}"
     if isinstance(exc, StorageUnavailableError):  # transient faults outlasted the retries: retry the command later
         return code, f"{prefix}: failed: {exc}{_where(root)}"
-    if root is not None and _is_storage_access_error(exc):
-        return EXIT_USAGE, f"{prefix}: error: cannot use storage {root}{_where(root)}: {type(exc).__name__}: {exc}"
+    if root is not None and (_is_storage_access_error(exc) or _is_unknown_protocol(exc)):
+        return EXIT_USAGE, (
+            f"{prefix}: error: cannot use storage {root}{_where(root)}: {type(exc).__name__}: {exc}. {supported_text()}"
+        )
     return EXIT_FAILED, f"{prefix}: failed: {type(exc).__name__}: {exc} (-v shows the traceback)"
 
 
@@ -102,6 +105,22 @@ def _where(root: str | None) -> str:
         return ""
     read = aws_variables_read(os.environ)
     return f" (AWS variables read: {', '.join(read) if read else 'none set'})"
+
+
+def _is_unknown_protocol(exc: BaseException) -> bool:
+    """fsspec's answer to a scheme it does not know or cannot import (what :func:`tasks.storage.roots.check_root_url`
+    refuses first, for a root given on the command line)."""
+    return (isinstance(exc, ValueError) and str(exc).startswith("Protocol not known")) or (
+        isinstance(exc, ImportError) and type(exc).__module__ == "builtins" and "fsspec" in _origin(exc)
+    )
+
+
+def _origin(exc: BaseException) -> str:
+    """The module the innermost frame of ``exc``'s traceback ran in."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "" if tb is None else str(tb.tb_frame.f_globals.get("__name__", ""))
 
 
 def _is_storage_access_error(exc: BaseException) -> bool:

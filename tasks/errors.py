@@ -69,6 +69,21 @@ class ConfigError(UsageError):
     reason = "bad_config"
 
 
+class StorageRootError(ConfigError):
+    """A storage root that cannot be used as given: a malformed URL (``s3:/bucket``, ``file://host/path``), a
+    scheme this install cannot write to, a root that does not exist (any command but plan), or one plan would
+    create directly under ``/``. The message says what was probably meant and names the supported schemes
+    (:mod:`tasks.storage.roots`); nothing was written."""
+
+    reason = "bad_storage_root"
+
+
+class UnknownBatchError(UsageError):
+    """The root exists but holds no batch of that id; the message lists the batches it holds and the closest id."""
+
+    reason = "unknown_batch"
+
+
 class UncommittedShardsError(ConfigError):
     """Some planned shards have no commit marker; finalizing would silently drop their rollouts."""
 

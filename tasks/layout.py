@@ -10,6 +10,7 @@ import re
 
 from tasks.ids import attempt_name, check_id, shard_name
 
+BATCHES_DIR = "batches"  # relative to the storage root: one folder per batch
 MARKER_NAME = "_COMMITTED.json"
 REPORTS_DIR = "reports"
 REPORTS_INDEX = f"{REPORTS_DIR}/index.html"  # the overview page, rewritten after each validation run
@@ -25,7 +26,7 @@ _SUITE_RUN = re.compile(r"run-(\d{3,})")
 
 def batch_dir(batch_id: str) -> str:
     """Path of a batch relative to the storage root."""
-    return f"batches/{check_id(batch_id, field='batch_id')}"
+    return f"{BATCHES_DIR}/{check_id(batch_id, field='batch_id')}"
 
 
 def plan_config() -> str:

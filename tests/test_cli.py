@@ -141,7 +141,7 @@ def test_generate_and_sweep_mistakes_are_one_line_usage_errors(tmp_path, capsys)
     assert main(plan_args(root)) == 0
     capsys.readouterr()
     never = ["generate", "--root", root, "--batch-id", "never-planned", "--shard", "0"]
-    one_line_error(capsys, main(never), EXIT_USAGE, "rollout-ledger plan")
+    one_line_error(capsys, main(never), EXIT_USAGE, "no batch 'never-planned' under", "It holds 1 batch: b-cli")
     model = ["generate", "--root", root, "--batch-id", "b-cli", "--shard", "0", "--model", "/elsewhere"]
     one_line_error(capsys, main(model), EXIT_USAGE, "fixed at plan time")
     out_of_range = ["generate", "--root", root, "--batch-id", "b-cli", "--shard", "5"]

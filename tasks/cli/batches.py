@@ -65,6 +65,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     from tasks.demo import run_demo as demo
+    from tasks.storage.roots import check_root_url
 
-    demo(args.root, batch_id=args.batch_id)
+    demo(check_root_url(args.root), batch_id=args.batch_id)
     return EXIT_OK

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.batch_fields import OPTIONS_OF, BatchFields, check_values, config_paths, field_default, plan_flag
-from tasks.cli.context import lineage_sink, open_batch, say_lineage
+from tasks.cli.context import lineage_sink, open_new_batch, say, say_lineage
 from tasks.cli.flags import AddCommand, key_json_pairs, root_and_batch
 from tasks.engines.registry import engine_names
 from tasks.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from tasks.batch import Batch
 
 
 def add_plan(add: AddCommand) -> None:
@@ -27,10 +31,12 @@ def run_plan(args: argparse.Namespace) -> int:
 
     values = {"batch_id": args.batch_id, **plan_values(args)}
     check_values(values, source="plan flags")  # a bad flag is named before storage is touched
-    batch, lineage = open_batch(args), lineage_sink()
+    (batch, new_root), lineage = open_new_batch(args), lineage_sink()
     with lineage.task("plan", batch) as run:
         summary = plan_from_values(batch, values, source="plan flags")
         run.report(lambda: plan_lineage(batch))
+    if new_root:
+        say(f"rollout-ledger plan: created a new storage root {_shown_root(batch)} (it did not exist)")
     say_lineage(lineage)
     verb = "planned" if summary.created else "already planned (same config)"
     planned = summary.config
@@ -46,6 +52,11 @@ def run_plan(args: argparse.Namespace) -> int:
         f"weight version {planned.weight_version}"
     )
     return EXIT_OK
+
+
+def _shown_root(batch: Batch) -> str:
+    root = batch.root_store
+    return os.path.abspath(root.root) if root.is_local else root.url
 
 
 def plan_values(args: argparse.Namespace) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from tasks.errors import ConfigError
 from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
+from tasks.storage.roots import check_root_url
 
 S3_PROTOCOLS = ("s3", "s3a")
 
@@ -59,11 +60,12 @@ def storage_location(url: str, conn_id: str | None = None) -> StorageLocation:
     """Resolve ``url`` (and ``conn_id``, which wins over one in the URL) through Airflow's Object Storage.
 
     The root URL is ``url`` without its connection id; the options come from the filesystem
-    Airflow builds for the connection. A URL carrying a password is refused.
+    Airflow builds for the connection. A URL carrying a password is refused, and so is one the CLI's
+    ``--root`` would refuse (:func:`tasks.storage.roots.check_root_url`: ``s3:/bucket``, ``file://host/path``,
+    a scheme this install cannot write to), naming what was probably meant and the supported schemes.
     """
-    from airflow.sdk import ObjectStoragePath
-
     check_storage_url(url)
+    url = check_root_url(url, connection_ids=True)
     parts = urlsplit(url)
     protocol = parts.scheme or "file"
     if protocol in ("file", "local"):
@@ -73,6 +75,8 @@ def storage_location(url: str, conn_id: str | None = None) -> StorageLocation:
     if not parts.hostname:
         raise ConfigError(f"storage_url {url!r} names no bucket; use s3://bucket/prefix")
     root = f"{protocol}://{parts.hostname}{parts.path}".rstrip("/")
+    from airflow.sdk import ObjectStoragePath
+
     try:
         path = ObjectStoragePath(url, conn_id=conn_id or None)
     except (ValueError, TypeError) as exc:

@@ -5,8 +5,10 @@ is a no-op; with different bytes it raises :class:`ObjectConflictError` (a
 ``FileExistsError``) and leaves the first object untouched. Two racing writers: exactly one
 wins and readers never see a torn object.
 
-* local disk: temp file in the target directory, fsync, ``os.link`` to the final name (fails
-  if it exists, unlike rename), unlink the temp, fsync the directory;
+* local disk: temp file in the target directory, given its final mode (the umask's ``0666 & ~umask``
+  or ``$ROLLOUT_LEDGER_FILE_MODE``: :mod:`tasks.storage.file_modes`), fsync, ``os.link`` to the final
+  name (fails if it exists, unlike rename), unlink the temp, fsync the directory; a folder is never
+  made directly under ``/``;
 * S3: ``If-None-Match: *`` on the single PUT or on CompleteMultipartUpload (s3fs mode ``xb``);
 * other filesystems (``memory://`` in tests): the filesystem's own ``xb`` mode.
 
@@ -30,9 +32,11 @@ import fsspec
 from fsspec.spec import AbstractBufferedFile
 
 from tasks.crash_points import crash_point
-from tasks.errors import ObjectConflictError
+from tasks.errors import ObjectConflictError, StorageRootError
+from tasks.storage.file_modes import LocalModes, local_modes
 from tasks.storage.options import RETRY_OPTION, is_s3_url, retry_settings, with_s3_defaults
 from tasks.storage.retries import RetryPolicy, call_with_retries
+from tasks.storage.roots import check_url_form, top_level_refusal
 
 SCHEMES_LOCAL = ("file", "local")
 # A local write's temp file, next to its target; it lives for the milliseconds of one write.
@@ -66,10 +70,13 @@ class ObjectStore:
     seen at once, not after a cached listing of its folder expires. On S3 the policy is the only
     retry loop: botocore makes one attempt per call with a short connect timeout unless
     ``config_kwargs`` says otherwise (:func:`~tasks.storage.options.with_s3_defaults`), and s3fs
-    tries each call once.
+    tries each call once. A URL fsspec would read as a local path though it looks like one
+    (``s3:/bucket``, ``file://host/path``) is refused (:func:`~tasks.storage.roots.check_url_form`);
+    on local disk, ``$ROLLOUT_LEDGER_FILE_MODE`` is checked here, before anything is written.
     """
 
     def __init__(self, url: str, *, block_size: int | None = None, **storage_options: Any) -> None:
+        url = check_url_form(url)
         self.retry_policy = RetryPolicy.of(retry_settings(storage_options.pop(RETRY_OPTION, None), os.environ))
         if is_s3_url(url):
             storage_options.setdefault("use_listings_cache", False)
@@ -84,6 +91,8 @@ class ObjectStore:
         self.is_s3 = any(p in ("s3", "s3a") for p in protocols)
         if self.is_s3:
             fs.retries = 1  # s3fs's own loop around each call (5 tries by default): the policy is the only one
+        if self.is_local:
+            local_modes()  # a malformed $ROLLOUT_LEDGER_FILE_MODE is refused before the first write
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r})"
@@ -152,8 +161,9 @@ class ObjectStore:
         The temp file goes whatever happens; the directory is fsynced once something was placed.
         """
         directory = os.path.dirname(path)
-        _makedirs_durable(directory)
-        temp = _temp_file(directory)
+        modes = local_modes()
+        _makedirs_durable(directory, modes)
+        temp = _temp_file(directory, modes.file)
         try:
             with self.fs.open(temp, "wb") as handle:
                 _write_durably(handle, data)
@@ -264,10 +274,14 @@ def _check_relative(relative: str) -> str:
     return relative
 
 
-def _temp_file(directory: str) -> str:
-    """A new empty temp file in ``directory`` that only this write knows the name of."""
+def _temp_file(directory: str, mode: int) -> str:
+    """A new empty temp file of ``mode`` in ``directory`` that only this write knows the name of (``mkstemp``
+    makes it 0600; the object linked from it keeps ``mode``)."""
     fd, temp = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
-    os.close(fd)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
     return temp
 
 
@@ -283,15 +297,23 @@ def _remove_temp(temp: str) -> None:
         os.unlink(temp)
 
 
-def _makedirs_durable(directory: str) -> None:
-    """Create ``directory`` and fsync the parent of every directory created."""
+def _makedirs_durable(directory: str, modes: LocalModes) -> None:
+    """Create ``directory`` (folders of ``modes.folder``, else the umask's) and fsync the parent of every directory
+    created; never a folder directly under ``/`` (:class:`~tasks.errors.StorageRootError`)."""
     missing = []
     current = directory
     while not os.path.isdir(current):
         missing.append(current)
         current = os.path.dirname(current)
+    if not missing:
+        return
+    top = missing[-1]
+    if os.path.dirname(top) == os.path.dirname(os.path.dirname(top)):
+        raise StorageRootError(top_level_refusal(directory, top))
     os.makedirs(directory, exist_ok=True)
     for created in reversed(missing):
+        if modes.folder is not None:
+            os.chmod(created, modes.folder)
         _fsync_dir(os.path.dirname(created))
 
 
