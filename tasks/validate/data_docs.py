@@ -8,8 +8,9 @@ the data context's id in the query). :func:`localize_site` copies the vendored f
 ``static/images/logo-long.png`` for the logo, by relative URL (and corrects GX's favicon link, one
 level short on validation result pages). Vega is not vendored: no expectation of our suites draws a
 chart (a page that did would show none), so its script tags are dropped. ``integrity`` and
-``crossorigin`` attributes go too: the vendored files are the ones they name (tested), and an
-opaque-origin page (the viewer's sandbox) could not load a same-server file in CORS mode.
+``crossorigin`` attributes go too: the vendored files are the ones they name (tested). The viewer
+runs no script in a report, so the site's index gets the tables its script would draw as HTML
+(:func:`static_tables`); the other pages show their content without scripts.
 
 Invariant: once localized, nothing GX's templates put in a page or style sheet loads an asset from
 another host; links (``<a href>``) may still point anywhere. GX does not escape the values it
@@ -19,6 +20,7 @@ from loading or sending anything (``tasks/orchestration/report_viewer.py``).
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 from pathlib import Path
@@ -58,6 +60,15 @@ VENDORED = {
 GX_WEB_ASSETS = re.compile(r"https://great-expectations-web-assets\.s3\.us-east-2\.amazonaws\.com/[^\"'()\s<>]*")
 VEGA_SCRIPT = re.compile(r'[ \t]*<script src="https://cdn\.jsdelivr\.net/npm/vega(?:-lite|-embed)?@\d+"></script>\n?')
 SRI = re.compile(r'\s(?:integrity|crossorigin)="[^"]*"')
+# A table bootstrap-table draws on the index page: its id, and the columns and data literals of its script.
+TABLE_SCRIPT = re.compile(
+    r"\$\('#(?P<id>[\w-]+)'\)\.bootstrapTable\(\s*Object\.assign\(\s*\{\s*columns: (?P<columns>\[.*?\]),\s*"
+    r"data: (?P<data>\[.*?\]),\s*toolbar:",
+    re.DOTALL,
+)
+# Without scripts, bootstrap's tabs never switch: every pane of the index shows, one under the other (Chromium does
+# not render <noscript> in a page its policy sandboxes without scripts, so this applies with scripts too).
+SHOW_TAB_PANES = "<style>.tab-content > .tab-pane { display: block !important; opacity: 1 !important; }</style>"
 # GX's favicon link, one "../" short on validation result pages; rewritten from the page's own depth.
 FAVICON = re.compile(r'href="(?:\./|\.\./)*static/images/favicon\.ico"')
 
@@ -73,7 +84,8 @@ def localize(text: str, up: str) -> str:
 
 
 def localize_site(site_dir: Path) -> None:
-    """Copy the vendored assets into ``site_dir/static/vendor`` and point every page and style sheet at them."""
+    """Copy the vendored assets into ``site_dir/static/vendor`` and point every page and style sheet at them; the
+    site's index gets its tables as HTML (:func:`static_tables`)."""
     shutil.copytree(VENDOR, site_dir / SITE_VENDOR, dirs_exist_ok=True)
     for path in sorted(site_dir.rglob("*")):
         relative = path.relative_to(site_dir)
@@ -81,5 +93,35 @@ def localize_site(site_dir: Path) -> None:
             continue
         text = path.read_text(encoding="utf-8")
         local = localize(text, "../" * (len(relative.parts) - 1))
+        if relative == Path("index.html"):
+            local = static_tables(local)
         if local != text:
             path.write_text(local, encoding="utf-8")
+
+
+def static_tables(page: str) -> str:
+    """The index page with each table bootstrap-table would draw from script data written out as HTML rows.
+
+    The viewer serves reports with no script (docs/security.md, door 6): GX's index draws its lists of
+    validation results and suites with bootstrap-table from a literal in a ``<script>``, so without
+    this it shows empty tables. Each row links the page the script's row would open; the tab panes
+    bootstrap's script would switch between all show, one under the other. With scripts on,
+    bootstrap-table draws the tables again from the same data.
+    """
+    for match in TABLE_SCRIPT.finditer(page):
+        table_id = match.group("id")
+        columns, rows = (ast.literal_eval(match.group(name)) for name in ("columns", "data"))
+        head = "".join(f"<th>{column['title']}</th>" for column in columns)
+        body = "".join("<tr>" + "".join(_cell(row, column["field"]) for column in columns) + "</tr>\n" for row in rows)
+        rows_html = f"<thead><tr>{head}</tr></thead><tbody>\n{body}</tbody>"
+        empty = re.compile(rf'(<table\s+id="{re.escape(table_id)}"[^>]*>)\s*(</table>)')
+        page = empty.sub(lambda m, rows=rows_html: m.group(1) + rows + m.group(2), page)
+    return page.replace("</head>", f"{SHOW_TAB_PANES}</head>", 1)
+
+
+def _cell(row: dict[str, object], field: str) -> str:
+    """One cell: the value GX would show, linked to the row's page unless it holds a link of its own."""
+    value, link = str(row.get(field, "")), row.get("_table_row_link_path")
+    if link and "<a " not in value:
+        value = f'<a href="{link}">{value.strip()}</a>'
+    return f"<td>{value}</td>"

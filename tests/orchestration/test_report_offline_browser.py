@@ -132,6 +132,13 @@ def test_data_docs_render_without_scripts_with_their_vendored_styles_and_load_no
         browser.get(offline_run)
         browser.find_element(By.LINK_TEXT, "lineage Data Docs").click()
         wait.until(lambda b: b.current_url == offline_run + DOCS_INDEX)
+        results = browser.find_elements(By.CSS_SELECTOR, "table.ge-index-page-validation-results-table a")
+        suites = browser.find_elements(By.CSS_SELECTOR, "table.ge-index-page-expectation_suites-table a")
+        assert results and all(link.is_displayed() for link in results)  # the index's lists, drawn without scripts
+        assert suites and all(link.is_displayed() for link in suites)
+        assert {link.get_attribute("href").split("/run-000/validations/")[-1].split("/")[1] for link in results} >= {
+            "calls"
+        }
         browser.back()
         wait.until(lambda b: b.find_elements(By.LINK_TEXT, "calls")).pop().click()  # the overview's link to results
         wait.until(lambda b: "/lineage/run-000/validations/lineage/calls/run-000/" in b.current_url)

@@ -102,3 +102,14 @@ def test_font_awesome_finds_its_fonts_and_every_package_keeps_its_license():
     licensed = {path.parent.name for path in VENDOR.glob("*/LICENSE*")}
     assert folders - licensed == {"popper.js"}  # its license is the header of popper.min.js
     assert "Distributed under the MIT License" in (VENDOR / "popper.js/popper.min.js").read_text()[:200]
+
+
+def test_the_index_shows_its_tables_without_scripts(site):
+    """GX draws the index's lists from script data; the localized index has them as rows linking each page."""
+    index = (site / "index.html").read_text()
+    result = next(site.glob("validations/**/*.html")).relative_to(site).as_posix()
+    results = index[index.index('class="table-sm ge-index-page-validation-results-table"') :]
+    assert f'<a href="{result}">' in results.split("</table>")[0]  # the result's row links its page
+    suites = index[index.index('class="table-sm ge-index-page-expectation_suites-table"') :].split("</table>")[0]
+    assert '<a href="expectations/lineage/calls.html">' in suites and "<th>Expectation Suites</th>" in suites
+    assert ".tab-pane { display: block !important" in index  # every tab's pane shows, one under the other
