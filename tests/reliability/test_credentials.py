@@ -28,6 +28,8 @@ from tasks.orchestration import steps
 from tasks.orchestration.generate_process import GenerateCommand
 from tasks.orchestration.storage_location import storage_location
 from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
+from tasks.trigger_policy import POLICY_VARIABLE
+from tests.policies import write_trigger_policy
 
 from .conftest import generate_all, reliability_config
 
@@ -55,13 +57,15 @@ def _root_log_handlers_removed():
 
 
 @pytest.fixture
-def leak_check(s3_endpoint, s3_bucket, monkeypatch, caplog):
+def leak_check(s3_endpoint, s3_bucket, monkeypatch, caplog, tmp_path):
     """A bucket reachable only through an Airflow connection holding the distinctive credentials."""
     for name in AWS_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     extra = {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}
     connection = {"conn_type": "aws", "login": KEY, "password": SECRET, "extra": extra}
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(connection))
+    policy = write_trigger_policy(tmp_path / "policy.yaml", storage_urls=[s3_bucket], storage_connections=[CONN_ID])
+    monkeypatch.setenv(POLICY_VARIABLE, str(policy))  # the deployment lists the bucket and the connection
     caplog.set_level(logging.INFO)
     for name in ("tasks", "rollout_ledger"):
         caplog.set_level(logging.DEBUG, logger=name)
@@ -102,7 +106,8 @@ def test_no_stage_writes_logs_or_returns_the_connections_credentials(
 
     command = GenerateCommand(where, config.batch_id, 0, try_number=1)
     assert_no_credentials(" ".join(command.argv("python")), "the generate child's argv")
-    assert STORAGE_OPTIONS_VARIABLE in command.environment({})  # credentials go by environment only
+    assert_no_credentials(json.dumps(command.environment({})), "the generate child's environment")
+    assert json.loads(command.handed_over())["storage_options"]["secret"] == SECRET  # they go on its stdin only
 
     objects = all_objects(where.root_url, where.storage_options)
     names = {name.split("/b-leakcheck/", 1)[-1] for name in objects}
