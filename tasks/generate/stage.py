@@ -3,27 +3,32 @@
 Checks come first (:mod:`tasks.generate.checks`), then the shards run one after another on one
 engine (:mod:`tasks.generate.attempt`). With its own engine, the stage runs its own event loop,
 shuts the engine down on every path, and turns an interruption (SIGTERM, SIGINT) into
-:class:`~tasks.errors.GenerateInterrupted` naming the shards left unfinished.
+:class:`~tasks.errors.GenerateInterrupted` naming the shards left unfinished. A shard with failed
+rollouts is returned with why they failed, read back from its committed receipts
+(:func:`~tasks.generate.summary.with_failed_rollouts`); what a front-end does with a shard whose every
+rollout failed is its own (:func:`tasks.generate.console.check_rollouts`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from tasks.batch import Batch
 from tasks.engines.base import Engine
 from tasks.environments.registry import Runnables
-from tasks.errors import GenerateInterrupted
+from tasks.errors import GenerateInterrupted, LedgerError
 from tasks.generate.attempt import run_shards
 from tasks.generate.checks import CheckedBatch, check_before_engine, check_engine_version
 from tasks.generate.progress import heartbeat_seconds
 from tasks.generate.shard_engine import ShardEngine
 from tasks.generate.signals import StopSignals
-from tasks.generate.summary import ShardSummary
+from tasks.generate.summary import ShardSummary, with_failed_rollouts
 
+log = logging.getLogger(__name__)
 Runner = Callable[[Coroutine[Any, Any, Any]], Any]
 
 
@@ -59,13 +64,28 @@ def generate_shards(
     work.try_number, work.capture, work.progress = try_number, capture, progress
     work.progress_every_s = heartbeat_seconds()
     if all(shard in work.committed for shard in shards):
-        return [ShardSummary.of_marker(work.committed[shard]) for shard in shards]
-    if engine is not None:
+        summaries = [ShardSummary.of_marker(work.committed[shard]) for shard in shards]
+    elif engine is not None:
         if run is None:
             raise ValueError("an engine passed in needs `run`, which runs a coroutine on the engine's event loop")
         check_engine_version(engine, work.config)
-        return run(run_shards(work, shards, ShardEngine(work.config, engine=engine)))
-    return _with_own_engine(work, shards, on_engine_start)
+        summaries = run(run_shards(work, shards, ShardEngine(work.config, engine=engine)))
+    else:
+        summaries = _with_own_engine(work, shards, on_engine_start)
+    return [_why_failed(batch, summary) if summary.failed else summary for summary in summaries]
+
+
+def _why_failed(batch: Batch, summary: ShardSummary) -> ShardSummary:
+    """``summary`` with its failed rollouts by reason and their recorded errors, read from the committed receipts
+    (this run's and earlier attempts' alike); as it was when they cannot be read (it only informs)."""
+    try:
+        receipts = batch.ledger(summary.shard).receipts
+    except (LedgerError, OSError) as error:
+        log.warning(
+            "shard %d: its receipts could not be read back to say why rollouts failed: %s", summary.shard, error
+        )
+        return summary
+    return with_failed_rollouts(summary, receipts)
 
 
 def _with_own_engine(

@@ -1,18 +1,39 @@
-"""What a generate run returns per shard: :class:`ShardSummary`.
+"""What a generate run returns per shard: :class:`ShardSummary`, and :class:`RolloutsFailedError` for a shard
+whose every rollout failed.
 
 The counts of a committed shard come from its marker, whichever attempt wrote it; only what
 this run measured itself (tokens generated, seconds, orphans swept, the training signal of the
 rollouts it saw, the requests its capture gateway refused for want of a valid key, the calls each
 server replica answered, the failovers, and what resuming rollouts replayed) is added to them.
+A shard with failed rollouts also says why, as their receipts recorded it (:func:`with_failed_rollouts`):
+the failed receipts by reason, and the error each leading reason recorded (an agent's stderr, redacted as
+the receipt holds it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasks.errors import UsageError
+from tasks.records.ledger import Receipt
 from tasks.storage.marker import ShardMarker
-from tasks.training_signal import TrainingSignal
+from tasks.training_signal import FAILED, TrainingSignal
+
+FAILED_REASONS_KEPT = 3  # the leading failure reasons whose recorded error a summary keeps
+
+
+class RolloutsFailedError(UsageError):
+    """Every rollout of a shard failed (receipt status ``failed``: its agent exited non-zero, timed out, gave no
+    reward...). The shard is committed and nothing is lost, but it holds nothing to train on and generating it again
+    changes nothing: what the failures name (an agent command, a scorer, ``timeout_s``) is the batch's input, to fix
+    in a new batch. Exit 2, so that an Airflow generate task fails at once, without retries."""
+
+    reason = "rollouts_failed"
 
 
 @dataclass(frozen=True)
@@ -47,6 +68,16 @@ class ShardSummary:
     replayed_calls: int = 0
     live_calls: int = 0
     divergences: int = 0
+    # The shard's failed receipts (every attempt's) by failure reason, most first, and for the leading
+    # reasons (FAILED_REASONS_KEPT) the error most of their receipts recorded (``reward_info.error``,
+    # the reason's prefix left out: an agent's stderr, redacted as recorded). Empty when none failed.
+    failed_reasons: dict[str, int] = field(default_factory=dict)
+    failed_errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def all_failed(self) -> bool:
+        """Every rollout of the shard failed (none ok, none poisoned)."""
+        return self.rollouts > 0 and self.failed == self.rollouts
 
     @classmethod
     def of_marker(cls, marker: ShardMarker, **extra: Any) -> ShardSummary:
@@ -64,3 +95,30 @@ class ShardSummary:
             failures=counts.failures,
             **({"generated_tokens": 0, "seconds": 0.0, "already_committed": True, "swept": 0} | extra),
         )
+
+
+def with_failed_rollouts(summary: ShardSummary, receipts: Iterable[Receipt]) -> ShardSummary:
+    """``summary`` with its shard's failed receipts by reason and the error each leading reason recorded."""
+    failed = [r for r in receipts if r.status == FAILED]
+    by_reason = Counter(r.failure_reason or FAILED for r in failed)
+    errors: dict[str, Counter[str]] = {}
+    for receipt in failed:
+        reason = receipt.failure_reason or FAILED
+        errors.setdefault(reason, Counter())[_recorded_error(receipt, reason)] += 1
+    leading = [reason for reason, _ in by_reason.most_common()]
+    return dataclasses.replace(
+        summary,
+        failed_reasons=dict(by_reason.most_common()),
+        failed_errors={reason: errors[reason].most_common(1)[0][0] for reason in leading[:FAILED_REASONS_KEPT]},
+    )
+
+
+def _recorded_error(receipt: Receipt, reason: str) -> str:
+    """The error a failed receipt recorded (its reward info's ``error``), without its ``reason: `` prefix."""
+    try:
+        error = json.loads(receipt.reward_info).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if not isinstance(error, str):
+        return "(no error recorded)"
+    return error.removeprefix(f"{reason}: ")

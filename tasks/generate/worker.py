@@ -30,7 +30,7 @@ from tasks.config import BatchConfig
 from tasks.entry_point import configure_logging, make_undumpable, run_command
 from tasks.environments.registry import Runnables
 from tasks.errors import EXIT_OK, ConfigError
-from tasks.generate.console import engine_notice, shard_lines, summaries_json
+from tasks.generate.console import check_rollouts, engine_notice, shard_lines, summaries_json
 from tasks.generate.stage import generate_shards
 from tasks.storage.options import storage_options_from_env
 from tasks.trigger_policy import TriggerPolicy
@@ -87,7 +87,8 @@ class HandOver:
 
 
 def run_shard(args: argparse.Namespace) -> int:
-    """Generate ``args.shard``, say what it did on stderr and print its summary on stdout; 0 when committed.
+    """Generate ``args.shard``, say what it did on stderr and print its summary on stdout; 0 when committed, 2 when
+    committed with every rollout failed (:class:`~tasks.generate.summary.RolloutsFailedError`).
 
     The batch config on storage is not trusted: the trigger policy is applied to it again before anything
     runs (its engine options, model and servers)."""
@@ -109,7 +110,8 @@ def run_shard(args: argparse.Namespace) -> int:
     for summary in summaries:
         for line in shard_lines(summary):
             _say(line)
-    print(summaries_json(summaries))
+    print(summaries_json(summaries), flush=True)
+    check_rollouts(summaries)  # every rollout failed: exit 2, and the task fails at once with its line
     return EXIT_OK
 
 

@@ -87,9 +87,10 @@ def run_gx_suite(
             },
             run_id=run_id,
         )
+        by_name = {spec.name: spec for spec in specs}
         for found in validation.results:
             name = found.expectation_config.meta["name"]
-            results[name] = _result(found, table.index_column)
+            results[name] = _result(found, table.index_column, values=by_name[name].examples == "values")
     context.build_data_docs(site_names=[_SITE])
     localize_site(site_dir)
     missing = [spec.name for spec in suite.expectations if spec.name not in results]
@@ -175,17 +176,24 @@ def _arguments(spec: ExpectationSpec) -> dict[str, Any]:
     }
 
 
-def _result(found: Any, index_column: str) -> ExpectationResult:
-    """An :class:`ExpectationResult` from a GX ``ExpectationValidationResult``."""
+def _result(found: Any, index_column: str, *, values: bool = False) -> ExpectationResult:
+    """An :class:`ExpectationResult` from a GX ``ExpectationValidationResult``; its examples are the offending rows'
+    ids, or with ``values`` their distinct offending values, the most frequent first (among those GX kept)."""
     error = _error_of(found.exception_info or {})
     result = found.result or {}
     checked = int(result.get("element_count", 0)) - int(result.get("missing_count", 0) or 0)
     unexpected = int(result.get("unexpected_count", 0) or 0)
+    if values:
+        rows = [c.get("value") for c in result.get("partial_unexpected_counts") or () if isinstance(c, dict)]
+    else:
+        rows = [
+            row.get(index_column) if isinstance(row, dict) else row
+            for row in result.get("partial_unexpected_index_list") or ()
+        ]
     examples: dict[str, None] = {}
-    for row in result.get("partial_unexpected_index_list") or ():
+    for value in rows:
         if len(examples) == MAX_EXAMPLES:
             break
-        value = row.get(index_column) if isinstance(row, dict) else row
         if value is not None and not (isinstance(value, float) and math.isnan(value)):
             examples[str(value)] = None
     return ExpectationResult(

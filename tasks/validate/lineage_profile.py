@@ -14,10 +14,12 @@ the ``shards`` table with its error, and contributes no other row. Tables (see
   themselves never reach pandas, where GX's batch fingerprint hashed every one of them);
 * ``model_calls``: every call id of the call records and failure rows, ``failed`` when a failure row names it;
 * ``rollouts``: every planned rollout of the committed shards and every receipted one: ``planned``,
-  ``receipts`` (count), ``poisoned`` (status not ok; null without a receipt), ``capture_poisoned``
-  (finalize's rule, below; null for an unplanned receipt), ``declared_terminal`` (ok receipts only),
-  and what its receipts replayed (null without a receipt; summed over its receipts, below):
-  ``replayed``, ``replayed_found`` and ``restaged``.
+  ``receipts`` (count), ``poisoned`` (status poisoned; null without a receipt), ``failed_reason`` (the
+  failure reason of a failed receipt, ``""`` for a receipt that did not fail, null without a receipt:
+  :func:`failed_share`), ``capture_poisoned`` (finalize's rule, below; null for an unplanned receipt),
+  ``declared_terminal`` (ok receipts only), and what its receipts replayed (null without a receipt;
+  summed over its receipts, below): ``replayed``, ``replayed_found`` and ``restaged``. Before the
+  lineage suite told failed receipts apart (``failed_rollout_rate``), ``poisoned`` was "status not ok".
 
 A resumed rollout's receipt names the calls of earlier attempts it replayed (``replayed_calls``,
 :mod:`tasks.capture.replay`); its manifest is those calls, then its own attempt's. Per receipt,
@@ -50,6 +52,7 @@ from tasks.ids import shard_name
 from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.storage.ledger_reader import LedgerTables
 from tasks.storage.objects import sha256_hex
+from tasks.training_signal import FAILED
 from tasks.validate.suites import REPLAY_COUNTS
 
 PARALLEL_SHARDS = 2
@@ -214,13 +217,16 @@ def _receipts(tables: LedgerTables) -> pa.Table:
         ),
     )
     ok = pc.equal(status, "ok")
+    failed = pc.equal(status, FAILED)
+    failed_reason = pc.if_else(failed, pc.fill_null(receipts["failure_reason"], FAILED), "")
     declared = pc.if_else(
         ok, pc.fill_null(pc.equal(receipts["terminal_selection"], "declared"), False), pa.scalar(None, pa.bool_())
     )
     return pa.table(
         {
             "rollout_id": receipts["rollout_id"],
-            "poisoned": pc.invert(ok),
+            "poisoned": pc.equal(status, "poisoned"),
+            "failed_reason": failed_reason,
             "capture_poisoned": pc.or_(capture_reason, pc.is_in(receipt_keys, value_set=poisoned_keys)),
             "declared_terminal": declared,
             **_replays(tables, receipt_keys),
@@ -270,6 +276,7 @@ def _rollouts(planned: pa.ChunkedArray, receipts: pa.Table) -> pa.Table:
         [
             ("rollout_id", "count"),
             ("poisoned", "first"),
+            ("failed_reason", "first"),
             ("capture_poisoned", "first"),
             ("declared_terminal", "first"),
             *((name, "sum") for name in REPLAY_COUNTS),
@@ -284,12 +291,21 @@ def _rollouts(planned: pa.ChunkedArray, receipts: pa.Table) -> pa.Table:
             "planned": is_planned,
             "receipts": pc.fill_null(pc.take(per_rollout["rollout_id_count"], found), 0),
             "poisoned": pc.take(per_rollout["poisoned_first"], found),
+            "failed_reason": pc.take(per_rollout["failed_reason_first"], found),
             # Over planned rollouts: one without a receipt is not capture-poisoned, an unplanned one is left out.
             "capture_poisoned": pc.if_else(is_planned, pc.fill_null(capture, False), pa.scalar(None, pa.bool_())),
             "declared_terminal": pc.take(per_rollout["declared_terminal_first"], found),
             **{name: pc.take(per_rollout[f"{name}_sum"], found) for name in REPLAY_COUNTS},
         }
     )
+
+
+def failed_share(rollouts: pa.Table) -> float:
+    """The share of the receipted rollouts (``failed_reason`` not null) whose receipt failed; 0 without receipts."""
+    reasons = rollouts["failed_reason"]
+    receipted = len(reasons) - reasons.null_count
+    failed = pc.sum(pc.not_equal(reasons, "")).as_py() or 0
+    return failed / receipted if receipted else 0.0
 
 
 def _concat(tables: list[pa.Table], empty: pa.Table) -> pa.Table:

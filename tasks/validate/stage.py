@@ -25,11 +25,11 @@ from tasks import layout
 from tasks.batch import Batch
 from tasks.config import BatchConfig, ValidationSpec
 from tasks.errors import NothingToValidateError
-from tasks.records.suite_summary import SuiteSummary
+from tasks.records.suite_summary import DATASET, LINEAGE, SuiteSummary
 from tasks.storage.objects import sha256_hex
 from tasks.validate.dataset_profile import profile_dataset
 from tasks.validate.gx_run import run_gx_suite
-from tasks.validate.lineage_profile import lineage_inputs, profile_lineage
+from tasks.validate.lineage_profile import failed_share, lineage_inputs, profile_lineage
 from tasks.validate.profile_stats import profile_metrics
 from tasks.validate.suite_runs import claim_run
 from tasks.validate.suites import SuiteSpec, dataset_suite, lineage_suite
@@ -72,8 +72,12 @@ def validate_lineage(batch: Batch, *, thresholds: ValidationSpec | None = None) 
         raise NothingToValidateError(
             f"batch {batch.batch_id}: none of its {config.shards} shard(s) has a commit marker; generate them first"
         )
-    suite = lineage_suite(spec, weight_version=config.weight_version)
-    return _run(batch, suite, spec, inputs.digests, lambda: profile_lineage(batch, inputs))
+
+    def suite(tables: Mapping[str, pa.Table]) -> SuiteSpec:  # poisoned_rollout_rate's bound depends on the failed share
+        failed = failed_share(tables["rollouts"])
+        return lineage_suite(spec, weight_version=config.weight_version, failed_share=failed)
+
+    return _run(batch, LINEAGE, suite, spec, inputs.digests, lambda: profile_lineage(batch, inputs))
 
 
 def validate_dataset(batch: Batch, *, thresholds: ValidationSpec | None = None) -> SuiteOutcome:
@@ -91,24 +95,27 @@ def validate_dataset(batch: Batch, *, thresholds: ValidationSpec | None = None) 
     spec = thresholds or config.validation
     inputs = {layout.DATASET_STAGED: sha256_hex(batch.store.read_bytes(layout.DATASET_STAGED))}
     suite = dataset_suite(spec, on_invalid=config.on_invalid)
-    return _run(batch, suite, spec, inputs, lambda: profile_dataset(batch, manifest))
+    return _run(batch, DATASET, lambda tables: suite, spec, inputs, lambda: profile_dataset(batch, manifest))
 
 
 def _run(
     batch: Batch,
-    suite: SuiteSpec,
+    name: str,
+    suite_of: Callable[[Mapping[str, pa.Table]], SuiteSpec],
     thresholds: ValidationSpec,
     inputs: Mapping[str, str],
     profile: Callable[[], dict[str, pa.Table]],
 ) -> SuiteOutcome:
-    """Return the current run when its key matches; else profile, validate, copy Data Docs, write the summary."""
+    """Return the current run when its key matches; else profile, build the suite (``suite_of`` the profile),
+    validate, copy Data Docs, write the summary."""
     gx_version = version("great_expectations")
     store, batch_id = batch.store, batch.batch_id
-    run_key = _run_key(suite.name, batch_id, inputs, thresholds, gx_version)
-    current = batch.suite_summary(suite.name)
+    run_key = _run_key(name, batch_id, inputs, thresholds, gx_version)
+    current = batch.suite_summary(name)
     if current is not None and current.run_key == run_key:
         return _outcome(batch, current, created=False)
     tables = profile()
+    suite = suite_of(tables)
     run = claim_run(batch, suite.name, run_key=run_key)
     with tempfile.TemporaryDirectory(prefix=f"rollout-ledger-{suite.name}-docs-") as tmp:
         site = Path(tmp)

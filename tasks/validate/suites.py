@@ -11,6 +11,13 @@ Rates are written as GX's ``mostly``: a rate ``<= max`` over a flag column is "t
 on at least ``1 - max`` of the rows", which names the flagged rows as the unexpected ones.
 Null flags are not counted (GX leaves missing values out of map expectations), which is how a
 rate picks its denominator (``poisoned`` is null for a rollout without a receipt).
+
+``max_poisoned_rate`` bounds the receipts that failed or were poisoned, together, in two
+expectations that name which: ``failed_rollout_rate`` (failed receipts, at most
+``max_poisoned_rate``; its examples are the failure reasons, ``agent_exit``...) and
+``poisoned_rollout_rate`` (poisoned receipts, at most ``max_poisoned_rate`` less the failed share
+the profile found, so the two fail together exactly when failed and poisoned receipts exceed the
+bound, and a batch whose rollouts only failed fails ``failed_rollout_rate`` alone).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from tasks.records.suite_summary import DATASET, LINEAGE, SEVERITIES
 
 # What ``observed`` reports: the share of checked rows that broke the rule, or that kept it.
 OBSERVED = ("unexpected_rate", "expected_rate")
+# What ``examples`` are: ids of offending rows (the table's id column), or their offending values.
+EXAMPLES = ("ids", "values")
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,7 @@ class ExpectationSpec:
 
     ``threshold_field`` names where a bound comes from (a :class:`ValidationSpec` field, or
     ``batch.weight_version``) and ``threshold`` holds the value used; both None for a rule
-    without a tunable bound.
+    without a tunable bound. ``examples``: ``ids`` of offending rows, or their offending ``values``.
     """
 
     name: str
@@ -55,10 +64,12 @@ class ExpectationSpec:
     threshold_field: str | None = None
     threshold: Any = None
     observed: str = "unexpected_rate"
+    examples: str = "ids"
 
     def __post_init__(self) -> None:
         check_choice(self.severity, SEVERITIES, field=f"expectation {self.name}: severity")
         check_choice(self.observed, OBSERVED, field=f"expectation {self.name}: observed")
+        check_choice(self.examples, EXAMPLES, field=f"expectation {self.name}: examples")
 
 
 @dataclass(frozen=True)
@@ -115,9 +126,17 @@ LINEAGE_TABLES = (
 REPLAY_COUNTS = ("replayed", "replayed_found", "restaged")
 
 
-def lineage_suite(thresholds: ValidationSpec, *, weight_version: int) -> SuiteSpec:
-    """The lineage suite over the committed ledger (token-free); ``weight_version`` is the batch's (planned) one."""
+def poisoned_bound(max_poisoned_rate: float, failed_share: float) -> float:
+    """The poisoned receipts' share allowed beside ``failed_share`` failed ones: ``max_poisoned_rate`` less it, at
+    least 0 (rounded to 12 places, so that a rate exactly at the bound passes)."""
+    return round(max(0.0, max_poisoned_rate - failed_share), 12)
+
+
+def lineage_suite(thresholds: ValidationSpec, *, weight_version: int, failed_share: float = 0.0) -> SuiteSpec:
+    """The lineage suite over the committed ledger (token-free); ``weight_version`` is the batch's (planned) one,
+    ``failed_share`` the share of receipts that failed (:func:`tasks.validate.lineage_profile.failed_share`)."""
     t = thresholds
+    poisoned_max = poisoned_bound(t.max_poisoned_rate, failed_share)
     specs = (
         ExpectationSpec(
             name="all_shards_committed",
@@ -258,11 +277,24 @@ def lineage_suite(thresholds: ValidationSpec, *, weight_version: int) -> SuiteSp
             name="poisoned_rollout_rate",
             table="rollouts",
             expectation="expect_column_values_to_be_in_set",
-            kwargs=_rate_at_most("poisoned", True, t.max_poisoned_rate),
+            kwargs=_rate_at_most("poisoned", True, poisoned_max),
             severity="fail",
-            rule="At most max_poisoned_rate of the receipts are poisoned or failed.",
+            rule="At most max_poisoned_rate of the receipts are poisoned or failed: the poisoned ones at most "
+            "max_poisoned_rate less the share that failed (failed_rollout_rate).",
+            threshold_field="max_poisoned_rate - failed share",
+            threshold=poisoned_max,
+        ),
+        ExpectationSpec(
+            name="failed_rollout_rate",
+            table="rollouts",
+            expectation="expect_column_values_to_be_in_set",
+            kwargs={"column": "failed_reason", "value_set": [""], "mostly": 1.0 - t.max_poisoned_rate},
+            severity="fail",
+            rule="At most max_poisoned_rate of the receipts failed (their agent or environment gave no reward: "
+            "agent_exit, agent_timeout, environment_error...); the examples are the failure reasons.",
             threshold_field="max_poisoned_rate",
             threshold=t.max_poisoned_rate,
+            examples="values",
         ),
         ExpectationSpec(
             name="capture_poisoned_rate",

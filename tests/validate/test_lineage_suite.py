@@ -60,7 +60,7 @@ def corrupted(generated_batch: LocalBatch, tmp_path_factory: pytest.TempPathFact
     multi = sorted({c["rollout_id"] for c in calls if c["parent_call_id"] is not None})
     single = sorted({c["rollout_id"] for c in calls} - set(multi))
     broken, shifted, late = multi[:3]  # rollouts with children
-    missing, duplicated, stale_root = (single + multi[3:])[:3]
+    missing, duplicated, stale_root, failed = (single + multi[3:])[:4]
     expected: dict[str, set[str]] = {}
 
     files.drop_receipt(missing)
@@ -93,6 +93,8 @@ def corrupted(generated_batch: LocalBatch, tmp_path_factory: pytest.TempPathFact
 
     files.edit_receipt(late, lambda row: row.update(status="poisoned", failure_reason=STAGING_FAILED))
     expected["poisoned_rollout_rate"] = {late}
+    files.edit_receipt(failed, lambda row: row.update(status="failed", failure_reason="agent_exit"))
+    expected["failed_rollout_rate"] = {"agent_exit"}  # its examples are the failure reasons
 
     failed_call = f"{shifted}.a00.c050"
     failure = {
@@ -142,6 +144,7 @@ def test_the_corrupted_ledger_fails_exactly_the_violated_expectations(corrupted)
         "one_receipt_per_planned_rollout",
         "receipts_are_planned",
         "poisoned_rollout_rate",
+        "failed_rollout_rate",
         "capture_poisoned_rate",
         "declared_terminal_rate",
     ],
@@ -158,6 +161,7 @@ def test_rates_report_the_observed_rate_against_the_threshold(corrupted):
     outcome, _ = corrupted
     rates = {e.name: e for e in outcome.summary.expectations}
     assert rates["poisoned_rollout_rate"].threshold == 0.0 and rates["poisoned_rollout_rate"].observed > 0
+    assert rates["failed_rollout_rate"].threshold == 0.0 and rates["failed_rollout_rate"].unexpected_count == 1
     declared = rates["declared_terminal_rate"]
     assert declared.threshold == 1.0 and 0 < declared.observed < 1  # the share that was declared
     assert rates["weight_versions_at_least_planned"].threshold == WEIGHT_VERSION
@@ -216,3 +220,35 @@ def test_a_batch_missing_a_shard_only_warns_in_both_suites(generated_batch, tmp_
             (name, "warn", ("shard-00001",))
         ]
         assert (outcome.summary.counts.failed, outcome.summary.counts.warned) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("max_rate", "failed", "poisoned", "failed_passes", "poisoned_passes"),
+    [
+        (0.2, 10, 0, False, True),  # only failed: failed_rollout_rate alone fails
+        (0.2, 0, 3, True, False),
+        (0.2, 1, 1, True, True),  # together 0.2: at the bound
+        (0.3, 1, 2, True, True),  # 0.3 - 0.1 is 0.19999999999999998 before rounding
+        (0.2, 1, 2, True, False),  # together 0.3 > 0.2: the poisoned ones are flagged
+        (0.2, 3, 1, False, False),
+    ],
+)
+def test_max_poisoned_rate_bounds_failed_and_poisoned_receipts_together(
+    max_rate, failed, poisoned, failed_passes, poisoned_passes
+):
+    """Of 10 receipts: the two rates fail together exactly when failed + poisoned > max_poisoned_rate."""
+    from tasks.validate.lineage_profile import failed_share
+    from tasks.validate.suites import poisoned_bound
+
+    rollouts = pa.table(
+        {
+            "poisoned": [True] * poisoned + [False] * (10 - poisoned) + [None],
+            "failed_reason": [""] * poisoned + ["agent_exit"] * failed + [""] * (10 - poisoned - failed) + [None],
+        }
+    )
+    share = failed_share(rollouts)
+    assert share == failed / 10
+    bound = poisoned_bound(max_rate, share)
+    assert (failed / 10 <= max_rate) is failed_passes
+    # GX's mostly: the share of checked rows that kept the rule is at least 1 - bound
+    assert ((10 - poisoned) / 10 >= 1.0 - bound) is poisoned_passes
