@@ -234,3 +234,23 @@ def test_an_unreachable_server_at_plan_time_is_named_without_generates_retry_adv
     assert line == f"rollout-ledger plan: failed: {error}" and code == 1
     code, line = classify_error(error, "generate", "/runs")
     assert "the engine died" in line and "run generate again to adopt them" in line
+
+
+def test_plan_against_the_real_server_with_a_wrong_key_says_how_to_give_the_key(vllm_server, tmp_path, capsys):
+    """The test run's server (shared: only read from), asked with a wrong key."""
+    from tasks.models.bundled import cache_dir
+
+    wrong = tmp_path / "wrong.key"
+    wrong.write_text("not-the-key-0417\n")
+    options = vllm_server.engine_options(api_key_file=str(wrong))
+    engine = ["--engine", "vllm_server", *(f"--engine-option={key}={json.dumps(v)}" for key, v in options.items())]
+    line = one_line_error(capsys, main([*plan_args(str(tmp_path / "runs"), "b-wrong-key"), *engine]), EXIT_USAGE)
+    port = vllm_server.url.rpartition(":")[2]
+    assert not (cache_dir() / "serve" / f"port-{port}.key").exists()  # the server's key is in its own cache
+    assert line == (
+        f"rollout-ledger plan: error: server {vllm_server.url} refused the key in {wrong} (HTTP 401 on /v1/models); "
+        "give the servers' key as the engine option api_key_file (--engine-option api_key_file=PATH; refit: "
+        "--api-key-file PATH), as $ROLLOUT_LEDGER_SERVER_API_KEY, or under Airflow as the password of the batch's "
+        f"rollout_servers connection; `rollout-ledger serve` writes its key to {cache_dir()}/serve/port-<port>.key"
+    )
+    assert "not-the-key-0417" not in line and vllm_server.key not in line

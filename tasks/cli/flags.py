@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 from collections.abc import Callable, Sequence
 
@@ -49,3 +50,61 @@ def key_json_pairs(pairs: Sequence[str], flag: str) -> dict:
         except json.JSONDecodeError:
             options[key] = value
     return options
+
+
+def unknown_flags(parser: argparse.ArgumentParser, args: Sequence[str]) -> list[str]:
+    """The arguments of ``args`` that read as flags ``parser`` does not have (``--flag=value``: the flag part).
+
+    What reads as a flag is argparse's rule: a dash and more, not a negative number, no space; ``--``
+    ends the flags.
+    """
+    found = []
+    for arg in args:
+        if arg == "--":
+            break
+        if len(arg) < 2 or arg[0] not in parser.prefix_chars or " " in arg:
+            continue
+        if parser._negative_number_matcher.match(arg) and not parser._has_negative_number_optionals:
+            continue
+        flag = arg.partition("=")[0] if arg.startswith("--") else arg
+        if flag not in parser._option_string_actions:
+            found.append(flag)
+    return found
+
+
+def closest_flag(parser: argparse.ArgumentParser, given: str) -> str | None:
+    """The flag of ``parser`` meant by ``given``: the same with dashes for underscores (``--max_tokens``), a
+    batch field's flag by its field name (``--environment_options``: ``--env-option``), else the closest
+    spelling (difflib) among the parser's flags."""
+    spelled: dict[str, str] = {}  # what a person might type -> the flag
+    for action in parser._actions:
+        longest = max(action.option_strings, key=len, default=None)
+        if longest is None or action.help == argparse.SUPPRESS:
+            continue
+        for option in action.option_strings:
+            spelled.setdefault(option, option)
+        spelled.setdefault("--" + action.dest.replace("_", "-"), longest)
+    normalized = given.lower().replace("_", "-")
+    if normalized in spelled:
+        return spelled[normalized]
+    names = {s.lstrip("-"): s for s in spelled if s.startswith("--")}  # compared without the dashes all share
+    match = difflib.get_close_matches(normalized.lstrip("-"), names, n=1, cutoff=0.6)
+    return spelled[names[match[0]]] if match else None
+
+
+def unknown_flags_message(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """``unrecognized argument: --max_tokens (did you mean --max-tokens?); ...``: each unknown flag with the
+    closest flag of ``parser``, or where it goes (``-v`` before the command's name)."""
+    before = getattr(parser, "before_command", ())
+    named = []
+    for extra in extras:
+        flag = extra.partition("=")[0] if extra.startswith("--") else extra
+        if flag in before:
+            prog, _, command = parser.prog.rpartition(" ")
+            named.append(f"{flag} (it goes before the command: {prog} {flag} {command} ...)")
+        elif flag.startswith(tuple(parser.prefix_chars)) and (meant := closest_flag(parser, flag)) is not None:
+            named.append(f"{flag} (did you mean {meant}?)")
+        else:
+            named.append(extra)
+    noun = "argument" if len(named) == 1 else "arguments"
+    return f"unrecognized {noun}: {', '.join(named)}; '{parser.prog} --help' lists its flags"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,10 @@ MODEL_NAME = "smollm2-135m-instruct"
 HOME_ENV = "ROLLOUT_LEDGER_HOME"
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+# How long each conversion takes on 2 idle CPU cores (measured in a fresh process, imports included: 24-25 s and
+# 10-11 s; twice that on a busy machine), for its headline.
+MODEL_CONVERSION_SECONDS = 25
+TOKENIZER_CONVERSION_SECONDS = 10
 # The tokenizer's special tokens, as the GGUF's metadata names them by id. transformers' GGUF
 # converter has not always read them right (5.17 gives SmolLM2 eos <|im_start|>, its bos, where
 # the GGUF and generation_config say <|im_end|>): the conversion takes them from the metadata.
@@ -70,17 +75,19 @@ def tokenizer_dir(name: str = MODEL_NAME) -> Path:
     return cache_dir() / "tokenizers" / name
 
 
-def materialize(target: Path, build: Callable[[Path], None]) -> Path:
+def materialize(target: Path, build: Callable[[Path], None], *, headline: str | None = None) -> Path:
     """Return ``target``, first building it with ``build(tmp_dir)`` when it does not exist.
 
     ``build`` writes into an empty temporary directory next to ``target``, which is then
     renamed to ``target``. A failed build leaves nothing behind; when another process wins the
-    race, its directory is kept and ours is discarded.
+    race, its directory is kept and ours is discarded. ``headline`` is said on stderr before a build.
     """
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    if headline is not None:
+        print(headline, file=sys.stderr, flush=True)
     try:
         build(tmp)
         try:
@@ -94,14 +101,26 @@ def materialize(target: Path, build: Callable[[Path], None]) -> Path:
     return target
 
 
+def conversion_headline(what: str, target: Path, seconds: int) -> str:
+    """The line said before a conversion of the bundled GGUF: what, where, once, and about how long."""
+    return (
+        f"converting the bundled {what} ({GGUF_FILE} of the {PACKAGE} package) into {target}: once on this machine, "
+        f"about {seconds} s on 2 CPU cores"
+    )
+
+
 def ensure_bundled_tokenizer() -> Path:
     """Directory holding the bundled model's tokenizer and chat template (converted once)."""
-    return materialize(tokenizer_dir(), _convert_tokenizer)
+    target = tokenizer_dir()
+    headline = conversion_headline("model's tokenizer", target, TOKENIZER_CONVERSION_SECONDS)
+    return materialize(target, _convert_tokenizer, headline=headline)
 
 
 def ensure_bundled_model() -> Path:
-    """The bundled model as a full Hugging Face folder (fp32 safetensors), converted once (~20 s)."""
-    return check_model_folder(materialize(model_dir(), _convert_model))
+    """The bundled model as a full Hugging Face folder (fp32 safetensors), converted once (~25 s on 2 cores)."""
+    target = model_dir()
+    headline = conversion_headline("model", target, MODEL_CONVERSION_SECONDS)
+    return check_model_folder(materialize(target, _convert_model, headline=headline))
 
 
 def check_model_folder(path: Path) -> Path:

@@ -155,10 +155,14 @@ def test_anything_but_a_concrete_environment_subclass_is_refused(user_package, a
     [
         ("arithmetic", {"difficulty": 3}, "takes no options"),
         ("guess_number", {"lo": 10, "hi": 1}, "need lo < hi"),
-        ("guess_number", {"low": 1}, "unexpected keyword argument 'low'"),
+        ("guess_number", {"low": 1}, "unknown option 'low' (did you mean 'lo'?); guess_number accepts: hi, lo"),
         ("USER:Echo", {"word": ""}, "option word must be a non-empty string"),
-        ("USER:Echo", {"colour": "red"}, "unexpected keyword argument 'colour'"),
-        ("tasks.environments.prompts_file:PromptsFile", {}, "missing 1 required keyword-only argument: 'path'"),
+        ("USER:Echo", {"colour": "red"}, "unknown option 'colour'; echo accepts: word"),
+        (
+            "tasks.environments.prompts_file:PromptsFile",
+            {},
+            "missing option 'path'; prompts_file accepts: path, reward",
+        ),
     ],
 )
 def test_bad_options_are_refused_with_the_cause(user_package, spec, options, fragment):

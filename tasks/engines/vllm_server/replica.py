@@ -6,8 +6,8 @@ the rollouts in flight on it are re-run, on another replica or by the retry). So
 whose start identity changed (it restarted: its weights and version are its start-up ones) or
 whose weight version went down; a lost replica stays lost for this client, and every call in
 flight on it ends the same way. An answer that refuses one request is a
-:class:`ServerAnswerError` (an engine error of that call); a refused API key is a
-:class:`ServerAuthError` naming where the key came from, never the key.
+:class:`ServerAnswerError` (an engine error of that call); a refused API key (HTTP 401 or 403) is a
+:class:`ServerAuthError` naming where the key came from and how to give one, never the key.
 
 The start identity is vLLM's ``instance_id`` (``/server_info``: set once when the server process
 builds its config), read when the client connects and again after every answer that arrived
@@ -22,10 +22,13 @@ import json
 import weakref
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from tasks.engines.base import WeightVersionSpan
+from tasks.engines.vllm_server.options import API_KEY_ENV
+from tasks.engines.vllm_server.serving.keys import generated_key_path, is_loopback
 from tasks.errors import ConfigError, EngineDeadError, EngineError
 
 # The server's answer is cut to this many characters in messages.
@@ -37,9 +40,26 @@ SESSION_HEADER = "X-Session-ID"
 
 
 class ServerAuthError(ConfigError):
-    """A server refused the API key (HTTP 401)."""
+    """A server refused the API key (HTTP 401 or 403)."""
 
     reason = "server_auth"
+
+
+def key_advice(url: str) -> str:
+    """How to give a server's key, for a refusal's message: the three ways, and where ``serve`` wrote its key
+    (this machine's file for the URL's port when there is one). Names files and variables, never a key."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    written = generated_key_path(port)
+    if parts.hostname and is_loopback(parts.hostname) and written.is_file():
+        served = f"`rollout-ledger serve` on this machine wrote the key of port {port} to {written}"
+    else:
+        served = f"`rollout-ledger serve` writes its key to {generated_key_path(0).parent}/port-<port>.key"
+    return (
+        "give the servers' key as the engine option api_key_file (--engine-option api_key_file=PATH; refit: "
+        f"--api-key-file PATH), as ${API_KEY_ENV}, or under Airflow as the password of the batch's rollout_servers "
+        f"connection; {served}"
+    )
 
 
 class ServerAnswerError(EngineError):
@@ -207,8 +227,11 @@ class ServerReplica:
         except httpx.HTTPError as exc:
             raise ReplicaDeadError(self.url, f"server {self.url} is unreachable: {type(exc).__name__}: {exc}") from None
         connection = response.extensions.get("network_stream")  # None: unknown, so never taken as verified
-        if response.status_code == 401:
-            raise ServerAuthError(f"server {self.url} refused {self._key_source} (HTTP 401 on {path})")
+        if response.status_code in (401, 403):
+            raise ServerAuthError(
+                f"server {self.url} refused {self._key_source} (HTTP {response.status_code} on {path}); "
+                + key_advice(self.url)
+            )
         if response.status_code >= 400:
             raise ServerAnswerError(
                 f"server {self.url}: {method} {path} answered HTTP {response.status_code}: "
