@@ -31,7 +31,6 @@ from tasks.storage.options import aws_variables_read, is_s3_url
 from tasks.storage.roots import supported_text
 
 QUIET_LIBRARIES = ("great_expectations", "httpx")  # they narrate their internals at INFO
-_PR_SET_DUMPABLE = 4
 log = logging.getLogger("rollout_ledger")
 
 
@@ -44,17 +43,6 @@ def configure_logging(*, verbose: bool) -> None:
     if not verbose:
         for name in QUIET_LIBRARIES:
             logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def make_undumpable() -> bool:
-    """Make this process non-dumpable where the platform allows it (Linux: ``PR_SET_DUMPABLE`` 0): a process of
-    the same user can then read neither its memory nor its ``/proc/PID/environ``, nor attach to it. Invoked by
-    the processes that hold storage credentials and run agents (generate). Whether it took is returned."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
 
 def run_command(command: str, root: str | None, body: Callable[[], int], *, verbose: bool) -> int:

@@ -11,9 +11,9 @@ import argparse
 
 from tasks.cli.context import lineage_sink, open_batch, say, say_lineage
 from tasks.cli.flags import AddCommand, root_and_batch, shard_number
-from tasks.entry_point import make_undumpable
 from tasks.environments.registry import Runnables
 from tasks.errors import EXIT_OK, ConfigError
+from tasks.process_memory import make_undumpable
 
 
 def add_generate(add: AddCommand) -> None:

@@ -3,7 +3,7 @@
 The task (:mod:`tasks.orchestration.generate_process`) starts this module with the shard and the
 storage root on its command line and the storage options and secrets on its stdin
 (``--secrets-on-stdin``), so that neither is in its initial environment, and the process makes
-itself non-dumpable (:func:`~tasks.entry_point.make_undumpable`). The batch config it reads from
+itself non-dumpable (:func:`~tasks.process_memory.make_undumpable`). The batch config it reads from
 storage is checked against the trigger policy again (:class:`HandOver`). It runs
 :func:`tasks.generate.generate_shards` as ``rollout-ledger generate`` does, but only for what a
 trigger may name (:meth:`Runnables.triggered`: a built-in game or an entry of the deployment's
@@ -27,11 +27,12 @@ from typing import Any
 
 from tasks.batch import Batch
 from tasks.config import BatchConfig
-from tasks.entry_point import configure_logging, make_undumpable, run_command
+from tasks.entry_point import configure_logging, run_command
 from tasks.environments.registry import Runnables
 from tasks.errors import EXIT_OK, ConfigError
 from tasks.generate.console import check_rollouts, engine_notice, shard_lines, summaries_json
 from tasks.generate.stage import generate_shards
+from tasks.process_memory import make_undumpable
 from tasks.storage.options import storage_options_from_env
 from tasks.trigger_policy import TriggerPolicy
 

@@ -73,7 +73,7 @@ def test_a_non_dumpable_process_hides_its_environment_from_its_own_user(undumpab
     made itself non-dumpable."""
     as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"]
     target = (
-        "import time; from tasks.entry_point import make_undumpable; "
+        "import time; from tasks.process_memory import make_undumpable; "
         f"assert make_undumpable() if {undumpable} else True; print('ready', flush=True); time.sleep(30)"
     )
     env = {"PYTHONPATH": str(Path.cwd()), "PLANTED": "planted-in-the-environment", "PATH": "/usr/bin:/bin"}
