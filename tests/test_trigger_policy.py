@@ -160,7 +160,9 @@ def test_the_policy_file_lists_the_deployment_and_an_absent_one_allows_only_the_
 
 
 def test_the_shipped_policy_allows_the_forms_defaults_and_the_servers_dag():
-    shipped = load_trigger_policy({POLICY_VARIABLE: str(Path("dags/trigger_policy.yaml").resolve())})
-    shipped.check_values({name: field_default(name) for name in TRIGGER_FIELDS if name != "engine_conn_id"})
+    environ = {POLICY_VARIABLE: str(Path("dags/trigger_policy.yaml").resolve())}  # no storage URL variable
+    shipped = load_trigger_policy(environ)
+    defaults = {name: field_default(name, environ) for name in TRIGGER_FIELDS if name != "engine_conn_id"}
+    shipped.check_values(defaults)
     shipped.check_values({"engine": "vllm_server", "engine_options": {}, "engine_conn_id": "rollout_servers"})
-    shipped.check_storage(field_default("storage_url"), None)
+    shipped.check_storage(defaults["storage_url"], None)

@@ -109,6 +109,7 @@ def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
     generate runs in the default pool (it loads no model). Its environment is the registry's agent command
     ``command_agent_example`` (``examples/command_agent.py``, dags/environments.yaml), picked in the form with a
     trigger option: the agent calls the model through the attempt's capture gateway."""
+    allow_storage(f"{s3_bucket}/runs")  # the deployment's trigger policy lists the bucket, before the DAG is parsed
     on_servers = local_airflow.dag_bag("rollout_batch_on_servers.py").dags["rollout_batch_on_servers"]
     monkeypatch.setenv(*server_connection(vllm_server))
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
@@ -120,7 +121,6 @@ def test_a_run_on_servers_and_s3_reaches_both_only_through_airflow_connections(
         "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
     }
     monkeypatch.setenv("AIRFLOW_CONN_LEDGER_S3", json.dumps(connection))
-    allow_storage(f"{s3_bucket}/runs")  # the deployment's trigger policy lists the bucket and the connection
     conf = {
         **SMALL,
         "environment": "command_agent_example",

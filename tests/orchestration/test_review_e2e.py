@@ -60,7 +60,9 @@ def generated(airflow_db, tmp_path_factory, vllm_server) -> SimpleNamespace:
 
 
 @pytest.fixture
-def rollout_batch(airflow_db):
+def rollout_batch(airflow_db, vllm_server, monkeypatch):
+    """The DAG; its runs name the test run's server by the servers connection, as the batch was planned."""
+    monkeypatch.setenv(*server_connection(vllm_server))
     return local_airflow.dag_bag("rollout_batch.py").dags["rollout_batch"]
 
 
