@@ -95,7 +95,7 @@ def test_a_server_serving_another_model_is_refused_before_any_call(vllm_server, 
 
 def test_weights_the_worker_cannot_hash_are_accepted_only_by_name_as_declared(vllm_server, tmp_path) -> None:
     """A server whose folder is not on this machine: refused unless served_model names what it serves."""
-    from tasks.engines.vllm_server.claims import ServerClaim
+    from tasks.engines.vllm_server.server_claim import ServerClaim
     from tasks.engines.vllm_server.weights import check_served_weights
 
     planned = resolve_model_reference(BUNDLED_REFERENCE)

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from tasks.engines.base import WeightVersionSpan
-from tasks.engines.vllm_server.claims import ServerClaim, check_claims, parse_weight_version
+from tasks.engines.vllm_server.claims import check_claims, parse_weight_version
 from tasks.engines.vllm_server.engine import VllmServerEngine, parse_generate_answer, tie_break
 from tasks.engines.vllm_server.replica import ReplicaDeadError, ServerReplica
+from tasks.engines.vllm_server.server_claim import ServerClaim
 from tasks.errors import ConfigError, EngineDeadError, EngineError
 
 URL = "http://127.0.0.1:8000"

@@ -5,7 +5,9 @@ weight version (``/weight_info``; ``default`` until a refit names one, read as 0
 paused (``/is_paused``), a logprobs mode and its start identity (``/server_info``). All but the
 first are among vLLM's RL/dev endpoints, on when the server runs with ``VLLM_SERVER_DEV_MODE=1``
 (``rollout-ledger serve`` sets it). How the served weights are known to be the planned model's
-(verified or declared) is judged in :mod:`tasks.engines.vllm_server.weights`.
+(verified or declared) is judged in :mod:`tasks.engines.vllm_server.weights`, which this module uses
+and which never uses it: a claim is a :class:`~tasks.engines.vllm_server.server_claim.ServerClaim`,
+the value both read, kept below both.
 
 Replicas caught mid-refit (one paused, or versions that differ: a rolling refit goes one replica
 at a time) are read again until they agree, at most :data:`MID_REFIT_WAIT_SECONDS`, with a log
@@ -18,12 +20,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tasks.engines.vllm_server.options import VllmServerOptions
 from tasks.engines.vllm_server.replica import SERVER_INFO_PATH, ServerAnswerError, ServerReplica, start_identity
+from tasks.engines.vllm_server.server_claim import ServerClaim
+from tasks.engines.vllm_server.weights import read_records, served_weights
 from tasks.errors import ConfigError, EngineError
 
 log = logging.getLogger(__name__)
@@ -42,23 +45,6 @@ class ReplicasMidRefitError(EngineError):
 
 class ReplicaVersionsDifferError(ConfigError):
     """Replicas serve different weight versions (a refit refuses them; a start waits for them to agree)."""
-
-
-@dataclass(frozen=True)
-class ServerClaim:
-    """What one server says it serves."""
-
-    url: str
-    model: str  # the served model name (``--served-model-name``, by default the folder)
-    root: str  # the folder or hub id it loaded
-    max_model_len: int
-    weight_version: int
-    logprobs_mode: str
-    paused: bool = False
-    identity: str = ""  # the server process's start (:func:`~tasks.engines.vllm_server.replica.start_identity`)
-
-    def same_model(self, other: ServerClaim) -> bool:
-        return (self.model, self.root, self.max_model_len) == (other.model, other.root, other.max_model_len)
 
 
 def replicas_of(options: VllmServerOptions) -> list[ServerReplica]:
@@ -106,7 +92,6 @@ def planned_weights(options: VllmServerOptions, model_folder: Path) -> str:
     server that cannot be reached or refuses the key, replicas that disagree, another model (the
     weights of the version they serve now, hashed where they were loaded, must be the planned model's).
     """
-    from tasks.engines.vllm_server.weights import read_records, served_weights
 
     async def judge() -> str:
         replicas = replicas_of(options)

@@ -23,10 +23,10 @@ import asyncio
 import dataclasses
 import itertools
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tasks.engines.base import GenerationResult
 from tasks.engines.vllm_server.replica import ReplicaDeadError, ServerAnswerError, ServerReplica
+from tasks.engines.vllm_server.server_claim import ServerClaim
 from tasks.engines.weight_records import RECORDS_PATH, Load, RecordsFormatError, WeightRecords
 from tasks.errors import EngineError, ModelMismatchError
 from tasks.models.provenance import (
@@ -37,9 +37,6 @@ from tasks.models.provenance import (
     tokenizer_provenance,
     weights_extras,
 )
-
-if TYPE_CHECKING:
-    from tasks.engines.vllm_server.claims import ServerClaim
 
 
 async def read_records(replica: ServerReplica, *, since: int = 0) -> WeightRecords | None:
