@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tasks import errors
 from tasks.capture import terminal
-from tasks.storage import ledger_files, marker
+from tasks.storage import ledger_files, marker, rollout_manifest
 
 # --- guards: the receipt and the manifest, before any token is read ----------------------
 MISSING_RECEIPT = "missing_receipt"
@@ -71,7 +71,7 @@ CORRUPT_EXTRAS = "corrupt_extras"
 
 # --- graph: the chain root→terminal in the manifest ----------------------------------------
 MISSING_PARENT = "missing_parent"
-MISSING_REPLAYED_CALL = "missing_replayed_call"
+MISSING_REPLAYED_CALL = rollout_manifest.MISSING_REPLAYED_CALL  # the one manifest rule's policy
 PARENT_LENGTH_MISMATCH = "parent_length_mismatch"
 LINEAGE_CYCLE = "lineage_cycle"
 MISSING_TERMINAL = "missing_terminal"

@@ -23,6 +23,7 @@ from tasks import layout
 from tasks.errors import CorruptLedgerFileError, DuplicateReceiptError
 from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.schema import read_parquet_bytes
+from tasks.storage.rollout_manifest import own_rows, receipts_table, rollout_manifests
 
 LedgerRecord = CallRecord | FailureRow | Receipt
 RECORD_OF_KIND: dict[str, type[LedgerRecord]] = {"calls": CallRecord, "failures": FailureRow, "receipts": Receipt}
@@ -30,11 +31,13 @@ RECORD_OF_KIND: dict[str, type[LedgerRecord]] = {"calls": CallRecord, "failures"
 
 @dataclass(frozen=True)
 class RolloutBundle:
-    """A receipted rollout with its manifest (call records in ledger order) and failure rows."""
+    """A receipted rollout with its manifest and failure rows (:mod:`tasks.storage.rollout_manifest`); ``complete``:
+    every call its receipt replayed was found."""
 
     receipt: Receipt
     manifest: tuple[CallRecord, ...]
     failures: tuple[FailureRow, ...]
+    complete: bool = True
 
     @property
     def rollout_id(self) -> str:
@@ -129,50 +132,24 @@ def bundle_rollouts(
     call_attempts: Iterable[int],
     failure_attempts: Iterable[int],
 ) -> list[RolloutBundle]:
-    """Each receipt with its manifest and the failure rows of its rollout in its own attempt.
-
-    The manifest is the calls the receipt replayed (``replayed_calls``: call records of its rollout
-    in earlier attempts, in that order), then its rollout's calls in its own attempt in ledger
-    order. ``call_attempts`` / ``failure_attempts`` give the attempt whose file holds each row.
-    Other rows (a dead attempt's leftovers) are left out. A replayed call that no earlier attempt
-    recorded raises :class:`CorruptLedgerFileError`.
-    """
-    calls, call_attempts = list(calls), list(call_attempts)
-    calls_of = _by_attempt_and_rollout(calls, call_attempts)
-    failures_of = _by_attempt_and_rollout(failures, failure_attempts)
-    receipts = list(receipts)
-    recorded: dict[tuple[str, str], tuple[int, CallRecord]] = {}
-    if any(receipt.replayed_calls for receipt in receipts):
-        recorded = {(c.rollout_id, c.call_id): (a, c) for c, a in zip(calls, call_attempts, strict=True)}
+    """Each receipt with its manifest and failure rows, as the one manifest rule says
+    (:mod:`tasks.storage.rollout_manifest`). ``call_attempts`` / ``failure_attempts`` give the attempt whose file
+    holds each row. A receipt whose replayed calls are not all found keeps the calls that were (``complete`` is
+    False): the rule's policy, fail closed, is finalize's to apply."""
+    receipts, calls, failures = list(receipts), list(calls), list(failures)
+    receipt_table = receipts_table(receipts)
+    call_keys = pa.table(
+        {name: pa.array([getattr(c, name) for c in calls], pa.string()) for name in ("rollout_id", "call_id")}
+    )
+    manifests = rollout_manifests(call_keys, np.asarray(list(call_attempts), np.int64), receipt_table)
+    failure_keys = pa.table({"rollout_id": pa.array([f.rollout_id for f in failures], pa.string())})
+    failure_rows, failure_starts = own_rows(failure_keys, np.asarray(list(failure_attempts), np.int64), receipt_table)
     return [
         RolloutBundle(
             receipt=receipt,
-            manifest=(
-                *_replayed(receipt, recorded),
-                *calls_of.get((receipt.attempt, receipt.rollout_id), ()),
-            ),
-            failures=tuple(failures_of.get((receipt.attempt, receipt.rollout_id), ())),
+            manifest=tuple(calls[row] for row in manifests.of(i)),
+            failures=tuple(failures[row] for row in failure_rows[failure_starts[i] : failure_starts[i + 1]]),
+            complete=manifests.complete(i),
         )
-        for receipt in receipts
+        for i, receipt in enumerate(receipts)
     ]
-
-
-def _replayed(receipt: Receipt, recorded: dict[tuple[str, str], tuple[int, CallRecord]]) -> list[CallRecord]:
-    """The call records ``receipt`` replayed, each of its rollout in an earlier attempt."""
-    found = []
-    for call_id in receipt.replayed_calls:
-        attempt, call = recorded.get((receipt.rollout_id, call_id), (receipt.attempt, None))
-        if call is None or attempt >= receipt.attempt:
-            raise CorruptLedgerFileError(
-                f"the receipt of {receipt.rollout_id} (attempt {receipt.attempt}) replays call {call_id}, "
-                "which no earlier attempt recorded for that rollout"
-            )
-        found.append(call)
-    return found
-
-
-def _by_attempt_and_rollout(records: Iterable[Any], attempts: Iterable[int]) -> dict[tuple[int, str], list[Any]]:
-    grouped: dict[tuple[int, str], list[Any]] = {}
-    for record, attempt in zip(records, attempts, strict=True):
-        grouped.setdefault((attempt, record.rollout_id), []).append(record)
-    return grouped

@@ -22,9 +22,9 @@ the ``shards`` table with its error, and contributes no other row. Tables (see
   lineage suite told failed receipts apart (``failed_rollout_rate``), ``poisoned`` was "status not ok".
 
 A resumed rollout's receipt names the calls of earlier attempts it replayed (``replayed_calls``,
-:mod:`tasks.capture.replay`); its manifest is those calls, then its own attempt's. Per receipt,
-``replayed`` counts them, ``replayed_found`` those that are a call record of its rollout in an
-earlier attempt than the receipt's (finalize's ``missing_replayed_call`` otherwise), and
+:mod:`tasks.capture.replay`); its manifest is those calls, then its own attempt's (the one rule:
+:mod:`tasks.storage.rollout_manifest`). Per receipt, ``replayed`` counts them, ``replayed_found``
+those the rule found (finalize's ``missing_replayed_call`` otherwise), and
 ``restaged`` the call records of its rollout in its own attempt whose ``chain_hash`` is one of
 those calls' (a re-sampled copy of a committed call: the same parent chain and the same tokens).
 
@@ -52,6 +52,7 @@ from tasks.ids import shard_name
 from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.storage.ledger_reader import LedgerTables
 from tasks.storage.objects import sha256_hex
+from tasks.storage.rollout_manifest import rollout_manifests
 from tasks.training_signal import FAILED
 from tasks.validate.suites import REPLAY_COUNTS
 
@@ -237,35 +238,30 @@ def _receipts(tables: LedgerTables) -> pa.Table:
 def _replays(tables: LedgerTables, receipt_keys: pa.ChunkedArray) -> dict[str, np.ndarray]:
     """Per receipt (``receipt_keys``: ``{attempt}/{rollout_id}``): ``replayed``, ``replayed_found``, ``restaged``.
 
-    See the module docstring. Call records are found by ``{rollout_id}/{call_id}`` (the first, where a
-    key repeats: ``call_ids_unique`` reports that); a restaged copy is a call record whose
+    See the module docstring. What a receipt replayed and found is the one manifest rule's
+    (:func:`tasks.storage.rollout_manifest.rollout_manifests`); a restaged copy is a call record whose
     ``{attempt}/{rollout_id}/{chain_hash}`` is a found replayed call's with the receipt's attempt.
     """
     receipts, calls = tables.receipts, tables.calls
-    count = receipts.num_rows
-    lists = receipts["replayed_calls"].combine_chunks()
-    owner = pc.list_parent_indices(lists)
-    rollout = pc.take(receipts["rollout_id"], owner)
-    attempt = pc.take(receipts["attempt"], owner)
-    row = pc.index_in(
-        pc.binary_join_element_wise(rollout, pc.list_flatten(lists), "/"),
-        value_set=pc.binary_join_element_wise(calls["rollout_id"], calls["call_id"], "/"),
+    manifests = rollout_manifests(calls, tables.call_attempts, receipts)
+    owner = pa.array(manifests.replayed_owner, pa.int64())
+    found_hashes = pc.binary_join_element_wise(
+        pc.take(receipts["attempt"], owner).cast(pa.string()),
+        pc.take(receipts["rollout_id"], owner),
+        pc.take(calls["chain_hash"], pa.array(manifests.replayed_rows, pa.int64())),
+        "/",
     )
-    call_attempts = pa.array(tables.call_attempts, pa.int64())
-    found = pc.fill_null(pc.less(pc.take(call_attempts, row), attempt), False)
-    replayed_hashes = pc.filter(
-        pc.binary_join_element_wise(attempt.cast(pa.string()), rollout, pc.take(calls["chain_hash"], row), "/"),
-        found,
+    call_attempt_keys = pc.binary_join_element_wise(
+        pa.array(tables.call_attempts, pa.int64()).cast(pa.string()), calls["rollout_id"], "/"
     )
-    call_attempt_keys = pc.binary_join_element_wise(call_attempts.cast(pa.string()), calls["rollout_id"], "/")
     restaged = pc.is_in(
-        pc.binary_join_element_wise(call_attempt_keys, calls["chain_hash"], "/"), value_set=replayed_hashes
+        pc.binary_join_element_wise(call_attempt_keys, calls["chain_hash"], "/"), value_set=found_hashes
     )
     restaging_receipt = pc.index_in(pc.filter(call_attempt_keys, restaged), value_set=receipt_keys)
     return {
-        "replayed": np.bincount(owner.to_numpy(), minlength=count),
-        "replayed_found": np.bincount(owner.to_numpy(), weights=found.to_numpy(), minlength=count).astype(np.int64),
-        "restaged": np.bincount(restaging_receipt.drop_null().to_numpy(), minlength=count),
+        "replayed": manifests.replayed,
+        "replayed_found": manifests.replayed_found,
+        "restaged": np.bincount(restaging_receipt.drop_null().to_numpy(), minlength=receipts.num_rows),
     }
 
 

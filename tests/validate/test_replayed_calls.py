@@ -107,3 +107,16 @@ def test_finalize_refuses_the_receipts_whose_replayed_call_is_missing(tampered):
     reasons = {r.rollout_id: reason for r, reason in zip(ledger.receipts, chains.reasons, strict=True)}
     missing = {rollout for rollout, role in roles.items() if role != "restaged"}
     assert {rollout for rollout, reason in reasons.items() if reason == MISSING_REPLAYED_CALL} == missing
+
+
+def test_recovery_finalize_and_the_suite_agree_on_which_manifests_are_incomplete(tampered):
+    """One rule (tasks/storage/rollout_manifest.py), one policy: recovery adopts the receipts as they are (no raise),
+    naming them incomplete; finalize masks exactly those; the suite counts exactly those as missing a call."""
+    _, roles, batch = tampered
+    ledger = LedgerReader(batch.store, 0)
+    incomplete = {bundle.rollout_id for bundle in ledger.rollouts() if not bundle.complete}
+    chains = shard_chains(ledger.tables, ledger.receipts)
+    masked = {r.rollout_id for r, reason in zip(ledger.receipts, chains.reasons, strict=True) if reason}
+    profile = profile_lineage(batch.handle, lineage_inputs(batch.handle))["rollouts"].to_pylist()
+    counted = {row["rollout_id"] for row in profile if (row["replayed"] or 0) != (row["replayed_found"] or 0)}
+    assert incomplete == masked == counted == {rollout for rollout, role in roles.items() if role != "restaged"}

@@ -1,10 +1,10 @@
 """The chain of every receipted rollout of a shard, found before any token is read (docs/architecture.md §8).
 
-A rollout's manifest is the calls its receipt replayed (``replayed_calls``: call records of
-earlier attempts, in replay order) and then its call records in its receipt's attempt, in ledger
-order; its chain is the calls root→terminal, found by following parents up from the receipt's
-terminal call. A manifest that cannot give a trustworthy chain has a named reason, in this
-order: a replayed call no earlier attempt recorded, duplicate call ids, shared staging
+A rollout's manifest is what the one rule says (:func:`tasks.storage.rollout_manifest.rollout_manifests`:
+the calls its receipt replayed, then its call records in its receipt's attempt); its chain is the
+calls root→terminal, found by following parents up from the receipt's terminal call. A manifest
+that cannot give a trustworthy chain has a named reason, in this order: an incomplete manifest (a
+replayed call no earlier attempt recorded: the rule's policy), duplicate call ids, shared staging
 coordinates, terminal re-attribution, then a cycle or a missing parent on the walk
 (:func:`_walk_chain`).
 
@@ -34,6 +34,7 @@ from tasks.finalize import reasons as r
 from tasks.finalize.ragged import offsets, owners, take_rows
 from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.storage.ledger_reader import LedgerTables
+from tasks.storage.rollout_manifest import own_rows, receipts_table, rollout_manifests
 
 
 @dataclass(frozen=True)
@@ -72,16 +73,16 @@ def shard_chains(tables: LedgerTables, receipts: Sequence[Receipt], *, independe
 
     ``independent``: the batch's ``message_graph`` is ``independent``.
     """
-    manifest, manifest_starts = _manifests(tables.calls, tables.call_attempts, receipts)
-    manifest, manifest_starts, unreplayable = _with_replayed(tables, receipts, manifest, manifest_starts)
-    sizes = np.diff(manifest_starts)
+    receipt_table = receipts_table(receipts)
+    manifests = rollout_manifests(tables.calls, tables.call_attempts, receipt_table)
+    manifest, manifest_starts = manifests.rows, manifests.starts
     linear = _linear_manifests(take_rows(tables.calls, manifest), manifest_starts, receipts)
     chains: list[np.ndarray] = []
     counts: list[int] = []
     reasons: list[str | None] = []
     for i, receipt in enumerate(receipts):
         rows = manifest[manifest_starts[i] : manifest_starts[i + 1]]
-        if i in unreplayable:
+        if not manifests.complete(i):  # the one rule's policy: fail closed
             reasons.append(r.MISSING_REPLAYED_CALL)
             counts.append(0)
             continue
@@ -102,60 +103,16 @@ def shard_chains(tables: LedgerTables, receipts: Sequence[Receipt], *, independe
             row_of = {id(record): row for record, row in zip(records, rows.tolist(), strict=True)}
             chains.append(np.array([row_of[id(call)] for call in chain.calls], np.int64))
             counts.append(1)
-    failure_rows, failure_starts = _manifests(tables.failures, tables.failure_attempts, receipts)
+    failure_rows, failure_starts = own_rows(tables.failures, tables.failure_attempts, receipt_table)
     failure_records = FailureRow.from_checked_table(tables.failures.take(pa.array(failure_rows, pa.int64())))
     return ShardChains(
-        manifest_sizes=sizes.tolist(),
+        manifest_sizes=manifests.sizes.tolist(),
         failures=[tuple(failure_records[lo:hi]) for lo, hi in itertools.pairwise(failure_starts)],
         reasons=reasons,
         rows=np.concatenate([np.zeros(0, np.int64), *chains]),
         starts=offsets([c.size for c in chains]),
         receipt_starts=offsets(counts),
     )
-
-
-def _manifests(table: pa.Table, attempts: np.ndarray, receipts: Sequence[Receipt]) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of ``table`` per receipt (same rollout, same attempt), in ledger order, receipt after receipt.
-
-    Returns the rows and each receipt's start in them (plus the total). Rows of rollouts without
-    a receipt in their attempt are left out.
-    """
-    receipt_ids = pa.array([rc.rollout_id for rc in receipts], pa.string())
-    receipt_attempts = np.array([rc.attempt for rc in receipts], np.int64)
-    owner = pc.fill_null(pc.index_in(table.column("rollout_id"), value_set=receipt_ids), -1)
-    owner = np.asarray(owner.to_numpy(zero_copy_only=False), np.int64)
-    kept = np.flatnonzero(owner >= 0)
-    kept = kept[attempts[kept] == receipt_attempts[owner[kept]]]
-    kept = kept[np.argsort(owner[kept], kind="stable")]
-    return kept, offsets(np.bincount(owner[kept], minlength=len(receipts)))
-
-
-def _with_replayed(
-    tables: LedgerTables, receipts: Sequence[Receipt], manifest: np.ndarray, starts: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, set[int]]:
-    """Each manifest with its receipt's replayed calls first (rows of its rollout in earlier attempts, in replay
-    order), its starts, and the receipts one of whose replayed calls no earlier attempt holds (those are left out)."""
-    resumed = [i for i, receipt in enumerate(receipts) if receipt.replayed_calls]
-    if not resumed:
-        return manifest, starts, set()
-    rollouts = pa.array(sorted({receipts[i].rollout_id for i in resumed}), pa.string())
-    candidates = np.flatnonzero(pc.is_in(tables.calls.column("rollout_id"), value_set=rollouts).to_numpy())
-    keys = zip(
-        tables.calls.column("rollout_id").take(pa.array(candidates)).to_pylist(),
-        tables.calls.column("call_id").take(pa.array(candidates)).to_pylist(),
-        strict=True,
-    )
-    row_of = dict(zip(keys, candidates.tolist(), strict=True))
-    pieces = np.split(manifest, starts[1:-1])
-    unreplayable: set[int] = set()
-    for i in resumed:
-        receipt = receipts[i]
-        rows = [row_of.get((receipt.rollout_id, call_id), -1) for call_id in receipt.replayed_calls]
-        if any(row < 0 or tables.call_attempts[row] >= receipt.attempt for row in rows):
-            unreplayable.add(i)
-            continue
-        pieces[i] = np.concatenate([np.asarray(rows, np.int64), pieces[i]])
-    return np.concatenate([np.zeros(0, np.int64), *pieces]), offsets([p.size for p in pieces]), unreplayable
 
 
 def _linear_manifests(calls: pa.Table, starts: np.ndarray, receipts: Sequence[Receipt]) -> np.ndarray:
