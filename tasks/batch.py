@@ -44,8 +44,8 @@ class Batch:
 
     A root URL fsspec would read as a local path though it looks like a URL (``s3:/bucket``,
     ``file://host/path``) is refused here, before anything is read or written
-    (:func:`tasks.storage.roots.check_url_form`); which schemes a person may give is checked where they give
-    it (the CLI, Airflow's storage URL: :func:`tasks.storage.roots.check_root_url`).
+    (:func:`tasks.storage.root_urls.check_url_form`); which schemes a person may give is checked where they give
+    it (the CLI, Airflow's storage URL: :func:`tasks.storage.root_urls.check_root_url`).
     """
 
     def __init__(self, root_url: str, batch_id: str, storage_options: StorageOptions | None = None) -> None:

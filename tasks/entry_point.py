@@ -28,7 +28,7 @@ from tasks.errors import (
     exit_code,
 )
 from tasks.storage.options import aws_variables_read, is_s3_url
-from tasks.storage.roots import supported_text
+from tasks.storage.root_urls import supported_text
 
 QUIET_LIBRARIES = ("great_expectations", "httpx")  # they narrate their internals at INFO
 log = logging.getLogger("rollout_ledger")
@@ -96,8 +96,8 @@ def _where(root: str | None) -> str:
 
 
 def _is_unknown_protocol(exc: BaseException) -> bool:
-    """fsspec's answer to a scheme it does not know or cannot import (what :func:`tasks.storage.roots.check_root_url`
-    refuses first, for a root given on the command line)."""
+    """fsspec's answer to a scheme it does not know or cannot import (what
+    :func:`tasks.storage.root_urls.check_root_url` refuses first, for a root given on the command line)."""
     return (isinstance(exc, ValueError) and str(exc).startswith("Protocol not known")) or (
         isinstance(exc, ImportError) and type(exc).__module__ == "builtins" and "fsspec" in _origin(exc)
     )

@@ -65,7 +65,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     from tasks.demo import run_demo as demo
-    from tasks.storage.roots import check_root_url
+    from tasks.storage.root_urls import check_root_url
 
     demo(check_root_url(args.root), batch_id=args.batch_id)
     return EXIT_OK

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from tasks.batch import Batch
 from tasks.storage.options import storage_options_from_env
-from tasks.storage.roots import check_root_url, prepare_root, require_batch, require_root
+from tasks.storage.root_urls import check_root_url
+from tasks.storage.roots import prepare_root, require_batch, require_root
 
 if TYPE_CHECKING:
     from tasks.lineage.emit import LineageSink
@@ -20,7 +21,7 @@ def open_batch(args: argparse.Namespace) -> Batch:
     """The batch the command names, on storage configured from the environment (AWS variables for S3).
 
     Before anything is read or written: the root is a well-formed URL of a supported scheme, or a local path
-    (:func:`~tasks.storage.roots.check_root_url`), it exists, and it holds the batch (else the error lists
+    (:func:`~tasks.storage.root_urls.check_root_url`), it exists, and it holds the batch (else the error lists
     the batches it holds). Plan opens its batch with :func:`open_new_batch` instead.
     """
     batch = _open(args)

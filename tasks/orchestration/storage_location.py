@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from tasks.errors import ConfigError
 from tasks.storage.options import STORAGE_OPTIONS_VARIABLE
-from tasks.storage.roots import check_root_url
+from tasks.storage.root_urls import check_root_url
 
 S3_PROTOCOLS = ("s3", "s3a")
 
@@ -61,7 +61,7 @@ def storage_location(url: str, conn_id: str | None = None) -> StorageLocation:
 
     The root URL is ``url`` without its connection id; the options come from the filesystem
     Airflow builds for the connection. A URL carrying a password is refused, and so is one the CLI's
-    ``--root`` would refuse (:func:`tasks.storage.roots.check_root_url`: ``s3:/bucket``, ``file://host/path``,
+    ``--root`` would refuse (:func:`tasks.storage.root_urls.check_root_url`: ``s3:/bucket``, ``file://host/path``,
     a scheme this install cannot write to), naming what was probably meant and the supported schemes.
     """
     check_storage_url(url)

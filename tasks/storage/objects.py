@@ -36,7 +36,7 @@ from tasks.errors import ObjectConflictError, StorageRootError
 from tasks.storage.file_modes import LocalModes, local_modes
 from tasks.storage.options import RETRY_OPTION, is_s3_url, retry_settings, with_s3_defaults
 from tasks.storage.retries import RetryPolicy, call_with_retries
-from tasks.storage.roots import check_url_form, top_level_refusal
+from tasks.storage.root_urls import check_url_form, top_level_refusal
 
 SCHEMES_LOCAL = ("file", "local")
 # A local write's temp file, next to its target; it lives for the milliseconds of one write.
@@ -71,7 +71,7 @@ class ObjectStore:
     retry loop: botocore makes one attempt per call with a short connect timeout unless
     ``config_kwargs`` says otherwise (:func:`~tasks.storage.options.with_s3_defaults`), and s3fs
     tries each call once. A URL fsspec would read as a local path though it looks like one
-    (``s3:/bucket``, ``file://host/path``) is refused (:func:`~tasks.storage.roots.check_url_form`);
+    (``s3:/bucket``, ``file://host/path``) is refused (:func:`~tasks.storage.root_urls.check_url_form`);
     on local disk, ``$ROLLOUT_LEDGER_FILE_MODE`` is checked here, before anything is written.
     """
 
