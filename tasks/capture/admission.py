@@ -1,9 +1,9 @@
-"""Admission of a call to its rollout (docs/architecture.md §5, step 1): its id, seed and parent.
+"""Admission of a call to its rollout (docs/architecture.md §5, step 1): its id and parent.
 
 :func:`admit` takes the rollout's next ordinal (its id derives from it: a retried call is a new
-sibling id) and position in its episode (its seed derives from that: a call sampled again in a
-later episode, or after a replay, gets the seed it had in the first) and chooses the parent: the
-rollout's latest call by default; under a message graph (:mod:`tasks.capture.graph`) the earlier
+sibling id; its seed derives from its prompt once that is made:
+:meth:`~tasks.capture.rollout.RolloutCapture.seed_for`) and chooses the parent: the rollout's
+latest call by default; under a message graph (:mod:`tasks.capture.graph`) the earlier
 call the history extends with the same tools, else none, with the reason noted
 (``root_reason``); under ``independent`` none after the first call.
 :func:`check_history` then refuses a child whose messages do not extend its parent's
@@ -38,7 +38,6 @@ class Admitted:
     """One admitted call: who it is, whether it is captured, what it continues, and its notes so far."""
 
     call_id: str
-    seed: int
     captured: bool  # staged and recorded: capture is on and the rollout is not poisoned
     parent: ParentLink | None
     history: tuple[CanonicalMessage, ...]  # the messages it is called on, canonical
@@ -58,7 +57,7 @@ def admit(
     rollout: RolloutCapture, messages: Sequence[Message], offered: Sequence[Mapping[str, Any]], *, capture: bool
 ) -> Admitted:
     """Admit the next call of ``rollout`` on ``messages`` offering ``offered`` tools (takes its ordinal)."""
-    ordinal, position = rollout.take_ordinal()
+    ordinal = rollout.take_ordinal()
     history = canonical_conversation(messages)
     tools = tools_key(offered)
     notes: dict[str, Any] = {}
@@ -74,7 +73,6 @@ def admit(
             notes["root_reason"] = reason
     return Admitted(
         call_id=ids.call_id(rollout.rollout_id, rollout.attempt, ordinal),
-        seed=ids.derive_seed(rollout.seed, "call", position),
         captured=capture and rollout.poisoned_reason is None,
         parent=parent,
         history=history,

@@ -158,12 +158,13 @@ class CallCapture:
             rendered = messages if options is None or options.rendered is None else options.rendered
             prompt = await self._prompts.prompt(call.call_id, rendered, parent_tokens, options.tools if options else ())
             budget = token_budget(self.engine, self.sampling, prompt, options.max_tokens if options else None)
+            seed = rollout.seed_for(prompt)
             if rollout.book is not None and call.captured:
-                entry = rollout.book.match(call.parent_call_id, parent_tokens.size, prompt, budget)
-                if entry is not None and (replayed := await self._replay(rollout, call, prompt, entry, read_reply)):
+                replayed = await self._replay(rollout, call, parent_tokens.size, prompt, budget, read_reply)
+                if replayed is not None:
                     return replayed
             completion, version = await generate(
-                self.engine, self.sampling, call.call_id, prompt, call.seed, rollout.rollout_id, budget
+                self.engine, self.sampling, call.call_id, prompt, seed, rollout.rollout_id, budget
             )
             rollout.generated(completion)
             message, notes = await self._reply(call, completion, read_reply)
@@ -172,7 +173,8 @@ class CallCapture:
             if not call.captured:
                 rollout.linked(_link(call, sequence, UNCAPTURED_CHAIN_HASH, (), conversation))
                 return CallOutcome(call.call_id, completion, message=message)
-            resume = rollout.book.notes() if rollout.book is not None else {}
+            diverged = rollout.book is not None and rollout.book.diverges(call.parent_call_id)
+            resume = rollout.book.notes(diverged=diverged) if rollout.book is not None else {}
             extras = staged_extras(completion.extras, {**call.notes, **notes}, resume)
             record = await self._recorder.record(  # type: ignore[union-attr]  # a captured call has one
                 rollout, call, parent_tokens, prompt, completion, version, extras
@@ -195,34 +197,47 @@ class CallCapture:
             carried=False,
         )
         link = _link(call, sequence, record.chain_hash, chain, conversation)
-        rollout.recorded(entry, link, diverged="reason" in resume)
+        rollout.recorded(entry, link, diverged=diverged)
         return CallOutcome(call.call_id, completion, message=message)
 
     async def _replay(
         self,
         rollout: RolloutCapture,
         call: Admitted,
+        parent_length: int,
         prompt: np.ndarray,
-        entry: BookEntry,
+        budget: int,
         read_reply: Callable[[str, str], tuple[Message, dict[str, Any]]] | None,
     ) -> CallOutcome | None:
-        """``call`` answered from ``entry`` as the original attempt answered it; None (the call goes live, the
-        book closed) when its reply is not read back as it was then."""
-        call = dataclasses.replace(call, call_id=entry.record.call_id)
-        answer = entry.answer(prompt)
-        try:
-            message, _ = await self._reply(call, answer, read_reply)
-        except CallFault:
-            rollout.book.close()  # type: ignore[union-attr]  # a replayed call has a book
+        """``call`` answered from its book's entry as the original attempt answered it; None when no entry answers
+        it, or the entry's reply is not read back as it was then (the call goes live)."""
+
+        async def read_back(entry: BookEntry) -> Message | None:
+            try:
+                message, _ = await self._reply(as_entry(entry), entry.answer(prompt), read_reply)
+            except CallFault:
+                return None
+            return message
+
+        def as_entry(entry: BookEntry) -> Admitted:
+            return dataclasses.replace(call, call_id=entry.record.call_id)
+
+        book = rollout.book
+        assert book is not None  # the caller replays only with one
+        answered = await book.answer(call.parent_call_id, parent_length, prompt, budget, read_back)
+        if answered is None:
             return None
+        entry, message = answered
+        answer = entry.answer(prompt)
         conversation = (*call.history, *canonical_conversation([message]))
         sequence = np.concatenate([prompt, np.asarray(answer.token_ids, np.int64)])
-        chain = call.staging_chain(rollout.rollout_id)
+        chain = as_entry(entry).staging_chain(rollout.rollout_id)
         self._prompts.remember(chain[-1], sequence)
         if entry.carried:
             self._recorder.carry(entry.record)  # type: ignore[union-attr]  # a replayed call is captured
-        rollout.replayed(entry, _link(call, sequence, entry.record.chain_hash, chain, conversation))
-        return CallOutcome(call.call_id, answer, message=message, replayed=True)
+        link = _link(as_entry(entry), sequence, entry.record.chain_hash, chain, conversation)
+        rollout.replayed(entry, link)
+        return CallOutcome(entry.record.call_id, answer, message=message, replayed=True)
 
     async def _reply(
         self,

@@ -4,8 +4,9 @@
 records (handed over by recovery, :class:`~tasks.storage.recovery.CommittedCall`) and their staged
 deltas, read once per segment. A rollout's episodes are told apart by the resume notes in the
 extras of their live calls (:meth:`tasks.capture.replay.ReplayBook.notes`): the first episode's
-calls note nothing; episode ``e``'s note how many entries of the book before them they replayed,
-so ``book(e) = book(e')[:replayed] + calls(e)`` for the latest episode ``e'`` before it that
+calls note nothing; episode ``e``'s note which entries of the book before them they replayed (by
+index; a count ``m`` from earlier versions: the first ``m``), so ``book(e)`` is those entries of
+``book(e')``, in its order, then ``calls(e)``, for the latest episode ``e'`` before it that
 committed a call. The latest book is what the new attempt replays, in a new episode.
 
 A book that cannot be trusted is not replayed: the rollout starts again from nothing, the reason
@@ -181,23 +182,44 @@ def _mismatch(call: CommittedCall, delta: StagedDelta) -> str | None:
 
 
 def _point(staged: Sequence[tuple[CommittedCall, StagedDelta]], decode: Callable[[Sequence[int]], str]) -> ResumePoint:
-    """The book of the latest episode of one rollout's committed calls (attempt order, then ledger order)."""
+    """The book of the latest episode of one rollout's committed calls (attempt order, then ledger order).
+
+    ``book(e)`` is the entries of the book before it that episode ``e``'s live calls name as replayed (the
+    union of their notes: each names what was replayed when it was made), in that book's order, then
+    ``e``'s own calls.
+    """
     episodes: dict[int, list[tuple[CommittedCall, StagedDelta]]] = {}
-    replayed_of: dict[int, int] = {}
+    replayed_of: dict[int, set[int] | int] = {}
     for call, delta in staged:
         episode, replayed = _notes(delta)
-        if replayed_of.setdefault(episode, replayed) != replayed:
-            raise _Untrusted(f"the calls of episode {episode} name different replay counts")
+        replayed_of[episode] = _noted_together(replayed_of.get(episode), replayed, episode)
         episodes.setdefault(episode, []).append((call, delta))
     first_attempts = {call.attempt for call, _ in episodes.get(0, ())}
     if len(first_attempts) > 1:
         raise _Untrusted(f"first-episode calls in attempts {sorted(first_attempts)} (written without resume)")
     book: list[BookEntry] = []
     for episode in sorted(episodes):
-        if replayed_of[episode] > len(book):
-            raise _Untrusted(f"episode {episode} names {replayed_of[episode]} replayed calls of a book of {len(book)}")
-        book = [*book[: replayed_of[episode]], *(_entry(call, delta, decode) for call, delta in episodes[episode])]
+        noted = replayed_of[episode]
+        kept = set(range(noted)) if isinstance(noted, int) else noted
+        if kept and max(kept) >= len(book):
+            raise _Untrusted(f"episode {episode} names replayed entries {sorted(kept)} of a book of {len(book)}")
+        book = [
+            *(entry for index, entry in enumerate(book) if index in kept),
+            *(_entry(call, delta, decode) for call, delta in episodes[episode]),
+        ]
     return ResumePoint(tuple(book), max(episodes))
+
+
+def _noted_together(before: set[int] | int | None, noted: set[int] | int, episode: int) -> set[int] | int:
+    """What an episode's live calls name as replayed, together: the union of their sets of entries, or their one
+    count (earlier versions noted the first ``m`` entries, and every call of an episode named the same ``m``)."""
+    if before is None:
+        return noted
+    if isinstance(before, int) or isinstance(noted, int):
+        if before != noted:
+            raise _Untrusted(f"the calls of episode {episode} name different replay counts")
+        return noted
+    return before | noted
 
 
 def _latest_episode(staged: Sequence[tuple[CommittedCall, StagedDelta]]) -> int:
@@ -211,8 +233,9 @@ def _latest_episode(staged: Sequence[tuple[CommittedCall, StagedDelta]]) -> int:
     return latest
 
 
-def _notes(delta: StagedDelta) -> tuple[int, int]:
-    """(episode, calls replayed) a live call's extras note; (0, 0) for a call of a first episode."""
+def _notes(delta: StagedDelta) -> tuple[int, set[int] | int]:
+    """(episode, the book's entries it replayed) a live call's extras note: a set of indexes, or a count ``m`` (the
+    first ``m``, as earlier versions noted); (0, 0) for a call of a first episode."""
     try:
         extras: Any = json.loads(delta.extras_json)
     except ValueError:
@@ -221,9 +244,12 @@ def _notes(delta: StagedDelta) -> tuple[int, int]:
     if notes is None:
         return 0, 0
     episode, replayed = (notes.get(key) if isinstance(notes, dict) else None for key in ("episode", "replayed"))
-    if not (type(episode) is int and type(replayed) is int and episode >= 1 and replayed >= 0):
+    indexes = replayed if isinstance(replayed, list) else []
+    listed = isinstance(replayed, list) and all(type(i) is int and i >= 0 for i in indexes)
+    counted = type(replayed) is int and replayed >= 0
+    if not (type(episode) is int and episode >= 1 and (listed or counted)):
         raise _Untrusted(f"the resume notes of {delta.call_id} are malformed: {str(notes)[:200]}")
-    return episode, replayed
+    return episode, set(indexes) if listed else replayed
 
 
 def _entry(call: CommittedCall, delta: StagedDelta, decode: Callable[[Sequence[int]], str]) -> BookEntry:

@@ -7,6 +7,7 @@ message graph: tool calls, a retried call, a sub-agent, a compacted history.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -81,6 +82,34 @@ async def sub_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
     ]
     final = await client.chat.completions.create(model="policy", messages=messages)
     return scored(task, final.choices[0].message.content)
+
+
+# Seconds the first of concurrent_agent's sub-agents waits before each of its calls: a test sets it to make the
+# second's calls arrive first.
+FIRST_SUB_AGENT_DELAY_S = 0.0
+
+
+async def concurrent_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """Two sub-agents at once (``asyncio.gather``), each three calls extending its own history; the main agent
+    scores the first's last answer and names it (``response_id``: with two chains, the last call is no witness).
+    Which sub-agent's call reaches the gateway first is up to the event loop."""
+
+    async def sub_agent(name: str, opening: str, delay: float) -> Any:
+        messages = [{"role": "system", "content": f"You are {name}."}, {"role": "user", "content": opening}]
+        reply = None
+        for follow_up in ("Check it.", "Final answer?", None):
+            await asyncio.sleep(delay)
+            reply = await client.chat.completions.create(model="policy", messages=messages)
+            messages.append(as_history(reply.choices[0].message))
+            if follow_up is not None:
+                messages.append({"role": "user", "content": follow_up})
+        return reply
+
+    adder, _ = await asyncio.gather(
+        sub_agent("the adder", f"What is {task['a']} + {task['b']}?", FIRST_SUB_AGENT_DELAY_S),
+        sub_agent("the multiplier", f"What is {task['a']} * {task['b']}?", 0.0),
+    )
+    return scored(task, adder.choices[0].message.content) | {"response_id": adder.id}
 
 
 async def compacting_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:

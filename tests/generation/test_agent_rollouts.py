@@ -284,3 +284,44 @@ def test_an_agent_whose_attempt_died_is_run_again_and_answered_from_its_committe
     assert verified_sequences(batch.store, 0).keys() == verified_sequences(clean.store, 0).keys()
     for rollout, deltas in verified_sequences(batch.store, 0).items():
         assert linearized(deltas).tolist() == linearized(verified_sequences(clean.store, 0)[rollout]).tolist()
+
+
+def test_a_resumed_concurrent_agent_samples_what_its_clean_run_did_whatever_order_its_calls_arrive_in(
+    tmp_path, tokenizer, tasks_file, monkeypatch
+):
+    """Two sub-agents calling at once; the engine's reply follows each call's seed. After the engine died mid-way,
+    the retry replays each rollout's committed calls while the first sub-agent is held back, so the second's calls
+    arrive first: every seed derives from the call's prompt (not from when it arrived), so the live calls sample
+    what the clean run sampled and the batch is token-identical to it."""
+    options = {"function": f"{AGENTS}:concurrent_agent", "tasks": str(tasks_file)}
+    room = {"sampling": SamplingSettings(temperature=1.0, max_tokens=64), "max_in_flight": 4, "max_turns": 8}
+
+    def seeded(request) -> str:
+        return f"It is {request.seed % 997}."
+
+    def order(engine: FakeScriptedEngine) -> list[str]:
+        return ["multiplier" in tokenizer.decode(list(r.prompt_token_ids)) for r in engine.requests]
+
+    clean_engine = FakeScriptedEngine(tokenizer, reply=seeded)
+    clean, clean_summary = run_agents(tmp_path / "clean", clean_engine, "agent_callable", options, **room)
+    assert clean_summary.ok == 4
+    total = len(clean_engine.requests)
+    dying = FakeScriptedEngine(tokenizer, reply=seeded)
+    dying._fail = lambda request: EngineDeadError("engine core died") if len(dying.requests) > total // 2 else None
+    with pytest.raises(EngineDeadError):
+        run_agents(tmp_path / "resumed", dying, "agent_callable", options, **room)
+
+    from tests.generation import agents_for_tests
+
+    monkeypatch.setattr(agents_for_tests, "FIRST_SUB_AGENT_DELAY_S", 0.2)
+    engine = FakeScriptedEngine(tokenizer, reply=seeded)
+    batch = Batch.open(str(tmp_path / "resumed" / "runs"), clean.config.batch_id)
+    summary = generate_shard(batch, 0, engine=engine, run=asyncio.run, progress=False)
+
+    assert summary.ok == 4 and summary.divergences == 0
+    assert any(r.replayed_calls for r in LedgerReader(batch.store, 0).receipts)
+    resumed_order = order(engine)
+    assert resumed_order[: len(resumed_order) // 2].count(True) > resumed_order[: len(resumed_order) // 2].count(False)
+    clean_rows = verified_sequences(clean.store, 0)
+    for rollout, deltas in verified_sequences(batch.store, 0).items():
+        assert linearized(deltas).tolist() == linearized(clean_rows[rollout]).tolist(), rollout

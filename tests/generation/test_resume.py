@@ -179,8 +179,8 @@ def test_a_call_that_asks_for_something_else_goes_live_and_names_the_divergence(
                 [(c.staging_key, CommitCoordinates(c.staging_segment, c.staging_row)) for c in live]
             )
         ]
-        assert extras[0]["resume"] == {"episode": 1, "replayed": 1, "reason": REPLAY_DIVERGED}
-        assert all(e["resume"] == {"episode": 1, "replayed": 1} for e in extras[1:])
+        assert extras[0]["resume"] == {"episode": 1, "replayed": [0], "reason": REPLAY_DIVERGED}
+        assert all(e["resume"] == {"episode": 1, "replayed": [0]} for e in extras[1:])
         assert live[0].parent_call_id == earlier[0].call_id
         # The committed calls past the divergence are on no chain.
         chain_ids = {d.call_id for d in chains[receipt.rollout_id]}
@@ -488,3 +488,57 @@ def test_a_retry_restarts_the_rollouts_of_a_damaged_segment_and_resumes_the_othe
     profile = profile_lineage(batch, lineage_inputs(batch))["rollouts"].to_pylist()
     counts = {row["rollout_id"]: (row["replayed"], row["replayed_found"], row["restaged"]) for row in profile}
     assert counts == {r.rollout_id: (len(r.replayed_calls), len(r.replayed_calls), 0) for r in receipts}
+
+
+def _committed(call_id: str, parent: StagedDelta | None, prompt: list[int], resume: dict | None) -> tuple:
+    """(CommittedCall, its StagedDelta) of one call of rollout r in attempt 0 or 1 (its id names the attempt)."""
+    from tasks.records.ledger import CallRecord
+    from tasks.storage.marker import MarkedFile
+
+    prefix = [] if parent is None else list(parent.token_ids_delta)  # every parent here is a root
+    delta = StagedDelta.build(
+        batch_id="b",
+        rollout_id="r",
+        call_id=call_id,
+        parent_call_id=None if parent is None else parent.call_id,
+        parent_chain_hash=None if parent is None else parent.chain_hash,
+        prefix_token_ids=prefix,
+        prompt_token_ids=[*prefix, *prompt],
+        generated_token_ids=[9, 2],
+        generated_logprobs=[-0.5, -0.25],
+        weight_version=0,
+        finish_reason="stop",
+        temperature=1.0,
+        top_p=1.0,
+        top_k=-1,
+        extras=None if resume is None else {"resume": resume},
+    )
+    record = CallRecord.for_staged(
+        delta, staging_segment="staging/shard-00000/attempt-00/seg-000000.parquet", staging_row=0, admitted_at=None
+    )
+    attempt = int(call_id.split(".a")[1][:2])
+    path = f"ledger/shard-00000/attempt-{attempt:02d}/calls-000000.parquet"
+    calls_file = MarkedFile(path=path, kind="calls", size=1, sha256="0" * 64, rows=1)
+    return CommittedCall(record, attempt, calls_file), delta
+
+
+@pytest.mark.parametrize(
+    ("noted", "kept"),
+    [
+        ([[0, 2], [0, 2]], ["r.a00.c000", "r.a00.c002"]),  # concurrent sub-agents: a0 and b0 replayed, a1 not
+        ([[0], [0, 2]], ["r.a00.c000", "r.a00.c002"]),  # the live calls noted what was replayed when each was made
+        ([1, 1], ["r.a00.c000"]),  # a count, as earlier versions noted: the first m entries
+    ],
+)
+def test_a_book_is_rebuilt_from_the_entries_its_episodes_replayed_in_any_order(noted, kept):
+    from tasks.generate.resume import _point
+
+    a0 = _committed("r.a00.c000", None, [1, 2], None)
+    a1 = _committed("r.a00.c001", a0[1], [3], None)
+    b0 = _committed("r.a00.c002", None, [4, 5], None)
+    live = [
+        _committed(f"r.a01.c00{i}", a0[1], [6 + i], {"episode": 1, "replayed": notes}) for i, notes in enumerate(noted)
+    ]
+    point = _point([a0, a1, b0, *live], decode=lambda ids: "x")
+    assert point.episode == 1
+    assert [e.record.call_id for e in point.entries] == [*kept, "r.a01.c000", "r.a01.c001"]
