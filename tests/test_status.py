@@ -143,15 +143,20 @@ def test_a_committed_shard_and_an_abandoned_attempt(root, tokenizer):
     assert abandoned.attempts == (AttemptStatus(attempt=0, claim=claim, objects=empty, last_activity=claim.started_at),)
     totals = status.totals
     assert (totals.committed_shards, totals.rollouts, totals.ok, totals.poisoned, totals.failed) == (1, 4, 2, 2, 0)
-    assert (totals.calls, totals.failure_rows) == (marker.counts.calls, 2)
+    assert (totals.calls, totals.calls_recorded, totals.failure_rows) == (
+        marker.counts.calls_used,
+        marker.counts.calls_recorded,
+        2,
+    )
+    assert committed.committed.calls == marker.counts.calls_used
     assert (totals.failures_by_reason, totals.poisoned_by_reason) == ({"engine_error": 2}, {"engine_error": 2})
     assert (totals.weight_version_min, totals.weight_version_max) == (7, 7)
     assert status.next_step == f"run `rollout-ledger generate --root {root.url} --batch-id {BATCH} --shard 1`"
 
     text = render_status(status)
     assert (
-        f"shard 0   committed   attempt 0: 4 rollouts (2 ok, 2 poisoned, 0 failed, 0 adopted), {totals.calls} calls"
-        in text
+        "shard 0   committed   attempt 0: 4 rollouts (2 ok, 2 poisoned, 0 failed, 0 adopted), "
+        f"{totals.calls} calls used, {totals.calls_recorded} recorded, 2 failure rows" in text
     )
     assert f"shard 1   abandoned\n    attempt 0: claimed by {claim.host} pid {claim.pid} at " in text
     assert "(try 3); left 0 staging, 0 calls, 0 failures, 0 receipts object(s)" in text

@@ -50,11 +50,11 @@ def engine_notice(
 def shard_lines(summary: ShardSummary) -> list[str]:
     """What a run did to one shard, for a person: the commit, the training signal, servers and failovers."""
     done = (
-        f"already committed by attempt {summary.attempt}"
+        f"already committed by attempt {summary.attempt}: {calls_text(summary)}"
         if summary.already_committed
         else f"committed attempt {summary.attempt}: {summary.ok} ok, {summary.poisoned} poisoned, "
-        f"{summary.failed} failed, {summary.adopted} adopted, {summary.generated_tokens} tokens "
-        f"in {summary.seconds:.0f} s"
+        f"{summary.failed} failed, {summary.adopted} adopted, {calls_text(summary)}, "
+        f"{summary.generated_tokens} tokens in {summary.seconds:.0f} s"
     )
     lines = [f"shard {summary.shard}: {done}"]
     lines += [f"  {line}" for line in (summary.signal.describe() if summary.signal is not None else ())]
@@ -67,6 +67,15 @@ def shard_lines(summary: ShardSummary) -> list[str]:
             f"{summary.live_calls} sampled live after, {summary.divergences} divergence(s)"
         )
     return lines + failed_lines(summary)
+
+
+def calls_text(summary: ShardSummary) -> str:
+    """The calls the shard's rollouts use, then every call record its marker names (those no rollout uses too);
+    a run without capture recorded none."""
+    if summary.calls_recorded is None:
+        return f"{summary.calls} calls, none recorded"
+    used = "calls used unknown (a version-1 marker)" if summary.calls is None else f"{summary.calls} calls used"
+    return f"{used}, {summary.calls_recorded} recorded"
 
 
 def failed_lines(summary: ShardSummary) -> list[str]:

@@ -1,7 +1,10 @@
 """What a generate run returns per shard: :class:`ShardSummary`, and :class:`RolloutsFailedError` for a shard
 whose every rollout failed.
 
-The counts of a committed shard come from its marker, whichever attempt wrote it; only what
+The counts of a committed shard come from its marker, whichever attempt wrote it: ``calls`` the
+calls its receipted rollouts use (the marker's ``calls_used``; None, unknown, from a version-1 marker,
+which did not record it), ``calls_recorded`` every call record it names, those no rollout uses included
+(an earlier attempt's, diverged from, not replayed, or in flight when it ended). Only what
 this run measured itself (tokens generated, seconds, orphans swept, the training signal of the
 rollouts it saw, the requests its capture gateway refused for want of a valid key, the calls each
 server replica answered, the failovers, and what resuming rollouts replayed) is added to them.
@@ -48,13 +51,16 @@ class ShardSummary:
     poisoned: int
     failed: int
     adopted: int
-    calls: int
+    calls: int | None  # used by the receipted rollouts; None: unknown (a version-1 marker)
     failures: int
     generated_tokens: int
     seconds: float
     already_committed: bool
     swept: int
     signal: TrainingSignal | None = None
+    # Every call record the marker names, those no rollout uses included; None when nothing was recorded
+    # (a run without capture).
+    calls_recorded: int | None = None
     # Requests to this attempt's capture gateway without their route's key (or for an unknown
     # rollout id): counted here, never on a rollout, since their sender may not be its agent.
     gateway_auth_failures: int = 0
@@ -91,7 +97,8 @@ class ShardSummary:
             poisoned=counts.poisoned,
             failed=counts.failed,
             adopted=counts.adopted_rollouts,
-            calls=counts.calls,
+            calls=counts.calls_used,
+            calls_recorded=counts.calls_recorded,
             failures=counts.failures,
             **({"generated_tokens": 0, "seconds": 0.0, "already_committed": True, "swept": 0} | extra),
         )

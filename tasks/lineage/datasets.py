@@ -12,6 +12,11 @@ Every dataset the batch writes carries the provenance facet; the validated input
 carry its assertions and its profile. A suite checks every committed shard together: each shard
 ledger carries the whole suite's assertions and profile columns, with its own row, byte and
 file counts.
+
+A shard ledger's rows are calls, counted two ways by its marker: as an output of generate, the
+calls its receipted rollouts use (``calls_used``: unknown, so left out, for a version-1 marker);
+as an input the lineage suite checked, every call record it names (``calls_recorded``: the suite
+checks those no rollout uses too).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from openlineage.client.event_v2 import InputDataset, OutputDataset
+from openlineage.client.facet_v2 import output_statistics_output_dataset
 from openlineage.client.generated.base import DatasetFacet, InputDatasetFacet, OutputDatasetFacet
 
 from tasks import layout
@@ -112,7 +118,7 @@ def suite_lineage(batch: Batch, summary: SuiteSummary) -> TaskLineage:
             ledger = [f for f in marker.files if f.kind in layout.LEDGER_KINDS]
             checked: dict[str, InputDatasetFacet] = {"dataQualityAssertions": assertions}
             if profile is not None:
-                size, rows = sum(f.size for f in ledger), marker.counts.calls
+                size, rows = sum(f.size for f in ledger), marker.counts.calls_recorded  # every row it checked
                 checked["dataQualityMetrics"] = facets.metrics(profile, rows=rows, size=size, files=len(ledger))
             inputs.append(_input(shard_ledger(batch, shard), input_facets=checked))
     else:
@@ -187,10 +193,15 @@ def _sources(config: BatchConfig) -> tuple[InputDataset, ...]:
 
 
 def _ledger_statistics(marker: ShardMarker | None) -> OutputDatasetFacet | None:
+    """A committed ledger's rows are the calls its receipted rollouts use (``calls_used``), not every call record
+    it names; a version-1 marker did not record them, so its row count is left out (unknown)."""
     if marker is None:
         return None
     files = [f for f in marker.files if f.kind in layout.LEDGER_KINDS]
-    return facets.output_statistics(rows=marker.counts.calls, size=sum(f.size for f in files), files=len(files))
+    size = sum(f.size for f in files)
+    if marker.counts.calls_used is None:
+        return output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(size=size, fileCount=len(files))
+    return facets.output_statistics(rows=marker.counts.calls_used, size=size, files=len(files))
 
 
 def _staging_statistics(marker: ShardMarker | None) -> OutputDatasetFacet | None:

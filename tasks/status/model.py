@@ -104,8 +104,12 @@ class ResumeCounts:
 class CommittedShard:
     """A committed shard: the marker's attempt and counts, and facts read from its named ledger files.
 
-    ``failures_by_reason`` counts every named failure row; ``poisoned_by_reason`` the poisoned
-    receipts; the weight versions range over every named call record (None without calls);
+    ``calls``: the calls its receipted rollouts use (in their manifests, each once), counted from the
+    named ledger files: the marker's ``counts.calls_used`` checked, or the figure a version-1 marker
+    lacks (its ``counts.calls_used`` is None); ``counts.calls_recorded`` counts every named call record,
+    those no rollout uses included. ``failures_by_reason`` counts every named failure row;
+    ``poisoned_by_reason`` the poisoned receipts; the weight versions range over every named call
+    record (None without calls);
     ``failovers`` are the earlier attempts that failed over (:func:`tasks.status.shards.failed_over`);
     ``calls_by_server`` and ``rollouts_failed_over`` sum what the receipts say of where their calls
     ran (an engine of several servers: :func:`tasks.generate.receipts.capture_notes`); ``resumed``
@@ -115,6 +119,7 @@ class CommittedShard:
     attempt: int
     committed_at: float
     counts: ShardCounts
+    calls: int
     failures_by_reason: dict[str, int]
     poisoned_by_reason: dict[str, int]
     weight_version_min: int | None
@@ -138,7 +143,12 @@ class ShardStatus:
 
 @dataclass(frozen=True)
 class Totals:
-    """Sums over the committed shards' markers and named ledger files (``resumed``: their receipts' resume notes)."""
+    """Sums over the committed shards' markers and named ledger files (``resumed``: their receipts' resume notes).
+
+    ``calls``: the calls the receipted rollouts use (:attr:`CommittedShard.calls`); ``calls_recorded``:
+    every named call record, those no rollout uses included (an earlier attempt's, diverged from, not
+    replayed, or in flight when it ended).
+    """
 
     committed_shards: int
     rollouts: int
@@ -146,6 +156,7 @@ class Totals:
     poisoned: int
     failed: int
     calls: int
+    calls_recorded: int
     failure_rows: int
     failures_by_reason: dict[str, int]
     poisoned_by_reason: dict[str, int]

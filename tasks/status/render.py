@@ -55,9 +55,12 @@ def _shard_lines(shard: ShardStatus) -> list[str]:
     head = f"shard {shard.shard:<3} {shard.state:<11}"
     if shard.committed is not None:
         c, counts = shard.committed, shard.committed.counts
+        calls = _calls(c.calls, counts.calls_recorded)
+        if counts.calls_used is None:
+            calls += " (used: counted from the ledger, which a version-1 marker does not record)"
         lines = [
             f"{head} attempt {c.attempt}: {counts.rollouts} rollouts ({counts.ok} ok, {counts.poisoned} poisoned, "
-            f"{counts.failed} failed, {counts.adopted_rollouts} adopted), {counts.calls} calls, "
+            f"{counts.failed} failed, {counts.adopted_rollouts} adopted), {calls}, "
             f"{counts.failures} failure rows, {counts.staged_rows} staged rows"
             + (f"; failed over from attempt(s) {list(c.failovers)}" if c.failovers else "")
             + (f"; {c.rollouts_failed_over} rollout(s) restarted on a live server" if c.rollouts_failed_over else "")
@@ -110,8 +113,9 @@ def _totals_lines(totals: Totals, planned: int) -> list[str]:
     )
     return [
         f"totals ({totals.committed_shards} committed shard(s)): {totals.rollouts}/{planned} rollouts receipted "
-        f"({totals.ok} ok, {totals.poisoned} poisoned, {totals.failed} failed), {totals.calls} calls, "
-        f"{totals.failure_rows} failure rows; weight versions {versions}",
+        f"({totals.ok} ok, {totals.poisoned} poisoned, {totals.failed} failed), "
+        f"{_calls(totals.calls, totals.calls_recorded)}, {totals.failure_rows} failure rows; "
+        f"weight versions {versions}",
         f"  failures by reason: {_counts(totals.failures_by_reason)}",
         f"  poisoned by reason: {_counts(totals.poisoned_by_reason)}",
         *(f"  {line}" for line in _resumed_lines(totals.resumed)),
@@ -140,6 +144,11 @@ def _reports_lines(url: str, reports: ReportsStatus) -> list[str]:
     head = f"reports: {len(reports.objects)} object(s) under {url}/{layout.REPORTS_DIR}/"
     key = [p for p in reports.objects if p == reports.index or p.endswith("/summary.json")]
     return [head, *(f"  {url}/{path}" for path in key)]
+
+
+def _calls(used: int, recorded: int) -> str:
+    """The calls the rollouts use, then every call record (those no rollout uses included)."""
+    return f"{used} calls used, {recorded} recorded"
 
 
 def _counts(counts: Mapping[str, object]) -> str:

@@ -10,7 +10,9 @@ attempt on the others: docs/servers.md) is read from the claims: an attempt whos
 the same process (host and pid) claimed failed over, since a generate process claims a shard
 again only then. Where a committed shard's calls ran and what resuming its rollouts did
 (:mod:`tasks.capture.replay`) are read from the notes of its receipts' reward info, which is
-storage content: a note not of the shape the capture writes counts nothing.
+storage content: a note not of the shape the capture writes counts nothing. The calls its rollouts
+use are counted from the named ledger files (:attr:`~tasks.storage.ledger_reader.LedgerReader.calls_used`):
+a version-1 marker does not record them, and a version-2 marker's figure is checked.
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ def shard_status(batch: Batch, shard: int, active_since: float) -> ShardStatus:
         return ShardStatus(shard=shard, state="unreadable", error=f"{type(exc).__name__}: {exc}")
     try:
         failovers = failed_over(read_claims(store, shard))
-    except MalformedClaimError as exc:
+        committed = _committed_shard(ledger, failovers)
+    except (MalformedClaimError, StorageIntegrityError) as exc:
         return ShardStatus(shard=shard, state="unreadable", error=f"{type(exc).__name__}: {exc}")
-    return ShardStatus(shard=shard, state="committed", committed=_committed_shard(ledger, failovers))
+    return ShardStatus(shard=shard, state="committed", committed=committed)
 
 
 def failed_over(claims: Iterable[AttemptClaim]) -> tuple[int, ...]:
@@ -70,6 +73,7 @@ def _committed_shard(ledger: LedgerReader, failovers: tuple[int, ...]) -> Commit
         attempt=ledger.marker.attempt,
         committed_at=ledger.marker.committed_at,
         counts=ledger.marker.counts,
+        calls=ledger.calls_used,  # the marker's figure checked, or computed for a version-1 marker
         failures_by_reason=_value_counts(tables.failures.column("reason")),
         poisoned_by_reason=_value_counts(poisoned.column("failure_reason")),
         weight_version_min=versions["min"],

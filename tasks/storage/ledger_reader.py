@@ -5,6 +5,8 @@ the size and sha256 the marker recorded (``segment_checksum_mismatch`` otherwise
 number of rows it says, every row must satisfy its record's rules, rows of calls and failures
 belong to the marker's batch, receipts to the attempt of their file, and no rollout has two
 receipts. Staging segments are verified later, by whoever reads them (``StagedReader``).
+:attr:`LedgerReader.calls_used` counts the calls the receipted rollouts use from the named files,
+the figure a version-2 marker records (``counts.calls_used``) and a version-1 marker lacks.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from tasks.storage.ledger_files import (
     parse_ledger_table,
     prove_rows,
 )
-from tasks.storage.marker import MarkedFile, read_marked_bytes, read_marker
+from tasks.storage.marker import MarkedFile, calls_in_manifests, read_marked_bytes, read_marker
 from tasks.storage.objects import ObjectStore
 
 
@@ -85,6 +87,24 @@ class LedgerReader:
             receipts=_concat("receipts", loaded["receipts"]),
         )
         check_unique_receipts(self.tables.receipts.column("rollout_id").to_pylist(), where=f"shard {shard}")
+
+    @cached_property
+    def calls_used(self) -> int:
+        """The calls the receipted rollouts' manifests hold, each once, counted from the named files
+        (:func:`~tasks.storage.marker.calls_in_manifests`): a version-1 marker's unknown ``calls_used``.
+
+        A marker that records another figure is refused (:class:`MalformedMarkerError`): its writer
+        disagreed with the rows it committed.
+        """
+        tables = self.tables
+        used = calls_in_manifests(tables.calls, tables.call_attempts, tables.receipts)
+        recorded = self.marker.counts.calls_used
+        if recorded is not None and recorded != used:
+            raise MalformedMarkerError(
+                f"{layout.shard_marker(self.marker.shard)}: counts.calls_used is {recorded}, "
+                f"the manifests of its receipts hold {used} of the named call records"
+            )
+        return used
 
     @cached_property
     def receipts(self) -> tuple[Receipt, ...]:

@@ -8,6 +8,8 @@ Invariants it keeps, in the order a crash could break them:
   and failure row added before it is durable, so a receipt on storage implies its manifest is;
 * the commit marker is written last and names every object the shard's data lives in,
   including the files of rollouts adopted from earlier attempts (:mod:`tasks.storage.recovery`);
+  its ``calls_used`` counts the calls of the receipts' manifests (this attempt's and the adopted
+  ones) among the rows the marker names, by the one manifest rule (:func:`_calls_used`);
 * at commit, a kind of row this attempt wrote in more files than ``max_rows`` per file needs
   (one file per staging group commit, say) is rewritten into compacted files
   (``{kind}-compacted-NNNNNN.parquet``: the same rows in the same order, ``max_rows`` a file,
@@ -23,9 +25,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -35,9 +38,17 @@ from tasks.errors import LedgerConflictError
 from tasks.ids import check_id
 from tasks.records.ledger import CallRecord, FailureRow, Receipt
 from tasks.storage.ledger_files import RECORD_OF_KIND
-from tasks.storage.marker import MarkedFile, ShardCounts, ShardMarker, parse_shard_object, write_marker
+from tasks.storage.marker import (
+    MarkedFile,
+    ShardCounts,
+    ShardMarker,
+    calls_in_manifests,
+    parse_shard_object,
+    write_marker,
+)
 from tasks.storage.objects import ObjectStore
 from tasks.storage.recovery import Recovery
+from tasks.storage.rollout_manifest import receipts_table
 from tasks.storage.staging import WrittenSegment
 
 DEFAULT_MAX_ROWS = 1024
@@ -97,6 +108,8 @@ class LedgerWriter:
         self._sealed = False  # commit began: no more rows; a failed commit may only be retried
         # Call records of rollouts not yet receipted (for the same-id check); a receipt releases them.
         self._open_calls: dict[str, dict[str, CallRecord]] = {}
+        # (rollout_id, call_id) of every call record this attempt buffered, in ledger order (for calls_used).
+        self._call_keys: list[tuple[str, str]] = []
         # staging segment -> (rows its call records need, the call that needs the most)
         self._rows_needed: dict[str, tuple[int, str]] = {}
         self._receipts: dict[str, Receipt] = {}
@@ -152,6 +165,7 @@ class LedgerWriter:
             self._rows_needed[record.staging_segment] = max(
                 needed, self._rows_needed.get(record.staging_segment, needed)
             )
+            self._call_keys.append((record.rollout_id, record.call_id))
             self._buffer("calls", record)
 
     def add_failure(self, row: FailureRow) -> None:
@@ -245,7 +259,8 @@ class LedgerWriter:
                 ok=statuses.count("ok"),
                 poisoned=statuses.count("poisoned"),
                 failed=statuses.count("failed"),
-                calls=rows("calls"),
+                calls_recorded=rows("calls"),
+                calls_used=self._calls_used(receipts, {f.path for f in files}),
                 failures=rows("failures"),
                 staged_rows=rows("staging"),
                 adopted_rollouts=len(self._adopted.rollouts),
@@ -267,6 +282,32 @@ class LedgerWriter:
                 self._tail[kind].clear()
                 self._tail_rows[kind] = 0
             return marker
+
+    def _calls_used(self, receipts: Sequence[Receipt], named: set[str]) -> int:
+        """The marker's ``calls_used``: calls in the manifests of ``receipts`` (this attempt's and the adopted
+        ones), each once, over the call rows the marker names that a manifest can hold.
+
+        Those rows are this attempt's call records and, of earlier attempts, the adopted rollouts' manifests and
+        the calls of the rollouts no earlier attempt receipted, each in a file the marker names (which holds the
+        calls this attempt's receipts replayed); the named files' other rows belong to no manifest. The rule
+        is :func:`~tasks.storage.rollout_manifest.rollout_manifests`, which reads the committed ledger alike.
+        """
+        earlier: dict[int, tuple[CallRecord, int]] = {}
+        for bundle in self._adopted.rollouts:
+            for call in bundle.manifest:
+                earlier.setdefault(id(call), (call, layout.attempt_of(call.staging_segment)))
+        for committed in (c for calls in self._adopted.unreceipted.values() for c in calls):
+            if committed.calls_file.path in named:
+                earlier.setdefault(id(committed.record), (committed.record, committed.attempt))
+        keys = [(call.rollout_id, call.call_id) for call, _ in earlier.values()] + self._call_keys
+        calls = pa.table(
+            {
+                "rollout_id": pa.array([rollout for rollout, _ in keys], pa.string()),
+                "call_id": pa.array([call for _, call in keys], pa.string()),
+            }
+        )
+        attempts = np.asarray([a for _, a in earlier.values()] + [self.attempt] * len(self._call_keys), np.int64)
+        return calls_in_manifests(calls, attempts, receipts_table(receipts))
 
     def _check_batch(self, batch_id: str, what: str) -> None:
         if batch_id != self.batch_id:

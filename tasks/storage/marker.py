@@ -8,6 +8,15 @@ must agree with those rows. A marker that breaks any of these rules is refused w
 this shard in an attempt no later than the committing one, and a compacted ledger file
 (``{kind}-compacted-NNNNNN.parquet``) must be the committing attempt's own: only its own
 attempt's marker makes one valid (recovery never reads them).
+
+Two figures count calls (:class:`ShardCounts`): ``calls_recorded``, the rows of the named calls
+files (a row sum like the other counts, checked here), and ``calls_used``, the calls the
+receipted rollouts' manifests hold, each once (:func:`calls_in_manifests`, the rule of
+:mod:`tasks.storage.rollout_manifest`), computed by the writer at commit: the named files also
+hold calls no manifest uses (an earlier attempt's, diverged from, not replayed, or in flight at
+its end). Marker version 2 has both; version 1 (``counts.calls``, the row sum) is read with
+``calls_used`` unknown (None): :class:`~tasks.storage.ledger_reader.LedgerReader` computes it
+from the named files.
 """
 
 from __future__ import annotations
@@ -18,14 +27,19 @@ import re
 from dataclasses import dataclass
 from typing import Self
 
+import numpy as np
+import pyarrow as pa
+
 from tasks import layout
 from tasks.checks import check_choice, check_finite, check_hex_digest, check_int
 from tasks.errors import MalformedMarkerError, SegmentChecksumMismatchError
 from tasks.ids import check_id
 from tasks.storage.objects import ObjectStore, WrittenObject, sha256_hex
+from tasks.storage.rollout_manifest import rollout_manifests
 from tasks.strict_json import load_dataclass, parse_json
 
-MARKER_VERSION = 1
+MARKER_VERSION = 2  # 2: counts.calls_recorded and counts.calls_used (1: counts.calls, the row sum)
+READABLE_MARKER_VERSIONS = (1, 2)
 SHARD_FILE_KINDS = ("staging", *layout.LEDGER_KINDS)
 DATASET_FILE_KINDS = ("part", "metrics", "card")
 FILE_KINDS = (*SHARD_FILE_KINDS, *DATASET_FILE_KINDS)
@@ -122,26 +136,30 @@ def read_marked_bytes(store: ObjectStore, marked: MarkedFile, *, marker: str = "
 
 @dataclass(frozen=True)
 class ShardCounts:
-    """Counts a marker commits; each equals a sum over the rows of the named files.
+    """Counts a marker commits; each but ``calls_used`` equals a sum over the rows of the named files.
 
-    ``staged_rows``/``calls``/``failures``: rows of the named staging, calls and failures files
-    (leftover rows of un-receipted rollouts in adopted files included); ``rollouts``: rows of the
-    named receipts files, split by status into ``ok``/``poisoned``/``failed``;
-    ``adopted_rollouts``: receipts rows in files of earlier attempts.
+    ``staged_rows``/``calls_recorded``/``failures``: rows of the named staging, calls and failures
+    files (leftover rows of un-receipted rollouts in adopted files included); ``rollouts``: rows of
+    the named receipts files, split by status into ``ok``/``poisoned``/``failed``;
+    ``adopted_rollouts``: receipts rows in files of earlier attempts. ``calls_used``: the calls the
+    receipted rollouts' manifests hold, each once (:func:`calls_in_manifests`), at most
+    ``calls_recorded``; None for a version-1 marker, which did not record it.
     """
 
     rollouts: int
     ok: int
     poisoned: int
     failed: int
-    calls: int
+    calls_recorded: int
+    calls_used: int | None
     failures: int
     staged_rows: int
     adopted_rollouts: int
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            check_int(getattr(self, f.name), field=f"counts.{f.name}", error=MalformedMarkerError)
+            if f.name != "calls_used" or self.calls_used is not None:
+                check_int(getattr(self, f.name), field=f"counts.{f.name}", error=MalformedMarkerError)
         if self.ok + self.poisoned + self.failed != self.rollouts:
             raise MalformedMarkerError(
                 f"counts: ok {self.ok} + poisoned {self.poisoned} + failed {self.failed} != rollouts {self.rollouts}"
@@ -150,9 +168,20 @@ class ShardCounts:
             raise MalformedMarkerError(
                 f"counts: adopted_rollouts {self.adopted_rollouts} exceeds rollouts {self.rollouts}"
             )
+        if self.calls_used is not None and self.calls_used > self.calls_recorded:
+            raise MalformedMarkerError(
+                f"counts: calls_used {self.calls_used} exceeds calls_recorded {self.calls_recorded}"
+            )
 
 
-_COUNT_OF_KIND = {"staging": "staged_rows", "calls": "calls", "failures": "failures", "receipts": "rollouts"}
+def calls_in_manifests(calls: pa.Table, call_attempts: np.ndarray, receipts: pa.Table) -> int:
+    """How many call rows of ``calls`` the manifests of ``receipts`` hold, each row once however many
+    manifests name it: a marker's ``calls_used`` (arguments as :func:`~tasks.storage.rollout_manifest.rollout_manifests`
+    takes them)."""
+    return int(np.unique(rollout_manifests(calls, call_attempts, receipts).rows).size)
+
+
+_COUNT_OF_KIND = {"staging": "staged_rows", "calls": "calls_recorded", "failures": "failures", "receipts": "rollouts"}
 
 
 @dataclass(frozen=True)
@@ -171,6 +200,11 @@ class ShardMarker:
         problem = _version_problem(self.marker_version)
         if problem is not None:
             raise MalformedMarkerError(problem)
+        if isinstance(self.counts, ShardCounts) and (self.counts.calls_used is None) != (self.marker_version == 1):
+            raise MalformedMarkerError(
+                f"counts.calls_used is {self.counts.calls_used!r}: a version-{self.marker_version} marker "
+                + ("does not record it (None)" if self.marker_version == 1 else "records it (an int)")
+            )
         try:
             check_id(self.batch_id, field="batch_id")
         except (TypeError, ValueError) as exc:
@@ -224,26 +258,50 @@ class ShardMarker:
         return tuple(f for f in self.files if f.kind == kind)
 
     def to_json(self) -> str:
-        """Canonical JSON: sorted keys, no spaces, files in ledger order."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"), allow_nan=False)
+        """Canonical JSON: sorted keys, no spaces, files in ledger order; a version-1 marker as version 1 wrote it."""
+        raw = dataclasses.asdict(self)
+        if self.marker_version == 1:
+            counts = raw["counts"]
+            counts["calls"] = counts.pop("calls_recorded")
+            del counts["calls_used"]
+        return json.dumps(raw, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = "marker") -> Self:
         """Parse and validate a marker; :class:`MalformedMarkerError` names ``source`` and the problem.
 
-        The version is checked first, so a marker of another version is refused as such.
+        The version is checked first, so a marker of another version is refused as such; a version-1
+        marker's ``counts.calls`` reads as ``calls_recorded``, with ``calls_used`` unknown (None).
         """
         raw = parse_json(text, source=source, error=MalformedMarkerError)
-        problem = _version_problem(raw.get("marker_version", MARKER_VERSION)) if isinstance(raw, dict) else None
-        if problem is not None:
-            raise MalformedMarkerError(f"{source}: {problem}")
+        if isinstance(raw, dict):
+            problem = _version_problem(raw.get("marker_version", MARKER_VERSION))
+            if problem is not None:
+                raise MalformedMarkerError(f"{source}: {problem}")
+            if raw.get("marker_version") == 1 and isinstance(raw.get("counts"), dict):
+                raw = raw | {"counts": _version_1_counts(raw["counts"], source=f"{source}.counts")}
         return load_dataclass(cls, raw, source=source, error=MalformedMarkerError, require_all=True)
 
 
+def _version_1_counts(counts: dict[str, object], *, source: str) -> dict[str, object]:
+    """A version-1 marker's counts in the current shape: ``calls`` (the row sum) as ``calls_recorded``, no
+    ``calls_used``."""
+    unknown = sorted({"calls_recorded", "calls_used"} & set(counts))
+    if unknown:
+        raise MalformedMarkerError(f"{source}: unknown field(s) {unknown} in a version-1 marker")
+    if "calls" not in counts:
+        raise MalformedMarkerError(f"{source}: missing field(s) ['calls']")
+    upgraded = {key: value for key, value in counts.items() if key != "calls"}
+    return upgraded | {"calls_recorded": counts["calls"], "calls_used": None}
+
+
 def _version_problem(version: object) -> str | None:
-    if type(version) is int and version == MARKER_VERSION:
+    if type(version) is int and version in READABLE_MARKER_VERSIONS:
         return None
-    return f"marker_version {version!r} is not supported (expected {MARKER_VERSION})"
+    newer = type(version) is int and version > MARKER_VERSION
+    return f"marker_version {version!r} is not supported (this code reads {list(READABLE_MARKER_VERSIONS)})" + (
+        "; it was written by newer code: read it with that code" if newer else ""
+    )
 
 
 def _file_order(marked: MarkedFile, shard: int) -> tuple[int, int, bool, int]:

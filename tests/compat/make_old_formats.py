@@ -121,6 +121,74 @@ store.write_once(layout.DATASET_MARKER, committed.to_json().encode())
 out = ""
 """
 
+# A batch of one shard committed by version-1 markers' code after a killed attempt: attempt 0 receipted
+# r000000-00 (2 calls) and left r000000-01's 2 calls in the same calls file; attempt 1 adopted the first,
+# and the second replayed its first call and diverged from its second (a live call instead), so the marker
+# names 5 call records (counts.calls) of which the rollouts use 4.
+_LEDGER_V1_RESUMED = """
+import shutil, tempfile
+import numpy as np
+from tasks.batch import Batch
+from tasks.config import BatchConfig, ModelSpec
+from tasks.ids import call_id
+from tasks.plan import plan_batch
+from tasks.records.ledger import CallRecord, Receipt, StagedDelta
+from tasks.storage.ledger_writer import LedgerWriter
+from tasks.storage.recovery import carried_files, recover_earlier_attempts
+from tasks.storage.staging import StagingWriter
+config = BatchConfig(batch_id="old-b1", environment="arithmetic", num_tasks=1, group_size=2, shards=1,
+                     model=ModelSpec(reference="fake-model"), code_version="old")
+root = tempfile.mkdtemp()
+batch = Batch.open(root, "old-b1")
+plan_batch(batch, config)
+store = batch.store
+adopted, resumed = "r000000-00", "r000000-01"
+tokens = {}  # call id -> the call's prompt and sampled ids
+
+def delta(rollout, attempt, ordinal, parent=None):
+    prefix = np.zeros(0, np.int64) if parent is None else tokens[parent.call_id]
+    prompt = np.concatenate([prefix, [100 + ordinal, 101]]).astype(np.int64)
+    made = StagedDelta.build(batch_id="old-b1", rollout_id=rollout, call_id=call_id(rollout, attempt, ordinal),
+                             parent_call_id=None if parent is None else parent.call_id,
+                             parent_chain_hash=None if parent is None else parent.chain_hash,
+                             prefix_token_ids=prefix, prompt_token_ids=prompt, generated_token_ids=[200 + ordinal, 2],
+                             generated_logprobs=[-0.5, -0.25], weight_version=0, finish_reason="stop",
+                             temperature=1.0, top_p=1.0, top_k=-1)
+    tokens[made.call_id] = np.concatenate([prompt, [200 + ordinal, 2]]).astype(np.int64)
+    return made
+
+def receipt(rollout, attempt, terminal, replayed=()):
+    return Receipt(rollout_id=rollout, group_id="g000000", attempt=attempt, reward=1.0, reward_info="{}",
+                   terminal_call_id=terminal, terminal_selection="declared", terminal_attribution_reason=None,
+                   status="ok", failure_reason=None, num_calls=2, replayed_calls=tuple(replayed))
+
+def stage(writer, attempt, deltas):  # one segment, then a call record per delta
+    with StagingWriter(store, shard=0, attempt=attempt, max_delay_ms=10_000) as staging:
+        futures = [staging.submit(d) for d in deltas]
+        for made, future in zip(deltas, futures):
+            where = future.result(timeout=60)
+            writer.add_call(CallRecord.for_staged(made, staging_segment=where.segment, staging_row=where.row,
+                                                  admitted_at=1764600000.0))
+    return staging.segments
+
+a0 = delta(adopted, 0, 0); a1 = delta(adopted, 0, 1, a0); b0 = delta(resumed, 0, 0); b1 = delta(resumed, 0, 1, b0)
+first = LedgerWriter(store, batch_id="old-b1", shard=0, attempt=0)
+stage(first, 0, [a0, a1, b0, b1])
+first.add_receipt(receipt(adopted, 0, a1.call_id))
+first.flush()  # then the attempt was killed: no marker
+recovery = recover_earlier_attempts(store, 0, attempt=1)
+second = LedgerWriter(store, batch_id="old-b1", shard=0, attempt=1, adopted=recovery)
+live = delta(resumed, 1, 1, b0)  # replayed b0, diverged from b1
+segments = stage(second, 1, [live])
+second.add_receipt(receipt(resumed, 1, live.call_id, replayed=[b0.call_id]))
+replayed = [c for c in recovery.unreceipted[resumed] if c.record.call_id == b0.call_id]
+marker = second.commit(staging_segments=segments, carried=carried_files(store, 0, replayed))
+assert (marker.marker_version, marker.counts.calls, len(marker.files_of("calls"))) == (1, 5, 2)
+shutil.copytree(f"{root}/batches/old-b1", target)
+shutil.rmtree(root)
+out = ""
+"""
+
 # file name -> (commit whose code writes it, snippet that leaves the bytes in `out`)
 FORMATS: dict[str, tuple[str, str]] = {
     "batch-config-v1.json": ("87c43b5", _CONFIG_V1 + "out = config.to_json()"),
@@ -242,6 +310,7 @@ folder.mkdir(parents=True, exist_ok=True)
 out = ""
 """,
     ),
+    "ledger-v1-resumed/": ("da2b6c5", _LEDGER_V1_RESUMED),
     "dataset-row-schema-v2.txt": (
         "3e4c138",
         """

@@ -19,14 +19,20 @@ from tasks import layout
 from tasks.batch import Batch
 from tasks.config import ValidationSpec
 from tasks.errors import ConfigError, MalformedDatasetMarkerError, ReviewConflictError
+from tasks.generate.console import shard_lines, summaries_json
+from tasks.generate.summary import ShardSummary
 from tasks.layout import REVIEW_RECORD
+from tasks.lineage.datasets import generate_lineage
 from tasks.publish import publish_batch, record_decision
 from tasks.records.dataset_row import DATASET_SCHEMA_VERSION, V1_SCHEMA, DatasetRow
 from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.records.review import new_decision
+from tasks.status.gather import batch_status
+from tasks.status.render import render_status
 from tasks.storage.claims import read_claims
 from tasks.storage.dataset_manifest import read_dataset_marker, read_dataset_part, read_staged_marker
 from tasks.storage.ledger_files import decode_ledger_file
+from tasks.storage.ledger_reader import LedgerReader
 from tasks.storage.marker import read_marker
 from tasks.trainer.collate import GrpoCollator, PublishedDataset
 from tasks.validate.dataset_profile import part_batches
@@ -90,6 +96,51 @@ def test_the_first_shard_marker_and_attempt_claim_read_as_written(store):
     assert marker.to_json().encode() == old("shard-marker-v1.json")  # nothing was lost or added in reading
     (claim,) = read_claims(store, 0)
     assert claim.to_json().encode() == old("attempt-claim-first.json")
+
+
+def test_a_version_1_shard_reads_with_its_used_calls_unknown_in_the_marker_and_counted_by_status(root, batch, store):
+    """A shard committed by version-1 code after a killed attempt (``make_old_formats.py``): its marker's
+    ``counts.calls`` (5) counts every named call record, one of them diverged from, so 4 are used."""
+    folder = OLD / "ledger-v1-resumed"
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            store.write_once(path.relative_to(folder).as_posix(), path.read_bytes())
+    written = (folder / layout.shard_marker(0)).read_bytes()
+    assert json.loads(written)["marker_version"] == 1 and json.loads(written)["counts"]["calls"] == 5
+    marker = read_marker(store, 0)
+    assert marker is not None and (marker.counts.calls_recorded, marker.counts.calls_used) == (5, None)
+    assert marker.to_json().encode() == written  # read as written: nothing lost or added
+    assert LedgerReader(store, 0).calls_used == 4  # counted from the named files
+
+    status = batch_status(Batch.open(root, BATCH))
+    (shard,) = status.shards
+    assert shard.state == "committed" and shard.committed is not None
+    assert (shard.committed.calls, shard.committed.counts.calls_recorded, shard.committed.counts.calls_used) == (
+        4,
+        5,
+        None,
+    )
+    assert (status.totals.calls, status.totals.calls_recorded) == (4, 5)
+    text = render_status(status)
+    assert "1 adopted), 4 calls used, 5 recorded (used: counted from the ledger, which a version-1 marker" in text
+    assert (
+        "totals (1 committed shard(s)): 2/2 rollouts receipted (2 ok, 0 poisoned, 0 failed), 4 calls used, 5 " in text
+    )
+
+    summary = ShardSummary.of_marker(marker)  # generate finding the shard committed
+    assert (summary.calls, summary.calls_recorded) == (None, 5)
+    assert "calls used unknown (a version-1 marker), 5 recorded" in shard_lines(summary)[0]
+    (as_json,) = json.loads(summaries_json([summary]))
+    assert (as_json["calls"], as_json["calls_recorded"]) == (None, 5)  # null: unknown
+
+    (ledger, _) = generate_lineage(Batch.open(root, BATCH), 0).outputs
+    statistics = ledger.outputFacets["outputStatistics"]
+    ledger_files = [f for f in marker.files if f.kind in layout.LEDGER_KINDS]
+    assert (statistics.rowCount, statistics.size, statistics.fileCount) == (
+        None,
+        sum(f.size for f in ledger_files),
+        len(ledger_files),
+    )
 
 
 def test_the_first_suite_summary_reads_as_written(batch, store):

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from tasks import layout
 from tasks.records import digest as dg
 from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
+from tasks.storage.marker import calls_in_manifests
 from tasks.storage.staging import encode_segment
 
 Row = dict[str, Any]
@@ -158,7 +159,8 @@ class BatchFiles:
         statuses = [r["status"] for path in self._paths(marker, "receipts") for r in self.read_rows(path)]
         marker["counts"].update(
             staged_rows=rows_of["staging"],
-            calls=rows_of["calls"],
+            calls_recorded=rows_of["calls"],
+            calls_used=self._calls_used(marker, rows_of["calls"]),
             failures=rows_of["failures"],
             rollouts=rows_of["receipts"],
             ok=statuses.count("ok"),
@@ -167,9 +169,32 @@ class BatchFiles:
         )
         self.marker_path.write_text(json.dumps(marker, sort_keys=True, separators=(",", ":")))
 
+    def _calls_used(self, marker: dict[str, Any], recorded: int) -> int:
+        """The calls the receipts' manifests hold among the named call records, as a writer would count them; while
+        a named file is missing or unreadable (being written, or corrupted on purpose), the marker's figure, at most
+        ``recorded``."""
+        try:
+            calls = [pq.read_table(self.dir / path) for path in self._paths(marker, "calls")]
+            receipts = [pq.read_table(self.dir / path) for path in self._paths(marker, "receipts")]
+            attempts = np.repeat(
+                [layout.attempt_of(p) for p in self._paths(marker, "calls")], [t.num_rows for t in calls]
+            )
+            return calls_in_manifests(
+                _concat(calls, "calls"), np.asarray(attempts, np.int64), _concat(receipts, "receipts")
+            )
+        except (OSError, pa.ArrowException, KeyError, ValueError):
+            return min(marker["counts"]["calls_used"], recorded)
+
     @staticmethod
     def _paths(marker: dict[str, Any], kind: str) -> list[str]:
         return [f["path"] for f in marker["files"] if f["kind"] == kind]
+
+
+def _concat(tables: list[pa.Table], kind: str) -> pa.Table:
+    columns = ("rollout_id", "call_id") if kind == "calls" else ("rollout_id", "attempt", "replayed_calls")
+    if not tables:
+        return SCHEMAS[kind].arrow_schema().empty_table().select(columns)
+    return pa.concat_tables([t.select(columns) for t in tables])
 
 
 def _row_of(rows: list[Row], rollout_id: str) -> Row:

@@ -190,7 +190,7 @@ def check_load(figures: dict[str, Any]) -> None:
     counts = figures["_markers"]
     assert sum(c.rollouts for c in counts) == figures["rollouts"] == planned
     assert all(c.ok + c.poisoned + c.failed == c.rollouts for c in counts)
-    assert sum(c.calls for c in counts) == figures["calls"]
+    assert sum(c.calls_used for c in counts) == figures["calls"]
     assert sum(c.adopted_rollouts for c in counts) == 0
     assert figures["rss_growth_mb"] < RSS_GROWTH_BOUND_MB, figures_line(figures)
 

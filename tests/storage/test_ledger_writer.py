@@ -98,7 +98,15 @@ def test_commit_writes_marker_last_naming_every_file_with_counts(batch: ObjectSt
         data = batch.read_bytes(marked.path)
         assert (len(data), sha256_hex(data)) == (marked.size, marked.sha256)
     assert marker.counts == ShardCounts(
-        rollouts=3, ok=3, poisoned=0, failed=0, calls=4, failures=1, staged_rows=4, adopted_rollouts=0
+        rollouts=3,
+        ok=3,
+        poisoned=0,
+        failed=0,
+        calls_recorded=4,
+        calls_used=4,
+        failures=1,
+        staged_rows=4,
+        adopted_rollouts=0,
     )
     assert writer.commit(staging_segments=segments) is marker
     with pytest.raises(RuntimeError, match="committed"):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
@@ -79,7 +81,7 @@ def _bad_file(**changes: Any) -> str:
     [
         ("{not json", "not valid JSON"),
         ("[]", "must be a JSON object"),
-        (_bad_marker_json(marker_version=2), "marker_version 2 is not supported"),
+        (_bad_marker_json(marker_version=3), "marker_version 3 is not supported (this code reads [1, 2]); it was"),
         (_bad_marker_json(marker_version=True), "marker_version True is not supported"),
         (_bad_marker_json(counts=None), "missing field(s) ['counts']"),
         (_bad_marker_json(extra=1), "unknown field(s) ['extra']"),
@@ -98,7 +100,7 @@ def _bad_file(**changes: Any) -> str:
         (_bad_file(kind="tokens"), "kind must be one of"),
         (_bad_file(sha256="AB" * 32), "64 lowercase hex"),
         (_bad_file(size=-1), "size must be an int >= 0"),
-        (_bad_file(rows=3), "counts.calls is 2, the named files hold 3 rows"),
+        (_bad_file(rows=3), "counts.calls_recorded is 2, the named files hold 3 rows"),
         (_bad_file(owner="x"), "m.json.files[0]: unknown field(s) ['owner']"),
     ],
 )
@@ -110,14 +112,54 @@ def test_malformed_marker_is_refused_with_named_problem(text: str, fragment: str
     assert str(raised.value).startswith("m.json")
 
 
+NO_COUNTS: dict[str, Any] = {f.name: 0 for f in dataclasses.fields(ShardCounts)}
+
+
 def test_marker_counts_must_agree_by_status_and_adoption() -> None:
     with pytest.raises(MalformedMarkerError, match=r"ok 1 \+ poisoned 1 \+ failed 0 != rollouts 1"):
-        ShardCounts(rollouts=1, ok=1, poisoned=1, failed=0, calls=0, failures=0, staged_rows=0, adopted_rollouts=0)
-    adopted_counts = ShardCounts(
-        rollouts=1, ok=1, poisoned=0, failed=0, calls=0, failures=0, staged_rows=0, adopted_rollouts=0
-    )
+        ShardCounts(**NO_COUNTS | {"rollouts": 1, "ok": 1, "poisoned": 1})
+    adopted_counts = ShardCounts(**NO_COUNTS | {"rollouts": 1, "ok": 1})
     with pytest.raises(MalformedMarkerError, match=r"counts\.adopted_rollouts is 0, the named files hold 1"):
         marker_of((marked_file("receipts", attempt=0),), attempt=1, counts=adopted_counts)
+
+
+def test_calls_used_is_at_most_calls_recorded_and_known_exactly_from_version_2() -> None:
+    files = (marked_file("calls", rows=3), marked_file("receipts"))
+    marker = marker_of(files, counts=ShardCounts(**NO_COUNTS | {"rollouts": 1, "ok": 1, "calls_recorded": 3}))
+    assert (marker.marker_version, marker.counts.calls_recorded, marker.counts.calls_used) == (2, 3, 0)
+    with pytest.raises(MalformedMarkerError, match="calls_used 4 exceeds calls_recorded 3"):
+        ShardCounts(**NO_COUNTS | {"calls_recorded": 3, "calls_used": 4})
+    unknown = dataclasses.replace(marker.counts, calls_used=None)
+    with pytest.raises(MalformedMarkerError, match="a version-2 marker records it"):
+        marker_of(files, counts=unknown)
+    with pytest.raises(MalformedMarkerError, match="a version-1 marker does not record it"):
+        marker_of(files, marker_version=1)
+    raw = json.loads(marker.to_json())
+    assert raw["counts"]["calls_used"] == 0 and "calls" not in raw["counts"]
+    raw["counts"]["calls_used"] = None
+    with pytest.raises(MalformedMarkerError, match=r"^m\.json: counts\.calls_used is None"):
+        ShardMarker.from_json(json.dumps(raw), source="m.json")
+
+
+def test_a_version_1_marker_reads_its_calls_as_recorded_with_the_used_ones_unknown() -> None:
+    v1 = marker_of(
+        (marked_file("calls", rows=3),),
+        marker_version=1,
+        counts=ShardCounts(**NO_COUNTS | {"calls_recorded": 3, "calls_used": None}),
+    )
+    raw = json.loads(v1.to_json())
+    assert raw["marker_version"] == 1 and raw["counts"]["calls"] == 3
+    assert not {"calls_recorded", "calls_used"} & set(raw["counts"])  # as version 1 wrote it
+    assert ShardMarker.from_json(v1.to_json()) == v1
+    for wrong, fragment in (
+        ({"calls_used": 3}, "unknown field(s) ['calls_used'] in a version-1 marker"),
+        ({"calls_recorded": 3}, "unknown field(s) ['calls_recorded'] in a version-1 marker"),
+    ):
+        with pytest.raises(MalformedMarkerError, match=re.escape(f"m.json.counts: {fragment}")):
+            ShardMarker.from_json(json.dumps(raw | {"counts": raw["counts"] | wrong}), source="m.json")
+    del raw["counts"]["calls"]
+    with pytest.raises(MalformedMarkerError, match=re.escape("m.json.counts: missing field(s) ['calls']")):
+        ShardMarker.from_json(json.dumps(raw), source="m.json")
 
 
 def test_marker_naming_a_path_twice_is_refused() -> None:
