@@ -2,7 +2,8 @@
 
 A trial's seed picks a crash site (seed modulo the number of sites, so consecutive seeds cover
 them all), an environment kind (:data:`ENVIRONMENTS`: guess_number, calculator with its tool
-results, an ``agent_command`` agent of three calls; every site meets every kind over 18 seeds) and, from its own
+results, an ``agent_command`` agent of three calls, and one of two sub-agents calling at once; every
+site meets every kind over 24 seeds) and, from its own
 random stream, how many passes through the site come before the kill. The process is armed
 through ``ROLLOUT_LEDGER_CRASH_AT`` (:mod:`tasks.crash_points`) and kills itself there with
 SIGKILL, once: the retry runs with the same environment and passes.
@@ -72,6 +73,15 @@ ENVIRONMENTS: dict[str, dict[str, Any]] = {
             "timeout_s": 120,
         },
     },
+    "concurrent_agent": {  # two sub-agents calling at once: resumed whatever order their calls come back in
+        "environment": "agent_command",
+        "environment_options": {
+            "command": [sys.executable, str(Path(__file__).with_name("concurrent_agent.py"))],
+            "tasks": str(ROOT / "examples" / "arithmetic_tasks.jsonl"),
+            "timeout_s": 180,
+        },
+        "max_turns": 6,
+    },
 }
 # Dataset columns that depend only on the plan, the model and the sampled tokens: what a clean run reproduces.
 TOKEN_COLUMNS = (
@@ -93,7 +103,9 @@ LOGPROB_TOLERANCE = 1e-2
 
 # The fewest model calls a kind's trial batch makes on the bundled model (calculator's rollouts mostly answer
 # at once): a kill on a later pass would never come.
-FEWEST_CALLS = {"guess_number": 22, "calculator": 8, "agent_command": 24}
+FEWEST_CALLS = {"guess_number": 22, "calculator": 8, "agent_command": 24, "concurrent_agent": 48}
+# Calls one rollout of a kind may have in flight at once (its sub-agents'): what a kill can leave unrecorded.
+CALLS_AT_ONCE = {"concurrent_agent": 2}
 
 
 @dataclass(frozen=True)
@@ -218,8 +230,11 @@ def finish_batch(root: str, batch_id: str) -> None:
     finalize_and_publish(Batch.open(root, batch_id), FinalizeOptions(audit=False))
 
 
-def check_survivors(batch: Batch, first_attempt: dict[str, str], clean: CleanRun, killed_calls: int) -> None:
-    """The trial's invariants (module docstring) on a batch whose shard is committed and dataset published."""
+def check_survivors(
+    batch: Batch, first_attempt: dict[str, str], clean: CleanRun, killed_calls: int, *, calls_at_once: int = 1
+) -> None:
+    """The trial's invariants (module docstring) on a batch whose shard is committed and dataset published;
+    ``calls_at_once``: how many calls one rollout may have in flight (:data:`CALLS_AT_ONCE`)."""
     store = batch.store
     reference = clean.rows
     planned = {p.rollout_id for shard in range(batch.config.shards) for p in batch.shard_plan(shard)}
@@ -255,7 +270,8 @@ def check_survivors(batch: Batch, first_attempt: dict[str, str], clean: CleanRun
         default=0.0,
     )
     assert drift <= LOGPROB_TOLERANCE, f"sampling logprobs differ from the clean run's by up to {drift}"
-    check_call_count(store, killed_calls if marker.attempt > 0 else 0, marker, clean.calls, batch.config.max_in_flight)
+    in_flight = batch.config.max_in_flight * calls_at_once
+    check_call_count(store, killed_calls if marker.attempt > 0 else 0, marker, clean.calls, in_flight)
 
 
 def check_call_count(store: ObjectStore, crashed: int, marker: ShardMarker, clean: int, in_flight: int) -> None:
