@@ -20,6 +20,7 @@ from tasks import ids, layout
 from tasks.batch import Batch
 from tasks.batch_fields import check_values
 from tasks.config import BatchConfig, config_from_values
+from tasks.engines.registry import check_sampling_masks, planned_weights
 from tasks.environments.prompts_file import PromptsFile, is_prompt_file
 from tasks.environments.registry import AnyEnvironment, Runnables, load_environment
 from tasks.errors import ConfigError, ObjectConflictError, PlanConflictError
@@ -62,13 +63,15 @@ def plan_rollouts(config: BatchConfig, tasks: list[dict], shard: int) -> list[Pl
 def plan_batch(batch: Batch, config: BatchConfig, *, runnables: Runnables | None = None) -> PlanSummary:
     """Write ``plan/batch.json`` and every ``plan/shard-K.parquet`` of ``batch`` for ``config`` (of the same id).
 
-    ``runnables`` says what the environment may be (default: the operator's). The environment is
+    ``runnables`` says what the environment may be (default: the operator's). Sampling that truncates needs an
+    engine that records sampling masks (:func:`~tasks.engines.registry.check_sampling_masks`). The environment is
     loaded first and the config records what it resolved to (a prompt file as a URI with its
     sha256, every option with its default filled in), so a typo or an unreadable file is refused
     before anything is written and every worker runs the same environment.
     """
     if config.batch_id != batch.batch_id:
         raise ConfigError(f"the config is of batch {config.batch_id!r}, not of {batch.batch_id!r}")
+    check_sampling_masks(config.engine.name, config.sampling)
     store = batch.store
     environment = load_environment(config.environment, config.environment_options, runnables=runnables)
     config = pin_environment(config, environment)
@@ -114,7 +117,6 @@ def plan_from_values(
     storage fields among ``values`` are left out. ``runnables`` says what the environment may be
     (a triggered batch: :meth:`Runnables.triggered`); a spec it refuses is named before anything else.
     """
-    from tasks.engines.registry import planned_weights
     from tasks.models.provenance import model_provenance
     from tasks.models.reference import model_reference, resolve_model_reference
 

@@ -10,6 +10,14 @@ from dataclasses import dataclass
 
 from tasks.checks import check_finite, check_int, is_int
 
+GREEDY_TEMPERATURE = 1e-5  # below it a sampler takes the argmax (vLLM's SAMPLING_EPS): nothing is drawn
+
+
+def truncates(temperature: float, top_p: float, top_k: int) -> bool:
+    """Whether sampling with these settings draws from a kept subset of the vocabulary (top-p, top-k): a call
+    sampled so has a sampling mask (:mod:`tasks.records.sampling_mask`)."""
+    return temperature >= GREEDY_TEMPERATURE and (top_p < 1.0 or top_k > 0)
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -33,3 +41,8 @@ class SamplingSettings:
         check_int(self.max_tokens, field="max_tokens", minimum=1, error=ValueError)
         if self.logprobs_mode != "processed":
             raise ValueError(f"logprobs_mode must be 'processed', got {self.logprobs_mode!r}")
+
+    @property
+    def truncates(self) -> bool:
+        """Whether these settings sample from a kept subset of the vocabulary (:func:`truncates`)."""
+        return truncates(self.temperature, self.top_p, self.top_k)

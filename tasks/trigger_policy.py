@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.batch_fields import BUNDLED_LABEL, MAX_SEED, default_storage_url, field_default
+from tasks.engines.options import MAX_MASK_CANDIDATES
 from tasks.environments.declared import TriggerOption
 from tasks.errors import TriggerPolicyError
 from tasks.models.reference import BUNDLED_REFERENCE
@@ -84,6 +85,7 @@ TRIGGER_FIELDS: Mapping[str, str] = {
 _POSITIVE_COUNT = TriggerOption(type="integer", minimum=1, maximum=1024)
 _CONTEXT = TriggerOption(type="integer", minimum=2, maximum=1_048_576)
 _SEED = TriggerOption(type="integer", minimum=0, maximum=MAX_SEED)
+_MASK_CANDIDATES = TriggerOption(type="integer", minimum=2, maximum=MAX_MASK_CANDIDATES)
 # Within engine_options: per engine, the keys a trigger may set (None leaves one unset) and their bounds.
 ENGINE_OPTIONS: Mapping[str, Mapping[str, TriggerOption]] = {
     "vllm": {
@@ -94,11 +96,13 @@ ENGINE_OPTIONS: Mapping[str, Mapping[str, TriggerOption]] = {
         "enforce_eager": TriggerOption(type="boolean"),
         "gpu_memory_utilization": TriggerOption(type="number", minimum=0.01, maximum=1),
         "seed": _SEED,
+        "sampling_mask_candidates": _MASK_CANDIDATES,
     },
     SERVER_ENGINE: {
         "max_model_len": _CONTEXT,
         "request_timeout_s": TriggerOption(type="number", minimum=1, maximum=7 * 24 * 3600),
         "served_model": TriggerOption(type="string", max_length=256),
+        "sampling_mask_candidates": TriggerOption(type="integer", minimum=0, maximum=MAX_MASK_CANDIDATES),
     },
     "megatron": {
         "dtype": TriggerOption(type="string", enum=["bfloat16", "float32"]),

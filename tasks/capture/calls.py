@@ -175,7 +175,7 @@ class CallCapture:
                 return CallOutcome(call.call_id, completion, message=message)
             diverged = rollout.book is not None and rollout.book.diverges(call.parent_call_id)
             resume = rollout.book.notes(diverged=diverged) if rollout.book is not None else {}
-            extras = staged_extras(completion.extras, {**call.notes, **notes}, resume)
+            extras = staged_extras(completion.extras, {**call.notes, **notes}, resume, completion.kept)
             record = await self._recorder.record(  # type: ignore[union-attr]  # a captured call has one
                 rollout, call, parent_tokens, prompt, completion, version, extras
             )

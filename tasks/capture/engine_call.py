@@ -3,7 +3,9 @@
 :func:`generate` sends the prepared prompt as a :class:`GenerationRequest` with the plan's
 sampling, the call's seed and at most the tokens the context leaves. An engine error is the
 call's named failure (``engine_error``), and so is an answer on a prompt other than the one sent
-(``engine_prompt_mismatch``): a call is never recorded on tokens it was not sampled on. The
+(``engine_prompt_mismatch``): a call is never recorded on tokens it was not sampled on. A call that
+truncates (top-p, top-k) is recorded only with each sampled token's kept set: one the engine could
+not read whole is ``sampling_mask_overflow``, an answer without them ``sampling_mask_missing``. The
 engine dying (:class:`EngineDeadError`) is no failure of the call: it propagates.
 """
 
@@ -12,9 +14,16 @@ from __future__ import annotations
 import numpy as np
 
 from tasks.capture.admission import AdmittedVersion
-from tasks.capture.faults import ENGINE_ERROR, ENGINE_PROMPT_MISMATCH, CallFault
+from tasks.capture.faults import (
+    ENGINE_ERROR,
+    ENGINE_PROMPT_MISMATCH,
+    SAMPLING_MASK_MISSING,
+    SAMPLING_MASK_OVERFLOW,
+    CallFault,
+)
 from tasks.crash_points import crash_point
 from tasks.engines.base import Engine, GenerationRequest, GenerationResult
+from tasks.engines.sampling_masks import SamplingMaskOverflowError
 from tasks.errors import EngineDeadError
 from tasks.sampling import SamplingSettings
 
@@ -50,6 +59,8 @@ async def generate(
         crash_point("engine_output", call_id)
     except EngineDeadError:
         raise
+    except SamplingMaskOverflowError as exc:
+        raise CallFault(SAMPLING_MASK_OVERFLOW, str(exc)) from None
     except Exception as exc:
         raise CallFault(ENGINE_ERROR, f"engine failed {call_id}: {exc!r}") from None
     if tuple(completion.prompt_token_ids) != prompt_ids:
@@ -57,6 +68,13 @@ async def generate(
             ENGINE_PROMPT_MISMATCH,
             f"the engine ran {call_id} on a prompt other than the one prepared "
             f"({len(completion.prompt_token_ids)} vs {len(prompt)} tokens)",
+            completion,
+        )
+    if sampling.truncates and (completion.kept is None or len(completion.kept) != len(completion.token_ids)):
+        raise CallFault(
+            SAMPLING_MASK_MISSING,
+            f"engine {engine.name} answered {call_id}, sampled with top_p {sampling.top_p} / top_k {sampling.top_k}, "
+            f"without the kept set of each of its {len(completion.token_ids)} tokens",
             completion,
         )
     return completion, admitted.spanning(completion.weight_spans)

@@ -24,6 +24,8 @@ TOOL_PARSER_MISSING = "tool_parser_missing"  # raised by the gateway's reply rea
 CONTEXT_LENGTH = "context_length"
 ENGINE_ERROR = "engine_error"
 ENGINE_PROMPT_MISMATCH = "engine_prompt_mismatch"
+SAMPLING_MASK_OVERFLOW = "sampling_mask_overflow"  # a kept set larger than the engine could return
+SAMPLING_MASK_MISSING = "sampling_mask_missing"  # a truncated call answered without its kept sets
 INVALID_DELTA = "invalid_delta"
 STAGING_FAILED = "staging_failed"
 LEDGER_FAILED = "ledger_failed"
@@ -37,6 +39,8 @@ FAILURE_REASONS = (
     CONTEXT_LENGTH,
     ENGINE_ERROR,
     ENGINE_PROMPT_MISMATCH,
+    SAMPLING_MASK_OVERFLOW,
+    SAMPLING_MASK_MISSING,
     INVALID_DELTA,
     STAGING_FAILED,
     LEDGER_FAILED,

@@ -27,6 +27,7 @@ from tasks.capture.terminal import fingerprint_content
 from tasks.engines.base import Engine, GenerationResult
 from tasks.errors import StorageUnavailableError
 from tasks.records.ledger import CallRecord, FailureRow, StagedDelta
+from tasks.records.sampling_mask import KEPT_NOTE, KeptSets
 from tasks.sampling import SamplingSettings
 from tasks.storage.ledger_writer import LedgerWriter
 from tasks.storage.staging import CommitCoordinates, StagingWriter
@@ -35,14 +36,21 @@ MAX_FAILURE_DETAIL = 2000  # characters of a failure's detail kept in its row
 
 
 # Keys of the envelope staged extras take when the capture adds notes of its own: the gateway's
-# message-graph notes and a resumed episode's (tasks.capture.replay); the engine's extras then go under "engine".
-NOTE_KEYS = ("gateway", "resume")
+# message-graph notes, a resumed episode's (tasks.capture.replay) and the digest of a truncated call's kept sets
+# (tasks.records.sampling_mask); the engine's extras then go under "engine".
+NOTE_KEYS = ("gateway", "resume", KEPT_NOTE)
 
 
-def staged_extras(engine_extras: Any, gateway: Mapping[str, Any], resume: Mapping[str, Any] | None = None) -> Any:
+def staged_extras(
+    engine_extras: Any,
+    gateway: Mapping[str, Any],
+    resume: Mapping[str, Any] | None = None,
+    kept: KeptSets | None = None,
+) -> Any:
     """The staged extras: the engine's alone, or in an envelope with the capture's notes
-    (``{"gateway": ..., "resume": ..., "engine": ...}``, each present only when it has something)."""
-    notes = {key: dict(value) for key, value in zip(NOTE_KEYS, (gateway, resume or {}), strict=True) if value}
+    (``{"gateway": ..., "resume": ..., "sampling": ..., "engine": ...}``, each present only when it has something)."""
+    values = (gateway, resume or {}, kept.note() if kept is not None else {})
+    notes = {key: dict(value) for key, value in zip(NOTE_KEYS, values, strict=True) if value}
     if not notes:
         return engine_extras
     if engine_extras is not None:
@@ -129,6 +137,7 @@ class CallRecorder:
                 top_k=self._sampling.top_k,
                 extras=extras,
                 logprobs_mode=self._sampling.logprobs_mode,
+                kept=completion.kept,
             )
         except (TypeError, ValueError) as exc:
             raise CallFault(INVALID_DELTA, f"delta of {call_id} is invalid: {exc}", completion) from None

@@ -4,6 +4,9 @@ An engine generates from token-id prompts and returns exactly what it sampled: t
 each sampled token's logprob under the distribution it was sampled from (``processed``:
 after temperature / top-p / top-k), float32, the finish reason, and the prompt ids it really
 used. It starts at the batch's ``weight_version`` and a refit (:meth:`Engine.update_weights`) raises it.
+A call that truncates (top-p, top-k) also returns each sampled token's kept set (its sampling mask,
+:mod:`tasks.records.sampling_mask`); planning refuses truncation on an engine the registry does not
+list as capturing masks, and the capture fails a truncated call returned without them.
 Engines are async so one event loop can keep every in-flight rollout of a shard in the
 engine's continuous batch.
 """
@@ -23,6 +26,8 @@ from tasks.sampling import SamplingSettings
 
 if TYPE_CHECKING:
     import numpy as np  # engine modules are imported at DAG parse time (the registry): no numpy import there
+
+    from tasks.records.sampling_mask import KeptSets
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -68,6 +73,8 @@ class GenerationResult:
     # The engine's own account of which weights sampled which tokens, in order; empty where the
     # engine only stamps the version at admission (the in-process engines).
     weight_spans: tuple[WeightVersionSpan, ...] = ()
+    # Each sampled token's kept set, for a call that truncated; None for one that did not.
+    kept: KeptSets | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:

@@ -23,6 +23,11 @@ import annotated_types
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
 
+# Top logprobs an engine reads per sampled token of a top-p / top-k call to record its kept set (option
+# sampling_mask_candidates of the vLLM engines; tasks.engines.sampling_masks).
+DEFAULT_MASK_CANDIDATES = 64
+MAX_MASK_CANDIDATES = 1024
+
 _NOUNS: Mapping[type, str] = {
     int: "an int",
     float: "a number",

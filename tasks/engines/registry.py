@@ -24,6 +24,7 @@ from tasks.engines.options import EngineOptions
 from tasks.engines.vllm.options import VllmOptions
 from tasks.engines.vllm_server.options import VllmServerOptions
 from tasks.errors import ConfigError
+from tasks.sampling import SamplingSettings
 
 if TYPE_CHECKING:
     from tasks.engines.base import Engine
@@ -36,7 +37,9 @@ class EngineEntry:
     ``loads_model`` is true for an engine that loads the model inside the generate task (which then
     needs the worker's accelerator). ``weights_check`` (``module:function``, for engines that call
     weights loaded elsewhere) judges at plan time how the served weights are known to be the
-    planned model's; without one, every worker hashes the weights it loads.
+    planned model's; without one, every worker hashes the weights it loads. ``sampling_masks``: the
+    engine returns each truncated call's kept sets (:mod:`tasks.engines.sampling_masks`); planning
+    refuses top-p / top-k sampling on one that does not (:func:`check_sampling_masks`).
     """
 
     label: str
@@ -44,6 +47,7 @@ class EngineEntry:
     engine_class: str
     loads_model: bool = True
     weights_check: str | None = None
+    sampling_masks: bool = True
 
 
 ENGINES: Mapping[str, EngineEntry] = {
@@ -56,7 +60,10 @@ ENGINES: Mapping[str, EngineEntry] = {
         weights_check="tasks.engines.vllm_server.claims:planned_weights",
     ),
     "megatron": EngineEntry(
-        "Megatron-core (GPU workers)", MegatronOptions, "tasks.engines.megatron.engine:MegatronEngine"
+        "Megatron-core (GPU workers)",
+        MegatronOptions,
+        "tasks.engines.megatron.engine:MegatronEngine",
+        sampling_masks=False,
     ),
 }
 
@@ -99,6 +106,17 @@ def check_engine(name: object, options: Mapping[str, Any] | None) -> EngineOptio
     (an extra, a GPU) is known where it starts, which may be another machine than the one that plans.
     """
     return _entry(name).options.from_mapping(options)
+
+
+def check_sampling_masks(name: str, sampling: SamplingSettings) -> None:
+    """A ConfigError when ``sampling`` truncates (top-p, top-k) and engine ``name`` cannot record the kept sets:
+    a trainer could not renormalize over them, so those calls could not be proven (docs/finalization.md)."""
+    if sampling.truncates and not _entry(name).sampling_masks:
+        raise ConfigError(
+            f"engine {name} cannot record sampling masks, so it cannot sample with top_p {sampling.top_p} / top_k "
+            f"{sampling.top_k} provably: sample with top_p 1 and top_k -1, or use an engine that records them "
+            f"({', '.join(n for n, entry in ENGINES.items() if entry.sampling_masks)})"
+        )
 
 
 def engine_class(name: str) -> type[Engine]:

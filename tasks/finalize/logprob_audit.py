@@ -29,7 +29,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-SAMPLING_EPS = 1e-5  # vLLM: a temperature below this is greedy sampling
+from tasks.sampling import GREEDY_TEMPERATURE
+
 DEFAULT_CLIP = (0.5, 2.0)
 DEFAULT_BATCH_TOKENS = 2048
 _PROCESS_CHUNK = 256  # positions processed (sorted over the vocab) at once
@@ -103,7 +104,7 @@ def processed_log_softmax(logits: Any, *, temperature: float, top_k: int, top_p:
     import torch
 
     logits = logits.to(torch.float32)
-    if temperature < SAMPLING_EPS:
+    if temperature < GREEDY_TEMPERATURE:
         return logits.log_softmax(dim=-1)
     logits = logits / torch.tensor(temperature, dtype=torch.float32)
     vocab = logits.shape[-1]

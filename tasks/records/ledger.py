@@ -33,6 +33,7 @@ from tasks.records.rules import (
     one_of,
     reasons,
 )
+from tasks.records.sampling_mask import KEPT_DIGEST_KEY, KEPT_NOTE, KeptSets
 from tasks.schema import ArrowRecord, column, frozen_array
 
 RECEIPT_STATUSES = ("ok", "poisoned", "failed")
@@ -81,6 +82,21 @@ def _check_id_range(ids: np.ndarray, *, field: str) -> None:
     """Every id of a uint64 view is a valid int64 token id (negatives wrapped past int64)."""
     if ids.size and int(ids.max()) > _I64_MAX:
         raise ValueError(f"{field} holds a token id outside [0, 2**63) (a negative id, or one past int64)")
+
+
+def _check_kept(kept: KeptSets, sampled: np.ndarray, extras: Any, call_id: str) -> None:
+    """A call's kept sets fit its sampled tokens (:meth:`KeptSets.check`), and its extras name their digest exactly
+    when it has them (the call digest covers its extras, so its chain covers its mask)."""
+    try:
+        kept.check(sampled) if kept else None
+    except ValueError as exc:
+        raise ValueError(f"call {call_id}: {exc}") from None
+    note = extras.get(KEPT_NOTE) if isinstance(extras, dict) else None
+    named = note.get(KEPT_DIGEST_KEY) if isinstance(note, dict) else None
+    if kept and named != kept.digest():
+        raise ValueError(f"call {call_id}: its extras do not name the digest of its kept sets")
+    if not kept and named is not None:
+        raise ValueError(f"call {call_id}: its extras name kept sets it does not hold")
 
 
 def _check_mask_and_logprobs(mask: np.ndarray, logprobs: np.ndarray) -> None:
@@ -191,6 +207,10 @@ class StagedDelta(ArrowRecord):
     top_p: float = column(pa.float64())
     top_k: int = column(pa.int32())
     logprobs_mode: str = column(pa.string())
+    # The sampling mask (tasks.records.sampling_mask): per sampled token, the ids its sampler kept; empty when the
+    # call did not truncate. Newer than the first segments written, whose rows read as empty.
+    kept_counts: np.ndarray = column(pa.list_(pa.int32()), added=())
+    kept_token_ids: np.ndarray = column(pa.list_(pa.int32()), added=())
 
     rules: ClassVar[RecordRules] = RecordRules(
         equal_to("schema_version", dg.SCHEMA_VERSION),
@@ -213,11 +233,24 @@ class StagedDelta(ArrowRecord):
             if values.size != self.delta_len:
                 raise ValueError(f"{name} has {values.size} entries but delta_len is {self.delta_len}")
         _check_mask_and_logprobs(mask, logprobs)
-        if dg.compute_extras_digest(json.loads(self.extras_json)) != self.extras_digest:
+        extras = json.loads(self.extras_json)
+        if dg.compute_extras_digest(extras) != self.extras_digest:
             raise ValueError("extras_digest does not match extras_json")
+        kept = KeptSets(
+            frozen_array(np.asarray(self.kept_counts, np.int32), np.int32),
+            frozen_array(np.asarray(self.kept_token_ids, np.int32), np.int32),
+        )
+        _check_kept(kept, ids[mask == 1], extras, self.call_id)
         object.__setattr__(self, "token_ids_delta", frozen_array(ids, np.int64))
         object.__setattr__(self, "token_mask_delta", frozen_array(mask, np.float32))
         object.__setattr__(self, "logprobs_delta", frozen_array(logprobs, np.float32))
+        object.__setattr__(self, "kept_counts", kept.counts)
+        object.__setattr__(self, "kept_token_ids", kept.token_ids)
+
+    @property
+    def kept(self) -> KeptSets:
+        """The call's sampling mask (empty when it did not truncate)."""
+        return KeptSets(self.kept_counts, self.kept_token_ids)
 
     @classmethod
     def build(
@@ -239,6 +272,7 @@ class StagedDelta(ArrowRecord):
         top_k: int,
         extras: Any = None,
         logprobs_mode: str = "processed",
+        kept: KeptSets | None = None,
     ) -> Self:
         """Build the delta of one call and compute all of its hashes.
 
@@ -274,6 +308,8 @@ class StagedDelta(ArrowRecord):
             raise ValueError(f"call {call_id} has an empty delta: no new prompt tokens and no generation")
         cum_len = prev_len + delta_len
         weight_version = check_u64(weight_version, field="weight_version")
+        kept = kept or KeptSets.empty()
+        _check_kept(kept, generated, extras, call_id)
         extras_json, extras_digest = _extras_fields(extras)
         # Each list is converted to its wire byte order once; every hash reads those buffers.
         wire_prompt = prompt.astype(">u8")
@@ -327,6 +363,8 @@ class StagedDelta(ArrowRecord):
             "top_p": float(top_p),
             "top_k": top_k,
             "logprobs_mode": logprobs_mode,
+            "kept_counts": _read_only(kept.counts.astype(np.int32)),
+            "kept_token_ids": _read_only(kept.token_ids.astype(np.int32)),
         }
         delta = cls.trusted(fields)
         STAGED_SETTINGS.check(delta)

