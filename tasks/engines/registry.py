@@ -40,6 +40,8 @@ class EngineEntry:
     planned model's; without one, every worker hashes the weights it loads. ``sampling_masks``: the
     engine returns each truncated call's kept sets (:mod:`tasks.engines.sampling_masks`); planning
     refuses top-p / top-k sampling on one that does not (:func:`check_sampling_masks`).
+    ``sampling_limits`` (``module:function``, light: settings → why the engine cannot sample them, or
+    None) names sampling settings the engine refuses; planning refuses them too.
     """
 
     label: str
@@ -48,6 +50,7 @@ class EngineEntry:
     loads_model: bool = True
     weights_check: str | None = None
     sampling_masks: bool = True
+    sampling_limits: str | None = None
 
 
 ENGINES: Mapping[str, EngineEntry] = {
@@ -63,7 +66,7 @@ ENGINES: Mapping[str, EngineEntry] = {
         "Megatron-core (GPU workers)",
         MegatronOptions,
         "tasks.engines.megatron.engine:MegatronEngine",
-        sampling_masks=False,
+        sampling_limits="tasks.engines.megatron.sampling:refusal",
     ),
 }
 
@@ -110,8 +113,14 @@ def check_engine(name: object, options: Mapping[str, Any] | None) -> EngineOptio
 
 def check_sampling_masks(name: str, sampling: SamplingSettings) -> None:
     """A ConfigError when ``sampling`` truncates (top-p, top-k) and engine ``name`` cannot record the kept sets:
-    a trainer could not renormalize over them, so those calls could not be proven (docs/finalization.md)."""
-    if sampling.truncates and not _entry(name).sampling_masks:
+    a trainer could not renormalize over them, so those calls could not be proven (docs/finalization.md); or
+    when the engine cannot sample ``sampling`` at all (its ``sampling_limits``: megatron, top-k with top-p)."""
+    entry = _entry(name)
+    if entry.sampling_limits is not None:
+        reason = _imported(entry.sampling_limits)(sampling)
+        if reason is not None:
+            raise ConfigError(f"engine {name} cannot sample with these settings: {reason}")
+    if sampling.truncates and not entry.sampling_masks:
         raise ConfigError(
             f"engine {name} cannot record sampling masks, so it cannot sample with top_p {sampling.top_p} / top_k "
             f"{sampling.top_k} provably: sample with top_p 1 and top_k -1, or use an engine that records them "

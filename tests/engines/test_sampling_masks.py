@@ -144,8 +144,10 @@ def test_the_candidates_are_vllms_max_logprobs_and_not_an_engine_kwarg() -> None
         VllmOptions(engine_kwargs={"max_logprobs": 5})
 
 
-def test_planning_refuses_truncation_on_an_engine_that_records_no_masks() -> None:
+def test_planning_accepts_truncation_on_megatron_which_records_masks_but_not_what_it_cannot_sample() -> None:
     registry.check_sampling_masks("megatron", SamplingSettings())
     registry.check_sampling_masks("vllm", SamplingSettings(top_p=0.9, top_k=50))
-    with pytest.raises(ConfigError, match=r"engine megatron cannot record sampling masks.*use an engine .*vllm"):
-        registry.check_sampling_masks("megatron", SamplingSettings(top_k=50))
+    registry.check_sampling_masks("megatron", SamplingSettings(top_k=50))
+    registry.check_sampling_masks("megatron", SamplingSettings(top_p=0.9))
+    with pytest.raises(ConfigError, match=r"engine megatron cannot sample .*cannot combine top_k 50 with top_p 0.9"):
+        registry.check_sampling_masks("megatron", SamplingSettings(top_p=0.9, top_k=50))

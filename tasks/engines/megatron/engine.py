@@ -10,7 +10,10 @@ megatron engine and model after :meth:`MegatronEngine.create`. Each result carri
 (the stop token included, as vLLM does), one float32 logprob per sampled id under the
 distribution it was sampled from (``processed_logprobs``; greedy rows as vLLM reports them, see
 :class:`tasks.engines.megatron.model.VllmConventionSampling`), the finish reason, and the prompt it
-ran on. The weights are a Hugging Face Llama folder mapped by :mod:`tasks.engines.megatron.weights`.
+ran on. A call that truncates (top-k or top-p) also carries each sampled token's kept set: the ids
+megatron's sampler kept, read from the very mask it drew the token from
+(:class:`tasks.engines.megatron.model.VllmConventionSampling`, :mod:`tasks.engines.megatron.kept`).
+The weights are a Hugging Face Llama folder mapped by :mod:`tasks.engines.megatron.weights`.
 
 A refit (:meth:`MegatronEngine.update_weights`) copies the new weights into the model between two
 engine steps, on the step thread. The version is bumped on the loop in the same breath as the copy
@@ -76,8 +79,11 @@ class MegatronEngine(Engine):
         self._options = options
         self._ids = itertools.count()
         self._closed = False
+        self._kept = runtime.kept  # the sampler's kept sets, by megatron request id
         self._stepper = StepThread(
-            MegatronStepBackend(runtime.engine), asyncio.get_running_loop(), name="megatron-engine-steps"
+            MegatronStepBackend(runtime.engine, kept=runtime.kept),
+            asyncio.get_running_loop(),
+            name="megatron-engine-steps",
         )
 
     @classmethod
@@ -150,15 +156,21 @@ class MegatronEngine(Engine):
             ),
             termination_id=self.eos_token_id,
         )
+        megatron_id = next(self._ids)
+        if request.sampling.truncates:
+            self._kept.expect(megatron_id)
         try:
-            record = await self._stepper.submit(Admission(request.request_id, next(self._ids), prompt, params))
+            record = await self._stepper.submit(Admission(request.request_id, megatron_id, prompt, params))
         except EngineDeadError as exc:
             raise EngineDeadError(f"request {request.request_id}: {exc}") from exc
+        finally:
+            kept = self._kept.take(megatron_id)  # complete once megatron finished it; forgotten if it failed
         return to_generation_result(
             request.request_id,
             prompt,
             record.merge(),
             eos_token_id=self.eos_token_id,
+            kept=kept,
         )
 
     async def update_weights(self, model_path: str, *, version: int | None = None) -> int:

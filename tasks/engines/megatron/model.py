@@ -9,7 +9,9 @@ created when none exists; an existing larger one is refused, not joined).
 from __future__ import annotations
 
 import socket
+from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +22,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 
+from tasks.engines.megatron.kept import KeptRecorder
 from tasks.engines.megatron.weights import LlamaShape, WeightMappingError
 
 # Tensors megatron modules keep besides weights (serialization state of fused modules), never loaded.
@@ -112,16 +115,110 @@ def _shared_output_name(model: torch.nn.Module, params: Mapping[str, Any]) -> st
 
 
 class VllmConventionSampling(TorchSampling):
-    """megatron's torch sampling, with greedy rows' logprobs taken the way vLLM reports them.
+    """megatron's torch sampling, recording what each truncating row kept, with greedy logprobs as vLLM reports them.
 
-    The engine sends a greedy request as top-k 1 at temperature 1 (megatron takes the argmax;
-    top-k 1 is never sent otherwise). Its recorded logprob is the token's log-softmax under the
-    unfiltered distribution, which is what vLLM returns for greedy requests in
-    ``processed_logprobs`` mode (megatron's own would be log 1 = 0); every other row keeps
-    megatron's processed logprob.
+    Draws exactly as megatron-core 0.19's ``TorchSampling.sample_kernel`` does (same buckets by
+    ``(temperature, top_k, top_p)`` in the same order, ``filter_logits``, softmax, one
+    ``torch.multinomial`` per bucket from the same generator, the argmax for top-k 1), written
+    out here so the filtered tensor each truncating bucket draws from is at hand: its mask
+    (``filtered != -inf``) is the bucket's kept sets, staged with :attr:`kept`
+    (:class:`~tasks.engines.megatron.kept.KeptRecorder`) under each row's megatron request id.
+
+    Logprobs (:meth:`log_probs_kernel`, ``processed_logprobs``) of the rows just sampled:
+    ``log_softmax(logits / T)`` over the sampler's own kept set (the ids it dropped ``-inf``), in
+    float32, so a sampled token's logprob is ``log(p / S)`` with ``S`` the mass of the very set it
+    was drawn from (megatron filtered again, on float32 logits, where a bfloat16 sampler's
+    boundary can differ). Greedy rows (the engine sends temperature 0 as top-k 1 at temperature
+    1; megatron takes the argmax, and top-k 1 is never sent otherwise) get the token's log-softmax
+    under the unfiltered distribution, which is what vLLM returns for greedy requests (megatron's
+    own would be log 1 = 0). The kept ids are moved to the host after the logprob kernels are
+    queued (:meth:`KeptRecorder.record`); the step backend records whatever is still staged after
+    each step.
     """
 
+    def __init__(self, rng: torch.Generator, vocab_size: int, kept: KeptRecorder | None = None) -> None:
+        super().__init__(rng, vocab_size)
+        self.kept = kept if kept is not None else KeptRecorder()
+        self._step: _SampledStep | None = None
+
+    def sample_kernel(
+        self,
+        logits: torch.Tensor,
+        n: int,
+        context: Any,
+        *,
+        no_top_k: bool,
+        no_top_p: bool,
+        gather_indices: torch.Tensor | None = None,
+        token_to_request_index: torch.Tensor | None = None,
+        output: torch.Tensor | None = None,
+        eager: bool = False,
+        cache_key: Any = None,
+    ) -> torch.Tensor:
+        self.kept.record()  # a step that asked no logprobs left its masks staged
+        self._step = None
+        if token_to_request_index is not None:  # speculative decoding: not used by this engine, nothing recorded
+            return super().sample_kernel(
+                logits,
+                n,
+                context,
+                no_top_k=no_top_k,
+                no_top_p=no_top_p,
+                gather_indices=gather_indices,
+                token_to_request_index=token_to_request_index,
+                output=output,
+            )
+        buckets = _buckets(context)
+        request_ids = context.request_ids[context.paused_request_count : context.total_request_count].tolist()
+        if gather_indices is not None:
+            logits = logits[gather_indices[:n], :]
+        if output is None:
+            output = torch.empty(n, device=logits.device, dtype=torch.int64)
+        tokens, rows_drawn, masks = [], [], {}
+        for (temperature, top_k, top_p), rows in buckets.items():
+            index = torch.tensor(rows, device=logits.device, dtype=torch.long)
+            if top_k == 1:
+                sampled = torch.argmax(logits[index, :], dim=-1)
+            else:
+                filtered = TorchSampling.filter_logits(
+                    logits[index, :], temperature, top_k, top_p, vocab_size=self._vocab_size
+                )
+                probabilities = filtered.softmax(dim=-1)
+                sampled = torch.multinomial(probabilities, num_samples=1, generator=self._rng).view(-1)
+                sampled = torch.clamp(sampled, min=0, max=self._vocab_size - 1)
+                if top_k > 0 or top_p > 0.0:
+                    kept = filtered != float("-inf")
+                    masks[(temperature, top_k, top_p)] = kept
+                    self.kept.stage([request_ids[row] for row in rows], kept)
+            tokens.append(sampled)
+            rows_drawn.append(index)
+        output[torch.cat(rows_drawn)] = torch.cat(tokens)
+        self._step = _SampledStep(rows=n, buckets=buckets, masks=masks)
+        return output
+
     def log_probs_kernel(self, logits: torch.Tensor, context: Any, *, token_to_request_index: Any = None) -> Any:
+        step, self._step = self._step, None
+        if step is None or token_to_request_index is not None or logits.shape[0] != step.rows:
+            log_probs = self._filtered_again(logits, context, token_to_request_index)
+        else:
+            buckets = _buckets(context)
+            if buckets != step.buckets:
+                raise RuntimeError("megatron asked logprobs of other rows than it just sampled")
+            log_probs = torch.empty_like(logits)
+            for (temperature, top_k, top_p), rows in buckets.items():
+                index = torch.tensor(rows, device=logits.device, dtype=torch.long)
+                scaled = logits[index].float()
+                if top_k != 1 and temperature != 1.0:
+                    scaled = scaled / temperature
+                kept = step.masks.get((temperature, top_k, top_p))
+                if kept is not None:
+                    scaled = scaled.masked_fill(~kept, float("-inf"))
+                log_probs[index] = torch.log_softmax(scaled, dim=-1).to(log_probs.dtype)
+        self.kept.record()
+        return log_probs
+
+    def _filtered_again(self, logits: torch.Tensor, context: Any, token_to_request_index: Any) -> Any:
+        """megatron's own processed logprobs (it filters again), greedy rows raw: rows not just sampled here."""
         active = context.total_request_count - context.paused_request_count
         top_k = context.active_request_metadata["top_k"][:active]
         if token_to_request_index is not None:
@@ -134,3 +231,28 @@ class VllmConventionSampling(TorchSampling):
             return raw
         processed = super().log_probs_kernel(logits, context, token_to_request_index=token_to_request_index)
         return torch.where(greedy[:, None], raw, processed)
+
+
+@dataclass(frozen=True)
+class _SampledStep:
+    """What :meth:`VllmConventionSampling.sample_kernel` drew from in the step in progress."""
+
+    rows: int
+    buckets: dict[tuple[float, int, float], list[int]]
+    masks: dict[tuple[float, int, float], torch.Tensor]  # the kept mask of each truncating bucket
+
+
+def _buckets(context: Any) -> dict[tuple[float, int, float], list[int]]:
+    """The active rows by ``(temperature, top_k, top_p)``, in first-seen order, as megatron's sampler groups them."""
+    active = context.total_request_count - context.paused_request_count
+    metadata = context.active_request_metadata
+    keys = zip(
+        metadata["temperature"][:active].tolist(),
+        metadata["top_k"][:active].tolist(),
+        metadata["top_p"][:active].tolist(),
+        strict=True,
+    )
+    buckets: dict[tuple[float, int, float], list[int]] = defaultdict(list)
+    for row, key in enumerate(keys):
+        buckets[key].append(row)
+    return dict(buckets)

@@ -3,8 +3,9 @@
 Imports megatron-core only inside :func:`start_runtime`, which the engine calls after
 :func:`~tasks.engines.megatron.availability.require_megatron` and
 :func:`~tasks.engines.megatron.availability.require_gpu`. Invariants: the model holds the folder's
-weights before the dynamic engine exists, and the controller reports ``processed_logprobs``
-through :class:`tasks.engines.megatron.model.VllmConventionSampling` (greedy rows as vLLM).
+weights before the dynamic engine exists, and the controller samples and reports ``processed_logprobs``
+through :class:`tasks.engines.megatron.model.VllmConventionSampling` (greedy rows as vLLM), which
+files each truncating row's kept set in the runtime's :class:`~tasks.engines.megatron.kept.KeptRecorder`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.engines.megatron.kept import KeptRecorder
 from tasks.engines.megatron.options import MegatronOptions
 from tasks.engines.megatron.tokenizer import MegatronTokenizer
 from tasks.engines.megatron.weights import LlamaShape, load_megatron_state
@@ -20,11 +22,13 @@ from tasks.engines.megatron.weights import LlamaShape, load_megatron_state
 
 @dataclass(frozen=True)
 class Runtime:
-    """The megatron objects one engine owns: the GPT model, the dynamic engine over it, and the model's dtype."""
+    """The megatron objects one engine owns: the GPT model, the dynamic engine over it, the model's dtype, and
+    where its sampler files the kept sets of truncating rows."""
 
     model: Any
     engine: Any
     dtype: Any
+    kept: KeptRecorder
 
 
 class ClosedRuntime:
@@ -67,5 +71,7 @@ def start_runtime(
     controller = TextGenerationController(
         inference_wrapped_model=GPTInferenceWrapper(model, context), tokenizer=MegatronTokenizer(tokenizer)
     )
-    controller._sampling = megatron_model.VllmConventionSampling(controller.sampling_rng, controller.vocab_size)
-    return Runtime(model=model, engine=DynamicInferenceEngine(controller=controller, context=context), dtype=dtype)
+    kept = KeptRecorder()
+    controller._sampling = megatron_model.VllmConventionSampling(controller.sampling_rng, controller.vocab_size, kept)
+    engine = DynamicInferenceEngine(controller=controller, context=context)
+    return Runtime(model=model, engine=engine, dtype=dtype, kept=kept)

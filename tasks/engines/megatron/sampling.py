@@ -2,7 +2,8 @@
 
 Invariant: what megatron would sample differently from what the settings record is refused, never
 approximated: both filters on one request (megatron cannot), and top-k 1 at a temperature (it
-would be recorded as greedy).
+would be recorded as greedy). Planning refuses the same settings (:func:`refusal`, the registry's
+``sampling_limits`` of the megatron engine) before any call is made.
 """
 
 from __future__ import annotations
@@ -33,10 +34,22 @@ def megatron_sampling(settings: SamplingSettings) -> MegatronSampling:
     """
     if settings.temperature == 0.0:
         return MegatronSampling(temperature=1.0, top_k=GREEDY_TOP_K, top_p=0.0)
+    reason = refusal(settings)
+    if reason is not None:
+        raise EngineError(reason)
+    top_k = 0 if settings.top_k == -1 else settings.top_k
+    top_p = 0.0 if settings.top_p == 1.0 else settings.top_p
+    return MegatronSampling(temperature=float(settings.temperature), top_k=top_k, top_p=top_p)
+
+
+def refusal(settings: SamplingSettings) -> str | None:
+    """Why megatron cannot sample ``settings`` as recorded, or None: top-k 1 at a temperature, or top-k with top-p."""
+    if settings.temperature == 0.0:
+        return None
     top_k = 0 if settings.top_k == -1 else settings.top_k
     top_p = 0.0 if settings.top_p == 1.0 else settings.top_p
     if top_k == GREEDY_TOP_K:
-        raise EngineError("megatron engine: top_k 1 at a temperature is greedy decoding; set temperature 0 instead")
+        return "megatron engine: top_k 1 at a temperature is greedy decoding; set temperature 0 instead"
     if top_k and top_p:
-        raise EngineError(f"megatron-core cannot combine top_k {top_k} with top_p {top_p} on one request")
-    return MegatronSampling(temperature=float(settings.temperature), top_k=top_k, top_p=top_p)
+        return f"megatron-core cannot combine top_k {top_k} with top_p {top_p} on one request"
+    return None

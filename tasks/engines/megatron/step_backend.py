@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.errors import EngineError
+
+if TYPE_CHECKING:
+    from tasks.engines.megatron.kept import KeptRecorder
 
 
 @dataclass(frozen=True)
@@ -32,9 +35,10 @@ class MegatronStepBackend:
     thread, never to the caller's loop.
     """
 
-    def __init__(self, engine: Any, device: int = 0) -> None:
+    def __init__(self, engine: Any, device: int = 0, kept: KeptRecorder | None = None) -> None:
         self._engine = engine
         self._device = device
+        self._kept = kept
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def open(self) -> None:
@@ -60,9 +64,12 @@ class MegatronStepBackend:
         return bool(self._engine.has_unfinished_requests())
 
     def step(self) -> None:
-        """Run one engine step on the thread's loop."""
+        """Run one engine step on the thread's loop, then file the kept sets its sampler staged (before the step
+        thread hands back the requests it finished)."""
         assert self._loop is not None
         self._loop.run_until_complete(self._engine.async_step())
+        if self._kept is not None:
+            self._kept.record()
 
     def shut(self) -> None:
         """Cancel what megatron left on the thread's loop and close it."""
