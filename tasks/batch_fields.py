@@ -336,6 +336,38 @@ class BatchFields(BaseModel):
         description="dataset suite: rewards above are flagged (empty: no bound)",
         json_schema_extra=_THRESHOLDS,
     )
+    off_policy_max_ratio_deviation: Annotated[float, InConfig("validation.off_policy_max_ratio_deviation")] = Field(
+        0.02,
+        ge=0,
+        allow_inf_nan=False,
+        title="Off-policy max ratio deviation",
+        description="off-policy gate (dataset suite, warns): |mean kept-set ratio - 1| and |geometric mean - 1| of "
+        "the audited tokens, at most",
+        json_schema_extra=_THRESHOLDS,
+    )
+    off_policy_ratio_bound: Annotated[float, InConfig("validation.off_policy_ratio_bound")] = Field(
+        2.0,
+        gt=1,
+        allow_inf_nan=False,
+        title="Off-policy ratio bound",
+        description="off-policy gate: an audited token whose kept-set ratio is outside [1/bound, bound] is out "
+        "of bounds",
+        json_schema_extra=_THRESHOLDS,
+    )
+    off_policy_max_outside_rate: Annotated[Rate, InConfig("validation.off_policy_max_outside_rate")] = Field(
+        0.01,
+        title="Off-policy max outside rate",
+        description="off-policy gate (dataset suite, warns): audited tokens out of bounds / audited tokens, at most",
+        json_schema_extra=_THRESHOLDS,
+    )
+    off_policy_max_staleness: Annotated[int, InConfig("validation.off_policy_max_staleness")] = Field(
+        0,
+        ge=0,
+        title="Off-policy max staleness",
+        description="off-policy gate (dataset suite, warns): weight versions between an audited token's and the "
+        "batch's weight_version, at most",
+        json_schema_extra=_THRESHOLDS,
+    )
     require_review: bool = Field(
         False,
         title="Require review",

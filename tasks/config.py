@@ -107,6 +107,10 @@ class ValidationSpec:
     max_group_advantage_mean: float = field_default("max_group_advantage_mean")
     reward_min: float | None = field_default("reward_min")  # None: no bound
     reward_max: float | None = field_default("reward_max")
+    off_policy_max_ratio_deviation: float = field_default("off_policy_max_ratio_deviation")
+    off_policy_ratio_bound: float = field_default("off_policy_ratio_bound")
+    off_policy_max_outside_rate: float = field_default("off_policy_max_outside_rate")
+    off_policy_max_staleness: int = field_default("off_policy_max_staleness")
 
     def __post_init__(self) -> None:
         check_recorded(self, prefix="validation")

@@ -79,6 +79,10 @@ TRIGGER_FIELDS: Mapping[str, str] = {
     "max_group_advantage_mean": FREE,
     "reward_min": FREE,
     "reward_max": FREE,
+    "off_policy_max_ratio_deviation": FREE,
+    "off_policy_ratio_bound": FREE,
+    "off_policy_max_outside_rate": FREE,
+    "off_policy_max_staleness": FREE,
     "require_review": FREE,
     "review_timeout_hours": FREE,
 }
