@@ -3,9 +3,12 @@
 One self-contained HTML page: the batch's headline numbers; pass / warn / fail of each validation
 suite's current run, with links to its Data Docs (``lineage/run-NNN/index.html``, relative to the
 page) and to each table's validation result page; the expectations that failed or warned with
-their examples; and plots drawn as inline SVG: rewards per group, turns and sequence lengths,
-failure reasons, weight-version spread and the logprob audit's differences. A suite that has not
-run, or a dataset not built yet, shows as "not run".
+their examples; the off-policy gate's figures (ratios over the kept set and the full vocabulary,
+kept mass, peers' shares, staleness, NaN and missing-mask counts, thresholds) with a token view of
+each row it flags, every flagged figure linking to its rows (:mod:`tasks.report.off_policy`); and
+plots drawn as inline SVG: rewards per group, turns and sequence lengths, failure reasons,
+weight-version spread and the logprob audit's differences. A suite that has not run, or a dataset
+not built yet, shows as "not run".
 
 Reading is apart from drawing: :func:`~tasks.report.gather.gather_report` reads the batch into
 plain figures (:mod:`tasks.report.gather`), :mod:`tasks.report.charts` turns them into positioned

@@ -18,6 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from tasks.report.gather import AuditFigures, GroupRewards, ReportFigures
+from tasks.report.off_policy import OffPolicyFigures
 
 MAX_REASONS_SHOWN = 12  # per section of the failure-reasons plot; the rest are summed as "other"
 MAX_VERSION_BARS = 40  # weight versions beyond this are bucketed into ranges
@@ -140,6 +141,7 @@ class PageCharts:
     reasons: Chart | None = None
     versions: Chart | None = None
     audit: Chart | None = None
+    gate: Chart | None = None
 
 
 def page_charts(figures: ReportFigures) -> PageCharts:
@@ -154,10 +156,14 @@ def page_charts(figures: ReportFigures) -> PageCharts:
             versions=weight_versions(profile.version_min, profile.version_max),
         )
     if metrics is not None:
+        gate = metrics.audit.off_policy if metrics.audit is not None else None
         charts = dataclasses.replace(
             charts,
             reasons=reasons(metrics.invalid_reasons, metrics.failure_reasons),
             audit=audit(metrics.audit) if metrics.audit is not None else None,
+            gate=gate_ratios(gate, gate.ratio_bounds((metrics.audit.clip_low, metrics.audit.clip_high)))
+            if gate is not None
+            else None,
         )
     return charts
 
@@ -400,6 +406,58 @@ def _audit_ratios(audit: AuditFigures, frame: Frame) -> list[Mark]:
         spread = f"{low_ratio:.3g} · {mean:.3g} · {high_ratio:.3g}"
         marks.append(Text(frame.x0 - 8, middle + 16, spread, anchor="end", fill=GREY))
     return marks
+
+
+def gate_ratios(gate: OffPolicyFigures, bounds: tuple[float | None, float | None], *, width: int = 1180) -> Chart:
+    """The gate's token ratios on both bases (log scale): p01 to p99, the median (tick) and the mean (dot), against
+    ``bounds`` (shaded) and 1 (dashed)."""
+    label = "off-policy gate: token ratios, kept set and full vocabulary"
+    rows = [("kept set", gate.kept_set, BLUE), ("full vocabulary", gate.full_vocab, PURPLE)]
+    height = 150
+    frame = Frame(width, height, left=190, right=24, top=30, bottom=34)
+    stats = [s for _, s, _ in rows if s is not None]
+    values = [
+        v
+        for v in (
+            *bounds,
+            *(getattr(s, k) for s in stats for k in ("token_p01", "token_p50", "token_p99", "token_mean")),
+        )
+        if _is_number(v) and math.isfinite(v) and v > 0
+    ]
+    if not values:
+        return message(width, height, label, "no ratio recorded")
+    low_exp, high_exp = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
+    if high_exp == low_exp:
+        low_exp, high_exp = low_exp - 1, high_exp + 1
+    x = scale((float(low_exp), float(high_exp)), (frame.x0, frame.x1))
+
+    def at(v: float) -> float:
+        return x(math.log10(v))
+
+    marks: list[Mark] = [Text(frame.x0, 16, "trainer ÷ sampler, per token", anchor="start", bold=True)]
+    low, high = bounds
+    if _is_number(low) and _is_number(high) and 0 < low < high:
+        marks.append(Rect(at(low), frame.y1, at(high) - at(low), frame.y0 - frame.y1, CLIP_BAND))
+        marks.append(Text(at(low) - 2, frame.y0 + 26, f"bound {low:g}", anchor="end", fill=GREEN))
+        marks.append(Text(at(high) + 2, frame.y0 + 26, f"bound {high:g}", anchor="start", fill=GREEN))
+    for tick in log_ticks(low_exp, high_exp):
+        marks.append(Line(at(tick), frame.y1, at(tick), frame.y0, GRID))
+        marks.append(Text(at(tick), frame.y0 + 14, f"{tick:g}", fill=GREY))
+    marks.append(Line(x(0.0), frame.y1, x(0.0), frame.y0, INK, dash="3 3"))
+    row = (frame.y0 - frame.y1) / len(rows)
+    for i, (name, ratios, color) in enumerate(rows):
+        middle = frame.y1 + (i + 0.5) * row
+        marks.append(Text(frame.x0 - 8, middle + 2, name, anchor="end"))
+        points = [getattr(ratios, k, None) for k in ("token_p01", "token_p50", "token_p99", "token_mean")]
+        if not all(_is_number(v) and math.isfinite(v) and v > 0 for v in points):
+            marks.append(Text(frame.x0 + 4, middle + 4, "—", anchor="start", fill=GREY))
+            continue
+        p01, p50, p99, mean = points
+        marks.append(Line(at(p01), middle, at(p99), middle, color, 2.0))
+        marks.append(Line(at(p50), middle - 7, at(p50), middle + 7, color, 2.0))
+        marks.append(Dot(at(mean), middle, 5, color, title=f"{name}: mean {mean:.4f}"))
+        marks.append(Text(frame.x0 - 8, middle + 16, f"mean {mean:.4f} · p50 {p50:.4f}", anchor="end", fill=GREY))
+    return Chart(width, height, label, tuple(marks))
 
 
 # --- pieces -------------------------------------------------------------------------------------

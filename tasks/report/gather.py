@@ -30,6 +30,7 @@ from tasks.errors import MalformedReviewError
 from tasks.layout import REVIEW_RECORD
 from tasks.records.review import ReviewDecision
 from tasks.records.suite_summary import LINEAGE, SUITES, ExpectationOutcome, SuiteSummary
+from tasks.report.off_policy import OffPolicyFigures
 from tasks.storage.dataset_manifest import DatasetMarker
 from tasks.storage.objects import ObjectStore
 from tasks.validate.suites import DATASET_TABLES, LINEAGE_TABLES
@@ -104,7 +105,11 @@ class Spread:
 
 @dataclass(frozen=True)
 class AuditFigures:
-    """The logprob audit's statistics in ``metrics.json`` (``finalize --audit``); a statistic is None when absent."""
+    """The logprob audit's statistics in ``metrics.json`` (``finalize --audit``); a statistic is None when absent.
+
+    ``off_policy`` is the off-policy gate's figures (:mod:`tasks.report.off_policy`), None when the
+    audit recorded none (an older batch, or the gate off).
+    """
 
     model_path: str | None = None
     temperature: float | None = None
@@ -130,10 +135,11 @@ class AuditFigures:
     seq_ratio_max: float | None = None
     sequences_outside_clip: int | None = None
     seq_outside_clip_fraction: float | None = None
+    off_policy: OffPolicyFigures | None = None
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> AuditFigures:
-        return _fields_of(cls, raw)
+        return _fields_of(cls, raw, off_policy=OffPolicyFigures.of(raw.get("off_policy")))
 
 
 @dataclass(frozen=True)

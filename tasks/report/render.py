@@ -27,6 +27,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from tasks import layout
 from tasks.report.charts import page_charts
 from tasks.report.gather import ReportFigures, Spread
+from tasks.report.off_policy import RATIO_STATS, reason_of_figure, token_flags
 
 TEMPLATES = Path(__file__).parent / "templates"
 STYLE = (TEMPLATES / "report.css").read_text(encoding="utf-8").strip()
@@ -36,6 +37,7 @@ CONTENT_SECURITY_POLICY = (
     "base-uri 'none'; form-action 'none'"
 )
 MAX_EXAMPLES_SHOWN = 10
+MAX_TOKENS_OPEN = 64  # a flagged row's token table is shown open up to this many tokens, folded beyond
 VERDICTS = {
     "failed": "validation failed",
     "unreadable": "validation unreadable",
@@ -46,13 +48,20 @@ VERDICTS = {
 
 
 def render_report(figures: ReportFigures) -> str:
-    """The whole page for ``figures``: header, headline, validation, plots, footer."""
+    """The whole page for ``figures``: header, headline, validation, off-policy gate, plots, flagged rows, footer."""
+    audit = figures.metrics.audit if figures.metrics is not None else None
+    gate = audit.off_policy if audit is not None else None
     return (
         environment()
         .get_template("page.html.j2")
         .render(
             figures=figures,
             charts=page_charts(figures),
+            audit=audit,
+            gate=gate,
+            bounds=gate.ratio_bounds((audit.clip_low, audit.clip_high)) if gate is not None else (None, None),
+            ratio_stats=RATIO_STATS,
+            max_tokens_open=MAX_TOKENS_OPEN,
             verdicts=VERDICTS,
             policy=CONTENT_SECURITY_POLICY,
             style=STYLE,
@@ -75,6 +84,7 @@ def environment() -> Environment:
     )
     env.filters.update(
         num=num,
+        fixed=fixed,
         coord=coord,
         spread=spread,
         reason_list=reason_list,
@@ -82,6 +92,15 @@ def environment() -> Environment:
         docs_link=docs_link,
         json_text=json_text,
         utc_minute=utc_minute,
+        token_text=token_text,
+        token_flags=lambda token, gate, bounds, mask_expected: token_flags(
+            token,
+            bounds=bounds,
+            planned=gate.planned_weight_version,
+            mask_expected=mask_expected,
+            stale_after=gate.stale_after,
+        ),
+        figure_reason=reason_of_figure,
     )
     return env
 
@@ -98,6 +117,11 @@ def num(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:.3e}"
     return str(value)
+
+
+def fixed(value: object, digits: int = 4) -> str:
+    """A ratio to ``digits`` decimals (1.0004, not 1), None as a dash; anything not a float as :func:`num` shows it."""
+    return f"{value:.{digits}f}" if isinstance(value, float) else num(value)
 
 
 def coord(value: float, minimum: float | None = None) -> str:
@@ -142,3 +166,13 @@ def json_text(value: object, limit: int = 160) -> str:
 def utc_minute(seconds: float) -> str:
     """Seconds since the epoch as ``2026-05-01 10:00 UTC``."""
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+
+
+def token_text(text: str, spaces: bool = False) -> str:
+    """A sampled token's text with its invisible characters shown: newline ⏎, tab ⇥, other controls as ``\\xNN``,
+    a space as ␣ when ``spaces``, the empty string as ∅ (the environment escapes the result like any other value)."""
+    if not text:
+        return "∅"
+    shown = text.replace("\r", "␍").replace("\n", "⏎").replace("\t", "⇥")
+    shown = shown.replace(" ", "␣") if spaces else shown
+    return "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}" for c in shown)

@@ -105,7 +105,9 @@ def test_a_missing_suite_and_a_missing_dataset_show_as_not_run(root, tmp_path):
     plan_batch(Batch.open(str(planned_only), config.batch_id), config)
     page = read_page(planned_only, write_report_index(Batch.open(str(planned_only), BATCH)))
     assert page.count('<span class="badge not-run">not run</span>') == 2
-    assert "not built" in page and page.count("not run: the dataset has not been staged") == 6
+    assert (
+        "not built" in page and page.count("not run: the dataset has not been staged") == 7
+    )  # five plots, the audit, the gate
     assert '>Rollouts planned</div><div class="value">32</div>' in page
     assert svg_count(page) == 0
 
