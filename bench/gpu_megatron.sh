@@ -3,6 +3,11 @@
 # model there, run the GPU tests, then the capture-overhead / tok/s benchmark.
 #
 #   bash bench/gpu_megatron.sh            # logs go to $OUT (default /tmp/gpu-megatron)
+#   PART=tests bash bench/gpu_megatron.sh  # only the GPU tests; PART=bench: only the benchmark (default: all)
+#   bash bench/gpu_megatron.sh --runs 16   # arguments go to bench/megatron_capture_overhead.py
+#
+# Each part fits one 10-minute call of a GPU machine: run them as two calls on one warm machine (the
+# converted model is kept under $ROLLOUT_LEDGER_HOME, the wheels under $SITE).
 #
 # Needs Python >= 3.12 with torch and transformers, and a CUDA GPU. Wheels for what such a machine
 # lacks (bench/gpu_wheels.txt, one version each) are read from $WHEELS (default .whl/; fetch them on a machine
@@ -18,6 +23,8 @@ cd "$(dirname "$0")/.."
 WHEELS=${WHEELS:-.whl}
 SITE=${SITE:-/tmp/megatron-site}
 OUT=${OUT:-/tmp/gpu-megatron}
+PART=${PART:-all}
+case $PART in all | tests | bench) ;; *) echo "gpu_megatron.sh: PART is all, tests or bench, not $PART" >&2; exit 2 ;; esac
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export ROLLOUT_LEDGER_HOME=${ROLLOUT_LEDGER_HOME:-/tmp/rollout-ledger-home}
@@ -28,7 +35,7 @@ export PYTHONUNBUFFERED=1
 MEGATRON_PATH=(torch transformers safetensors.torch gguf megatron.core pytest pytest_timeout tests.conftest
     tasks.engines.megatron.engine tasks.engines.megatron.model tasks.generate tasks.plan tasks.finalize.stage
     tasks.models.reference tests.engines.fixtures.megatron_parity tests.engines.fixtures.flash_attn_sdpa_standin
-    tests.engines.test_megatron_gpu bench.megatron_capture_overhead)
+    tests.engines.test_megatron_gpu tests.engines.test_megatron_kept bench.megatron_capture_overhead)
 mkdir -p "$OUT" "$SITE"
 
 wheels=() missing=() doubled=()
@@ -105,9 +112,17 @@ if ! python3 -c "import flash_attn" 2>/dev/null; then
     STANDIN=(--flash-attn-standin)
 fi
 status=0
-python3 -m pytest tests/engines/test_megatron_gpu.py -m gpu -v -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" || status=1
-python3 bench/megatron_capture_overhead.py "${STANDIN[@]}" "$@" 2>&1 | tee "$OUT/bench.log" || status=1
+if [[ $PART != bench ]]; then
+    # test_megatron_kept.py: its gpu tests (the kept-set sampler) need megatron-core, one of them CUDA.
+    python3 -m pytest tests/engines/test_megatron_gpu.py tests/engines/test_megatron_kept.py -m gpu -v -s -p no:cacheprovider \
+        2>&1 | tee "$OUT/gpu-tests.log" || status=1
+fi
+if [[ $PART != tests ]]; then
+    python3 bench/megatron_capture_overhead.py "${STANDIN[@]}" "$@" 2>&1 | tee "$OUT/bench.log" || status=1
+fi
 echo "== summary"
-grep -E "PARITY|passed|failed|error" "$OUT/gpu-tests.log" | tail -n 6 || true
-grep -E "tok/s capture|capture on / off|per-pair|spread|attention:|identical work" "$OUT/bench.log" || true
+if [[ $PART != bench ]]; then grep -E "PARITY|KEPT|passed|failed|error" "$OUT/gpu-tests.log" | tail -n 12 || true; fi
+if [[ $PART != tests ]]; then
+    grep -E "^(capture|masks):|capture on / off|attention:|started in|^batch:" "$OUT/bench.log" || true
+fi
 exit $status

@@ -2,7 +2,7 @@
 
 On CPU: :class:`tasks.engines.megatron.kept.KeptRecorder`, the result's kept sets
 (:func:`tasks.engines.megatron.results.kept_sets`), megatron's sampling limits at plan time. Where
-megatron-core imports (the GPU machine; bench/gpu_megatron.sh runs this file), the recording sampler
+megatron-core imports (marker ``gpu``; bench/gpu_megatron.sh runs them on the GPU machine), the recording sampler
 (:class:`tasks.engines.megatron.model.VllmConventionSampling`) over a fake context: the kept sets are
 exactly the filter's mask, the logprobs renormalize over them, and with CUDA it draws the very tokens
 megatron's own ``TorchSampling`` draws from the same generator state.
@@ -117,9 +117,13 @@ def test_planning_still_refuses_truncation_on_an_engine_that_records_no_masks(mo
 
 # ---- the recording sampler, where megatron-core imports ------------------------------------------------
 
-needs_megatron = pytest.mark.skipif(
-    importlib.util.find_spec("megatron") is None, reason="needs megatron-core (the megatron extra, Python >= 3.12)"
-)
+
+def needs_megatron(test: Any) -> Any:
+    """A GPU-machine test (marker ``gpu``: the only tests that may skip in CI): it needs megatron-core."""
+    reason = "needs megatron-core (the megatron extra, Python >= 3.12); run bench/gpu_megatron.sh on a GPU machine"
+    return pytest.mark.gpu(pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason=reason)(test))
+
+
 VOCAB = 300
 # (temperature, top_k, top_p) per row, megatron's terms: greedy (top-k 1), top-k, top-p, untruncated.
 ROWS = [(1.0, 1, 0.0), (0.7, 20, 0.0), (1.0, 0, 0.9), (0.7, 20, 0.0), (1.3, 0, 0.0), (1.0, 0, 0.9), (0.9, 0, 0.5)]
