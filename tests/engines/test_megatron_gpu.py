@@ -420,7 +420,11 @@ def test_truncated_calls_return_the_kept_sets_of_an_independent_recompute(megatr
             if top_k > 0:
                 assert len(kept) <= top_k, f"{result.request_id}[{position}]: {len(kept)} ids kept at top_k {top_k}"
             else:
-                mass = torch.softmax(scaled[position].double(), dim=-1)[torch.as_tensor(kept).long()].sum().item()
+                mass = (
+                    torch.softmax(scaled[position].double(), dim=-1)[torch.as_tensor(kept, device="cuda").long()]
+                    .sum()
+                    .item()
+                )
                 assert mass >= top_p - 1e-3, f"{result.request_id}[{position}]: kept mass {mass} under top_p"
             differing += kept.tolist() != recomputed[position]
             expected = (scaled[position, token] - torch.logsumexp(scaled[position, kept.tolist()], dim=0)).item()
