@@ -9,7 +9,10 @@ and advantage) and one row without tokens for a rollout without chains. With
 advantage 0), with ``"drop"`` only the valid ones. Advantages are computed per group over its valid rows only
 (:mod:`tasks.finalize.advantages`); a masked row never carries a nonzero advantage. Each row names
 the weights of every version that sampled its tokens, judged from its calls' extras and the plan
-(:func:`tasks.finalize.weights.row_weights`).
+(:func:`tasks.finalize.weights.row_weights`). Each row carries the sampling settings its calls were
+proven to share with the batch config (a call that differs fails its chain, ``wrong_<field>``) and,
+when they truncate, its calls' kept sets concatenated root→terminal: one per sampled token, in order
+(a truncating call without them fails its chain, ``sampling_mask_missing``).
 """
 
 from __future__ import annotations
@@ -222,6 +225,11 @@ class _RowsBuilder:
         )
         weights_counts = np.zeros(n, np.int64)
         weights_counts[linearized] = np.diff(named.starts)
+        kept_counts = np.zeros(n, np.int64)
+        kept_counts[linearized] = np.diff(tokens.kept_count_starts)
+        kept_ids = np.zeros(n, np.int64)
+        kept_ids[linearized] = np.diff(tokens.kept_id_starts)
+        sampling = verified.sampling
         columns = {
             "batch_id": pa.array([verified.batch_id] * n, pa.string()),
             "group_id": pa.array(group_ids, pa.string()),
@@ -251,6 +259,12 @@ class _RowsBuilder:
             "terminal_selection": pa.array(
                 [verified.terminal_selections[e] if e is not None else None for e in ids_of], pa.string()
             ),
+            "temperature": pa.array(np.full(n, sampling.temperature), pa.float64()),
+            "top_p": pa.array(np.full(n, sampling.top_p), pa.float64()),
+            "top_k": pa.array(np.full(n, sampling.top_k), pa.int32()),
+            "logprobs_mode": pa.array([sampling.logprobs_mode] * n, pa.string()),
+            "kept_counts": _lists(kept_counts, tokens.kept_counts, pa.int32()),
+            "kept_token_ids": _lists(kept_ids, tokens.kept_token_ids, pa.int32()),
         }
         return pa.Table.from_arrays(list(columns.values()), schema=DatasetRow.arrow_schema())
 

@@ -10,7 +10,7 @@ them and dashboards count them, so a reason is never renamed, only added.
 from __future__ import annotations
 
 from tasks import errors
-from tasks.capture import terminal
+from tasks.capture import faults, terminal
 from tasks.storage import ledger_files, marker, rollout_manifest
 
 # --- guards: the receipt and the manifest, before any token is read ----------------------
@@ -82,6 +82,11 @@ INVALID_MASK_ORDER = "invalid_mask_order"
 EMPTY_GENERATION = "empty_generation"
 CUMULATIVE_HASH_MISMATCH = "cumulative_hash_mismatch"
 
+# --- sampling masks: each call's kept sets (tasks.records.sampling_mask) ------------------------
+SAMPLING_MASK_MISSING = faults.SAMPLING_MASK_MISSING  # the capture's own name for the same fault
+INVALID_SAMPLING_MASK = "invalid_sampling_mask"
+CORRUPT_SAMPLING_MASK = "corrupt_sampling_mask"
+
 # Terminal selection reasons a poisoned receipt may carry, or that re-attribution finds.
 TERMINAL_REASONS = tuple(r for r in terminal.ATTRIBUTION_REASONS if r != terminal.SELECTED)
 
@@ -121,6 +126,12 @@ DESCRIPTIONS: dict[str, str] = {
     INVALID_MASK_ORDER: "a delta's mask is not carried (0) tokens followed by sampled (1) tokens",
     EMPTY_GENERATION: "a call on the chain sampled no token",
     CUMULATIVE_HASH_MISMATCH: "the terminal's cumulative hash differs from the hash of the linearized tokens",
+    SAMPLING_MASK_MISSING: "a call sampled with top-p / top-k has no kept sets (staged by code that did not record "
+    "them): its tokens cannot be renormalized as sampled",
+    INVALID_SAMPLING_MASK: "a call's kept sets do not fit its sampled tokens (one set per token, ascending, the "
+    "token in its set), or it holds kept sets while its sampling does not truncate",
+    CORRUPT_SAMPLING_MASK: "a call's kept sets are not the ones its extras name (sampling.kept_sha256, which the "
+    "call digest covers)",
     terminal.NO_RECORDS: "terminal selection: the rollout has no call records",
     terminal.DUPLICATE_CALL_ID: "terminal selection: a call id appears twice in the manifest",
     terminal.ORPHANED_ROW: "terminal selection: a call's parent is not in the manifest",

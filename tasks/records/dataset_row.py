@@ -5,6 +5,14 @@ the schema of every dataset part) and checks its invariants on construction, so 
 is as trustworthy as a row written. :data:`COLUMN_DESCRIPTIONS` says what each column means, for
 the dataset card and the docs. :func:`upgrade_rows` reads a table of an older schema version as
 the current one; every reader of dataset parts calls it.
+
+Every row says how its tokens were sampled (``temperature``, ``top_p``, ``top_k``,
+``logprobs_mode``) and, when that sampling truncates (top-p / top-k, :func:`tasks.sampling.truncates`),
+the sampling mask over its sampled tokens (``kept_counts``, ``kept_token_ids``: one kept set per
+position where ``loss_mask`` is 1, in order, as :class:`~tasks.records.sampling_mask.KeptSets` holds
+them), so a trainer renormalizes over the sets the sampler drew from. Rows of schema 1 and 2 never
+recorded their sampling: they read with the four sampling columns null ("not recorded") and no kept
+sets, never a mask they do not have.
 """
 
 from __future__ import annotations
@@ -19,11 +27,15 @@ import pyarrow.compute as pc
 from tasks.checks import check_choice, check_finite, check_int, check_reason, is_hex_digest
 from tasks.ids import check_id
 from tasks.records.ledger import TERMINAL_SELECTIONS
+from tasks.records.sampling_mask import KeptSets
+from tasks.sampling import SamplingSettings, truncates
 from tasks.schema import ArrowRecord, column
 
-# 2: weights_by_version (version 1 is read as 2 by upgrade_rows)
-DATASET_SCHEMA_VERSION = 2
-READABLE_DATASET_SCHEMA_VERSIONS = (1, 2)
+# 2: weights_by_version; 3: the sampling columns and kept sets (older versions are read as 3 by upgrade_rows)
+DATASET_SCHEMA_VERSION = 3
+READABLE_DATASET_SCHEMA_VERSIONS = (1, 2, 3)
+SAMPLING_COLUMNS = ("temperature", "top_p", "top_k", "logprobs_mode")
+KEPT_COLUMNS = ("kept_counts", "kept_token_ids")
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,16 @@ COLUMN_DESCRIPTIONS: dict[str, str] = {
     "truncated": "the terminal call stopped on the length limit",
     "num_turns": "model calls on the chain root→terminal",
     "terminal_selection": "how the terminal call was selected: declared, response_id, content or heuristic",
+    "temperature": "the temperature every call of the row sampled with (the batch's; null: not recorded, "
+    "a row of schema 1 or 2)",
+    "top_p": "the top-p every call of the row sampled with (1.0: off; null: not recorded)",
+    "top_k": "the top-k every call of the row sampled with (-1: off; null: not recorded)",
+    "logprobs_mode": "what logprobs holds: processed = after temperature/top-p/top-k (null: not recorded)",
+    "kept_counts": "the sampling mask: per position where loss_mask is 1, in order, how many token ids its sampler "
+    "kept (top-p/top-k); empty when the row's sampling does not truncate, it has no sampled token, or its sampling "
+    "is not recorded",
+    "kept_token_ids": "the kept ids of every sampled token one after another (kept_counts[i] of them for the i-th, "
+    "ascending, the sampled token among them)",
 }
 
 
@@ -104,7 +126,11 @@ class DatasetRow(ArrowRecord):
     ``weights_by_version`` names each version at most once, ascending, every version of the spans
     among them, each with a sha256 (64 lowercase hex digits) or None, and is empty exactly without tokens.
     ``sample_mask`` 1 ⇔ ``mask_reason`` null; a trainable row has tokens, a sampled token, a
-    reward and a terminal selection; a masked row has advantage exactly 0.
+    reward and a terminal selection; a masked row has advantage exactly 0. The four sampling
+    columns are all null (not recorded: a row of schema 1 or 2) or all set to settings a batch
+    may sample with (:class:`~tasks.sampling.SamplingSettings`); the kept sets are present
+    exactly when the sampling is recorded and truncates and the row has a sampled token, and then
+    hold one set per sampled token with that token in it (:meth:`KeptSets.check`).
     """
 
     batch_id: str = column(pa.string())
@@ -127,11 +153,23 @@ class DatasetRow(ArrowRecord):
     truncated: bool = column(pa.bool_())
     num_turns: int = column(pa.int32())
     terminal_selection: str | None = column(pa.string(), nullable=True)
+    temperature: float | None = column(pa.float64(), nullable=True)
+    top_p: float | None = column(pa.float64(), nullable=True)
+    top_k: int | None = column(pa.int32(), nullable=True)
+    logprobs_mode: str | None = column(pa.string(), nullable=True)
+    kept_counts: np.ndarray = column(pa.list_(pa.int32()))
+    kept_token_ids: np.ndarray = column(pa.list_(pa.int32()))
 
     def __post_init__(self) -> None:
         for name in ("batch_id", "group_id", "rollout_id"):
             check_id(getattr(self, name), field=name)
-        for name, dtype in (("input_ids", np.int32), ("loss_mask", np.uint8), ("logprobs", np.float32)):
+        for name, dtype in (
+            ("input_ids", np.int32),
+            ("loss_mask", np.uint8),
+            ("logprobs", np.float32),
+            ("kept_counts", np.int32),
+            ("kept_token_ids", np.int32),
+        ):
             object.__setattr__(self, name, self._array(name, dtype))
         for name in ("weight_version_spans", "weights_by_version", "call_spans"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
@@ -140,6 +178,24 @@ class DatasetRow(ArrowRecord):
         self._check_spans()
         self._check_weights()
         self._check_sample_mask()
+        self._check_sampling()
+
+    @property
+    def sampling_recorded(self) -> bool:
+        """Whether the row says how its tokens were sampled (every row of schema 3 does)."""
+        return self.temperature is not None
+
+    @property
+    def truncates(self) -> bool | None:
+        """Whether the row's sampling drew from kept subsets (top-p / top-k); None when not recorded."""
+        if not self.sampling_recorded:
+            return None
+        return truncates(self.temperature, self.top_p, self.top_k)  # type: ignore[arg-type]
+
+    @property
+    def kept(self) -> KeptSets:
+        """The row's sampling mask: one kept set per sampled token, in order (empty without one)."""
+        return KeptSets(self.kept_counts, self.kept_token_ids)
 
     def _fail(self, message: str) -> InvalidDatasetRowError:
         return InvalidDatasetRowError(f"dataset row {self.rollout_id}: {message}")
@@ -270,16 +326,67 @@ class DatasetRow(ArrowRecord):
         else:
             raise self._fail(f"sample_mask must be 0 or 1, got {self.sample_mask!r}")
 
+    def _check_sampling(self) -> None:
+        recorded = [getattr(self, name) is not None for name in SAMPLING_COLUMNS]
+        if any(recorded) and not all(recorded):
+            raise self._fail(f"the sampling columns {list(SAMPLING_COLUMNS)} are all null (not recorded) or all set")
+        sampled = self.input_ids[self.loss_mask == 1]
+        kept = self.kept
+        if all(recorded):
+            try:
+                settings = SamplingSettings(
+                    temperature=self.temperature,  # type: ignore[arg-type]
+                    top_p=self.top_p,  # type: ignore[arg-type]
+                    top_k=self.top_k,  # type: ignore[arg-type]
+                    logprobs_mode=self.logprobs_mode,  # type: ignore[arg-type]
+                )
+            except (TypeError, ValueError) as exc:
+                raise self._fail(f"sampling: {exc}") from None
+            expected = settings.truncates and sampled.size > 0
+        else:
+            expected = False
+        if bool(kept) != expected:
+            raise self._fail(
+                "kept sets are present exactly when the row's sampling is recorded and truncates and it has a sampled "
+                f"token (recorded: {all(recorded)}, truncates: {bool(all(recorded) and self.truncates)}, sampled "
+                f"tokens: {sampled.size}), but it {'has none' if expected else f'has {kept.counts.size}'}"
+            )
+        if not kept and self.kept_token_ids.size:
+            raise self._fail("kept_token_ids holds ids without kept_counts")
+        if kept:
+            try:
+                kept.check(sampled)
+            except ValueError as exc:
+                raise self._fail(f"kept sets: {exc}") from None
+
 
 def upgrade_rows(table: pa.Table) -> pa.Table:
-    """``table`` of dataset rows in the current schema: a version-1 table gains its ``weights_by_version``.
+    """``table`` of dataset rows in the current schema (version 3): older versions gain the columns they lack.
 
     Version 1 (:data:`V1_SCHEMA`) rows never named their weights, so each version of a row's
-    ``weight_version_spans`` is named with a null sha256: declared, not verified. A table of any
-    other schema is returned as it is (:meth:`DatasetRow.check_table` then names what is wrong).
+    ``weight_version_spans`` is named with a null sha256: declared, not verified. Version 1 and 2
+    (:data:`V2_SCHEMA`) rows never recorded their sampling: the sampling columns read null (not
+    recorded) and the kept sets empty (no mask is claimed). A table of any other schema is
+    returned as it is (:meth:`DatasetRow.check_table` then names what is wrong).
     """
-    if not table.schema.equals(V1_SCHEMA):
+    if table.schema.equals(V1_SCHEMA):
+        table = _weights_declared(table)
+    if not table.schema.equals(V2_SCHEMA):
         return table
+    for name in (*SAMPLING_COLUMNS, *KEPT_COLUMNS):
+        field = DatasetRow.arrow_schema().field(name)
+        if name in KEPT_COLUMNS:  # an empty list per row
+            values = pa.ListArray.from_arrays(
+                pa.array(np.zeros(table.num_rows + 1, np.int32)), pa.array([], pa.int32())
+            )
+        else:
+            values = pa.nulls(table.num_rows, field.type)
+        table = table.append_column(field, values)
+    return table
+
+
+def _weights_declared(table: pa.Table) -> pa.Table:
+    """A version-1 table as version 2: each row's weight versions named with a null sha256."""
     spans = table.column("weight_version_spans").combine_chunks()
     lengths = pc.list_value_length(spans).to_numpy(zero_copy_only=False)
     row = np.repeat(np.arange(table.num_rows, dtype=np.int64), lengths)
@@ -295,9 +402,17 @@ def upgrade_rows(table: pa.Table) -> pa.Table:
         fields=list(VERSION_WEIGHTS_TYPE),
     )
     weights = pa.ListArray.from_arrays(pa.array(starts), items, type=pa.list_(VERSION_WEIGHTS_TYPE))
-    where = DatasetRow.arrow_schema().get_field_index("weights_by_version")
-    return table.add_column(where, DatasetRow.arrow_schema().field(where), weights)
+    where = V2_SCHEMA.get_field_index("weights_by_version")
+    return table.add_column(where, V2_SCHEMA.field(where), weights)
 
 
-# The schema of version-1 parts: today's without weights_by_version (pinned by tests/compat).
-V1_SCHEMA = DatasetRow.arrow_schema().remove(DatasetRow.arrow_schema().get_field_index("weights_by_version"))
+def _without(schema: pa.Schema, names: tuple[str, ...]) -> pa.Schema:
+    for name in names:
+        schema = schema.remove(schema.get_field_index(name))
+    return schema
+
+
+# The schemas of older parts (pinned by tests/compat): version 2 is today's without the sampling columns
+# and kept sets, version 1 version 2's without weights_by_version.
+V2_SCHEMA = _without(DatasetRow.arrow_schema(), (*SAMPLING_COLUMNS, *KEPT_COLUMNS))
+V1_SCHEMA = _without(V2_SCHEMA, ("weights_by_version",))

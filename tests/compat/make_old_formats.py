@@ -121,6 +121,28 @@ store.write_once(layout.DATASET_MARKER, committed.to_json().encode())
 out = ""
 """
 
+# The same dataset as schema version 2 wrote it (before the rows said how they were sampled), from a batch
+# sampled with top-p 0.9 / top-k 50: its manifest's config says so, its rows hold no sampling and no kept sets.
+# Version 0's weights are named by a sha256, version 1's declared (null).
+_DATASET_ROWS_V2 = (
+    _DATASET_ROWS_V1.replace(
+        "from tasks.records.dataset_row import CallSpan, DatasetRow, WeightSpan",
+        "from tasks.records.dataset_row import CallSpan, DatasetRow, VersionWeights, WeightSpan\n"
+        "from tasks.sampling import SamplingSettings",
+    )
+    .replace(
+        'code_version="old")\ntrained',
+        'code_version="old",\n'
+        "                     sampling=SamplingSettings(temperature=0.9, top_p=0.9, top_k=50))\ntrained",
+    )
+    .replace(
+        "weight_version_spans=tuple(weights), call_spans",
+        "weight_version_spans=tuple(weights), weights_by_version=(VersionWeights(0, 'ab' * 32), "
+        "VersionWeights(1, None)), call_spans",
+    )
+    .replace("weight_version_spans=(), call_spans", "weight_version_spans=(), weights_by_version=(), call_spans")
+)
+
 # A batch of one shard committed by version-1 markers' code after a killed attempt: attempt 0 receipted
 # r000000-00 (2 calls) and left r000000-01's 2 calls in the same calls file; attempt 1 adopted the first,
 # and the second replayed its first call and diverged from its second (a live call instead), so the marker
@@ -311,6 +333,7 @@ out = ""
 """,
     ),
     "ledger-v1-resumed/": ("da2b6c5", _LEDGER_V1_RESUMED),
+    "dataset-rows-v2/": ("52b04d1", _CONFIG_V2 + _DATASET_ROWS_V2),
     "dataset-row-schema-v2.txt": (
         "3e4c138",
         """

@@ -24,7 +24,14 @@ from tasks.generate.summary import ShardSummary
 from tasks.layout import REVIEW_RECORD
 from tasks.lineage.datasets import generate_lineage
 from tasks.publish import publish_batch, record_decision
-from tasks.records.dataset_row import DATASET_SCHEMA_VERSION, V1_SCHEMA, DatasetRow
+from tasks.records.dataset_row import (
+    DATASET_SCHEMA_VERSION,
+    KEPT_COLUMNS,
+    SAMPLING_COLUMNS,
+    V1_SCHEMA,
+    V2_SCHEMA,
+    DatasetRow,
+)
 from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.records.review import new_decision
 from tasks.status.gather import batch_status
@@ -210,11 +217,13 @@ def test_the_parquet_schemas_are_the_ones_their_versions_were_first_written_with
     )
     assert ledger == old("ledger-schemas-v2.txt").decode(), "bump tasks/records/digest.py SCHEMA_VERSION"
     assert _added(Receipt) == {"replayed_calls": ()}
-    assert not any(_added(c) for c in (StagedDelta, CallRecord, FailureRow))
-    assert DATASET_SCHEMA_VERSION == 2
+    assert _added(StagedDelta) == {"kept_counts": (), "kept_token_ids": ()}  # older calls kept no sets (52b04d1)
+    assert not any(_added(c) for c in (CallRecord, FailureRow))
+    assert DATASET_SCHEMA_VERSION == 3
     rows = DatasetRow.arrow_schema().to_string(show_schema_metadata=True) + "\n"
-    assert rows == old("dataset-row-schema-v2.txt").decode(), "bump DATASET_SCHEMA_VERSION"
-    # the schema upgrade_rows reads as version 1 is the one version 1 was written with
+    assert rows == old("dataset-row-schema-v3.txt").decode(), "bump DATASET_SCHEMA_VERSION"
+    # the schemas upgrade_rows reads as versions 1 and 2 are the ones those versions were written with
+    assert V2_SCHEMA.to_string(show_schema_metadata=True) + "\n" == old("dataset-row-schema-v2.txt").decode()
     assert V1_SCHEMA.to_string(show_schema_metadata=True) + "\n" == old("dataset-row-schema-v1.txt").decode()
 
 
@@ -260,7 +269,8 @@ def test_a_version_1_dataset_reads_with_each_rows_weights_declared_not_verified(
     table = read_dataset_part(store, part)
     assert table.schema.equals(DatasetRow.arrow_schema())
     assert table.column("weights_by_version").to_pylist() == V1_WEIGHTS
-    assert table.drop_columns(["weights_by_version"]).equals(written)  # nothing else changed
+    assert table.select(V1_SCHEMA.names).equals(written)  # nothing else changed
+    assert all(table.column(name).null_count == 2 for name in SAMPLING_COLUMNS)  # not recorded, as in version 2
     trained, placeholder = DatasetRow.from_table(table)  # every row invariant holds
     assert [w.weight_version for w in trained.weights_by_version] == [0, 1] and placeholder.weights_by_version == ()
     (batch,) = part_batches(store, part)  # the dataset suite's reader
@@ -274,3 +284,41 @@ def test_the_trainer_loads_a_version_1_dataset_through_its_manifest_and_from_cop
     assert batch["train_mask"].sum().item() == 9 and batch["rollout_id"] == ["r000000-00", "r000000-01"]
     copied = PublishedDataset.from_files([str(OLD / "dataset-rows-v1" / layout.dataset_part(0))])
     assert len(copied) == 2 and copied[0]["input_ids"].tolist() == data[0]["input_ids"].tolist()
+
+
+@pytest.fixture
+def v2_dataset(root, store) -> str:
+    """The batch URL of a published dataset of schema version 2 (written by 52b04d1's code), from a batch sampled
+    with top-p 0.9 / top-k 50."""
+    for path in sorted((OLD / "dataset-rows-v2").rglob("*")):
+        if path.is_file():
+            store.write_once(path.relative_to(OLD / "dataset-rows-v2").as_posix(), path.read_bytes())
+    return store.url
+
+
+def test_a_version_2_dataset_reads_with_its_sampling_not_recorded_and_claims_no_mask(v2_dataset, store):
+    marker = read_dataset_marker(store)
+    assert marker is not None and (marker.schema_version, marker.rows) == (2, 2)
+    assert (marker.config["sampling"]["top_p"], marker.config["sampling"]["top_k"]) == (0.9, 50)  # it truncated
+    (part,) = marker.parts
+    written = pq.read_table(OLD / "dataset-rows-v2" / part.path)
+    assert written.schema.equals(V2_SCHEMA)
+    for table in (read_dataset_part(store, part), *part_batches(store, part)):  # finalize's and the suite's readers
+        assert table.schema.equals(DatasetRow.arrow_schema())
+        assert table.select(V2_SCHEMA.names).equals(written)  # nothing else changed
+        assert all(table.column(name).null_count == 2 for name in SAMPLING_COLUMNS)
+        assert all(table.column(name).to_pylist() == [[], []] for name in KEPT_COLUMNS)
+    trained, placeholder = DatasetRow.from_table(read_dataset_part(store, part))  # every row invariant holds
+    assert trained.weights_by_version[0].weights_sha256 == "ab" * 32
+    assert (trained.sampling_recorded, trained.truncates, len(trained.kept)) == (False, None, 0)
+    assert not placeholder.sampling_recorded and placeholder.mask_reason == "missing_receipt"
+
+
+def test_the_trainer_loads_a_version_2_dataset_with_its_sampling_not_recorded(v2_dataset):
+    data = PublishedDataset.from_url(v2_dataset)
+    assert len(data) == 2 and data[0]["input_ids"].tolist() == list(range(100, 117))
+    assert data[0]["logprobs_mode"] is None and data[0]["kept_counts"].numel() == 0
+    batch = GrpoCollator()([data[0], data[1]])
+    assert batch["sampling_recorded"].tolist() == [False, False]
+    assert batch["temperature"].isnan().all() and batch["kept_counts"].sum().item() == 0
+    assert batch["kept_token_ids"].numel() == 0 and batch["train_mask"].sum().item() == 9

@@ -20,6 +20,7 @@ from tasks.config import BatchConfig, ModelSpec
 from tasks.finalize.verify.shard import prepare_ledger
 from tasks.records.ledger import CallRecord, FailureRow, Receipt, StagedDelta
 from tasks.records.planned import PlannedRollout
+from tasks.records.sampling_mask import KEPT_NOTE, KeptSets
 from tasks.sampling import SamplingSettings
 from tasks.storage.ledger_files import RolloutBundle
 from tasks.storage.ledger_reader import LedgerTables
@@ -61,10 +62,13 @@ def build_chain(
     epoch_spans: list[bool] | None = None,
     first_id: int = 100,
     first_row: int = 0,
+    sampling: SamplingSettings = CONFIG.sampling,
+    kept: bool = False,
 ) -> Chain:
-    """A linear chain: turn k carries ``carry`` new prompt tokens and samples ``gen`` tokens.
+    """A linear chain: turn k carries ``carry`` new prompt tokens and samples ``gen`` tokens, with ``sampling``.
 
-    Its calls' staging coordinates are rows ``first_row``, ``first_row + 1``, ... of :data:`SEGMENT`.
+    Its calls' staging coordinates are rows ``first_row``, ``first_row + 1``, ... of :data:`SEGMENT`. With
+    ``kept``, each call stages its sampled tokens' kept sets (:func:`hand_kept_sets`) and names them in its extras.
     """
     deltas, records = [], []
     sequence = np.zeros(0, np.int64)
@@ -74,6 +78,7 @@ def build_chain(
         prompt = np.concatenate([sequence, np.arange(next_id, next_id + carry)])
         generated = np.arange(next_id + carry, next_id + carry + gen)
         next_id += carry + gen
+        sets = hand_kept_sets(generated) if kept else None
         delta = StagedDelta.build(
             batch_id=CONFIG.batch_id,
             rollout_id=rollout_id,
@@ -86,9 +91,11 @@ def build_chain(
             generated_logprobs=-np.linspace(0.1, 1.0, gen, dtype=np.float32),
             weight_version=(weight_versions or [0] * len(turns))[k],
             finish_reason=finish_reason if k == len(turns) - 1 else "stop",
-            temperature=CONFIG.sampling.temperature,
-            top_p=CONFIG.sampling.top_p,
-            top_k=CONFIG.sampling.top_k,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            kept=sets,
+            extras={KEPT_NOTE: sets.note()} if sets else None,
         )
         record = CallRecord.for_staged(
             delta,
@@ -102,6 +109,11 @@ def build_chain(
         sequence = np.concatenate([prompt, generated])
         parent = delta
     return Chain(deltas, records)
+
+
+def hand_kept_sets(sampled: np.ndarray) -> KeptSets:
+    """Each sampled token's kept set in hand-built chains: the token and the ids one and two above it."""
+    return KeptSets.of(range(int(t), int(t) + 3) for t in sampled)
 
 
 def receipt_for(chain: Chain, **overrides: object) -> Receipt:

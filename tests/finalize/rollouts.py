@@ -15,14 +15,22 @@ from tasks.finalize.card import render_card
 from tasks.finalize.weights import PlannedWeights
 from tasks.records.dataset_row import CallSpan, DatasetRow, WeightSpan
 from tasks.records.ledger import canonical_json
+from tasks.records.sampling_mask import KeptSets
+from tasks.sampling import SamplingSettings
 from tasks.storage.dataset_manifest import DatasetMarker
 from tasks.storage.marker import MarkedFile
 from tasks.storage.objects import ObjectStore
 
-from .verdicts import VerifiedRollout, columns_of
+from .verdicts import UNTRUNCATED, VerifiedRollout, columns_of
 
 BATCH_ID = "batch-test"
 UNVERIFIED_PLAN = PlannedWeights()  # planned version 0, its weights not verified: a call naming none names null
+TRUNCATED = SamplingSettings(temperature=0.9, top_p=0.9, top_k=50)  # kept sets on every sampled token
+
+
+def kept_sets_of(sampled: Sequence[int] | np.ndarray) -> KeptSets:
+    """Synthetic kept sets: each sampled token with the one or two ids above it (sizes vary with the token)."""
+    return KeptSets.of([range(int(t), int(t) + 1 + int(t) % 3) for t in sampled])
 
 
 def make_rollout(
@@ -38,9 +46,11 @@ def make_rollout(
     terminal_selection: str | None = "declared",
     epoch_span_count: int = 0,
     extras: Sequence[object] | None = None,
+    kept: bool = False,
 ) -> VerifiedRollout:
     """A rollout of task ``task``: one (carry_len, gen_len) per call, tokens derived from the ids; ``extras``
-    per call as the engine gave them (none given: null each)."""
+    per call as the engine gave them (none given: null each); with ``kept``, each sampled token's kept set
+    (:func:`kept_sets_of`), as a truncated batch's verified chain holds them."""
     rollout_id = ids.rollout_id(task, sample)
     base = {"batch_id": BATCH_ID, "group_id": ids.group_id(task), "rollout_id": rollout_id, "reward": reward}
     if not linearized:
@@ -57,10 +67,11 @@ def make_rollout(
         start += carry + gen
     mask = np.array(masks, np.uint8)
     logprobs = np.where(mask == 1, -rng.uniform(0.01, 5.0, mask.size), 0.0).astype(np.float32)
+    input_ids = rng.integers(0, 50_000, mask.size).astype(np.int32)
     return VerifiedRollout(
         **base,
         reason=reason,
-        input_ids=rng.integers(0, 50_000, mask.size).astype(np.int32),
+        input_ids=input_ids,
         loss_mask=mask,
         logprobs=logprobs,
         prompt_len=calls[0][0],
@@ -71,6 +82,7 @@ def make_rollout(
         num_turns=len(calls),
         terminal_selection=terminal_selection,
         epoch_span_count=epoch_span_count,
+        kept=kept_sets_of(input_ids[mask == 1]) if kept else KeptSets.empty(),
     )
 
 
@@ -112,12 +124,13 @@ def assemble(
     task: int = 0,
     group_size: int = 4,
     weights: PlannedWeights = UNVERIFIED_PLAN,
+    sampling: SamplingSettings = UNTRUNCATED,
     **options: str,
 ) -> AssembledRows:
-    """The rows of task ``task``'s planned group (``group_size`` rollouts) from ``verified``; ``weights`` the plan's
-    (by default: planned version 0, its weights not verified)."""
+    """The rows of task ``task``'s planned group (``group_size`` rollouts) from ``verified``, sampled with
+    ``sampling``; ``weights`` the plan's (by default: planned version 0, its weights not verified)."""
     return assemble_rows(
-        columns_of(BATCH_ID, verified),
+        columns_of(BATCH_ID, verified, sampling),
         batch_id=BATCH_ID,
         planned={ids.group_id(task): planned_ids(task, group_size)},
         weights=weights,

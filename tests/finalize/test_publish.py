@@ -169,7 +169,7 @@ def test_marker_round_trips_through_json(tmp_path):
     marker = stage_dataset(store, mixed_groups(batch_config()), config=batch_config()).marker
     assert read_staged_marker(store) == marker
     raw = json.loads(store.read_bytes(layout.DATASET_STAGED))
-    assert raw["metrics"]["path"] == layout.DATASET_METRICS and raw["schema_version"] == DATASET_SCHEMA_VERSION == 2
+    assert raw["metrics"]["path"] == layout.DATASET_METRICS and raw["schema_version"] == DATASET_SCHEMA_VERSION == 3
 
 
 def test_metrics_and_card_describe_the_batch_and_the_audit(tmp_path):

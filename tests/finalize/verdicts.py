@@ -16,6 +16,10 @@ import pyarrow as pa
 from tasks.finalize.ragged import offsets
 from tasks.finalize.verify.verdicts import Linearized, VerifiedRollouts
 from tasks.records.dataset_row import CallSpan, WeightSpan
+from tasks.records.sampling_mask import KeptSets
+from tasks.sampling import SamplingSettings
+
+UNTRUNCATED = SamplingSettings(temperature=1.0)  # what synthetic verdicts were sampled with unless a test says
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class VerifiedRollout:
     num_turns: int = 0
     terminal_selection: str | None = None
     epoch_span_count: int = 0
+    kept: KeptSets = field(default_factory=KeptSets.empty)  # the chain's sampling mask, one set per sampled token
 
     @property
     def valid(self) -> bool:
@@ -93,11 +98,18 @@ def _chain_fields(chains: Linearized, chain: int) -> dict[str, object]:
         "extras_json": tuple(chains.extras_json[calls].to_pylist()),
         "truncated": bool(chains.truncated[chain]),
         "num_turns": len(call_spans),
+        "kept": KeptSets(
+            chains.kept_counts[chains.kept_count_starts[chain] : chains.kept_count_starts[chain + 1]],
+            chains.kept_token_ids[chains.kept_id_starts[chain] : chains.kept_id_starts[chain + 1]],
+        ),
     }
 
 
-def columns_of(batch_id: str, rollouts: Sequence[VerifiedRollout]) -> VerifiedRollouts:
-    """Synthetic verdicts as finalization holds them; each weight span must cover its call's tokens."""
+def columns_of(
+    batch_id: str, rollouts: Sequence[VerifiedRollout], sampling: SamplingSettings = UNTRUNCATED
+) -> VerifiedRollouts:
+    """Synthetic verdicts as finalization holds them, sampled with ``sampling``; each weight span must cover its
+    call's tokens."""
     linearized = [v for v in rollouts if v.linearized]
     for v in linearized:
         ends = np.cumsum([c.carry_len + c.gen_len for c in v.call_spans]).tolist()
@@ -130,5 +142,10 @@ def columns_of(batch_id: str, rollouts: Sequence[VerifiedRollout]) -> VerifiedRo
             ),
             call_starts=offsets([len(v.call_spans) for v in linearized]),
             truncated=np.array([v.truncated for v in linearized], bool),
+            kept_counts=np.concatenate([np.zeros(0, np.int32), *(v.kept.counts for v in linearized)]),
+            kept_token_ids=np.concatenate([np.zeros(0, np.int32), *(v.kept.token_ids for v in linearized)]),
+            kept_count_starts=offsets([v.kept.counts.size for v in linearized]),
+            kept_id_starts=offsets([v.kept.token_ids.size for v in linearized]),
         ),
+        sampling=sampling,
     )

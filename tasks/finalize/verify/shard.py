@@ -11,7 +11,8 @@ Order of the checks (the first failing one names the reason): receipt guards
 the chain's graph in the manifest (:mod:`~tasks.finalize.verify.chains`), fetch
 (:mod:`~tasks.finalize.verify.fetch`), versions, every compared field of the staged row against
 its call record and the batch config, malformed rows, the recomputed digest, extras, parent
-lengths, the chain-hash walk, mask order, non-empty generation, the terminal's cumulative hash
+lengths, the chain-hash walk, mask order, non-empty generation, the sampling masks (present when the
+batch's sampling truncates, well-formed, the ones the extras name), the terminal's cumulative hash
 (:mod:`~tasks.finalize.verify.staged_rows`).
 
 A shard is verified in two steps: :func:`prepare_shard` reads and converts (ledger tables,
@@ -165,7 +166,7 @@ class PreparedShard:
         rollouts are logged and never returned. An untrusted ledger rejects every planned
         rollout with its reason.
         """
-        read, config, results = self.read, self.config, VerdictsBuilder(self.config.batch_id)
+        read, config, results = self.read, self.config, VerdictsBuilder(self.config.batch_id, self.config.sampling)
         if isinstance(read, StorageIntegrityError):
             for planned in self.plan:
                 results.add(planned.group_id, planned.rollout_id, None, read.reason, None)

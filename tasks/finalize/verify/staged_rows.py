@@ -23,14 +23,17 @@ import pyarrow.compute as pc
 
 from tasks.config import BatchConfig
 from tasks.finalize import reasons as r
-from tasks.finalize.ragged import offsets, owners_of, ranges, run_sums
+from tasks.finalize.ragged import gather, offsets, owners_of, ranges, run_sums
 from tasks.finalize.verify.verdicts import Linearized
 from tasks.records import digest as dg
 from tasks.records import digest_batch as db
 from tasks.records.ledger import StagedDelta, canonical_json
+from tasks.records.sampling_mask import KEPT_DIGEST_KEY, KEPT_NOTE, KeptSets
 
 _STAGED_SCHEMA = StagedDelta.arrow_schema()
 _LIST_COLUMNS = ("token_ids_delta", "token_mask_delta", "logprobs_delta")
+_KEPT_COLUMNS = ("kept_counts", "kept_token_ids")
+_CORRUPT = object()  # extras that do not parse, are not canonical or do not match their digest
 _PASSING = np.iinfo(np.int32).max  # the check index of a row that has not failed yet
 _I32_MAX = np.iinfo(np.int32).max
 _NULL_EXTRAS_DIGEST = dg.compute_extras_digest(None)
@@ -138,7 +141,9 @@ class _Tokens:
     ``position`` maps a table row to its index in ``rows`` (-1: none). ``bad_values`` (ids outside
     [0, int32], masks not exactly 0/1, logprobs not finite or nonzero where carried) and
     ``bad_mask_order`` (a sampled token before a carried one) list table rows; ``sampled``
-    counts each of ``rows``' sampled tokens.
+    counts each of ``rows``' sampled tokens. The kept sets of table row ``i`` are
+    ``kept_counts[kept_count_starts[i]:kept_count_starts[i + 1]]`` and ``kept_token_ids[kept_id_starts[i]:...]``;
+    ``bad_kept`` lists the table rows whose kept lists hold a null.
     """
 
     def __init__(self, table: pa.Table) -> None:
@@ -166,6 +171,22 @@ class _Tokens:
         inside = descending[np.isin(descending, self.starts, invert=True)]
         self.bad_mask_order = self.rows[owners_of(self.starts, inside)]
         self.sampled = run_sums(self.mask == 1.0, self.starts)
+        (self.kept_counts, self.kept_count_starts, bad_counts), (self.kept_token_ids, self.kept_id_starts, bad_ids) = (
+            _flat_ints(table.column(name)) for name in _KEPT_COLUMNS
+        )
+        self.bad_kept = np.union1d(bad_counts, bad_ids)
+
+    def kept(self, row: int) -> KeptSets:
+        """The kept sets table row ``row`` stores."""
+        counts = self.kept_counts[self.kept_count_starts[row] : self.kept_count_starts[row + 1]]
+        ids = self.kept_token_ids[self.kept_id_starts[row] : self.kept_id_starts[row + 1]]
+        return KeptSets(counts, ids)
+
+    def sampled_ids(self, row: int) -> np.ndarray:
+        """The ids table row ``row`` sampled (one of :attr:`rows`)."""
+        position = int(self.position[row])
+        lo, hi = int(self.starts[position]), int(self.starts[position + 1])
+        return self.ids[lo:hi][self.mask[lo:hi] == 1.0]
 
     def _check_values(self) -> None:
         ids, mask, logprobs = self.ids, self.mask, self.logprobs
@@ -199,6 +220,9 @@ class _Tokens:
             ids, mask, logprobs = ids[tokens], mask[tokens], logprobs[tokens]
         gen = self.sampled[positions]
         ends = pc.equal(calls.column("finish_reason"), "length").to_numpy(zero_copy_only=False)
+        # Each chain's kept sets: its rows' root→terminal, so one per sampled token in token order.
+        counts, count_row_starts = gather(self.kept_count_starts, rows)
+        kept_ids, id_row_starts = gather(self.kept_id_starts, rows)
         return Linearized(
             input_ids=ids.astype(np.int32),
             loss_mask=mask.astype(np.uint8),
@@ -211,6 +235,10 @@ class _Tokens:
             extras_json=extras_json.take(pa.array(rows)).combine_chunks(),
             call_starts=call_starts,
             truncated=ends[first_rows[chains] + lengths[chains] - 1],
+            kept_counts=self.kept_counts[counts],
+            kept_token_ids=self.kept_token_ids[kept_ids],
+            kept_count_starts=count_row_starts[call_starts],
+            kept_id_starts=id_row_starts[call_starts],
         )
 
 
@@ -236,12 +264,13 @@ def _check_rows(
     checks.record(r.INVALID_STAGED_ROW, tokens.bad_values)
     recorded = {name: calls.column(name).to_pylist() for name in _RECORDED}
     _check_digests(checks, tokens, recorded)
-    _check_extras(checks, table.column("extras_json"), recorded["extras_digest"])
+    extras = _check_extras(checks, table.column("extras_json"), recorded["extras_digest"])
     chain_start = np.zeros(table.num_rows, dtype=bool)
     chain_start[first_rows] = True
     _check_links(checks, table, tokens, chain_start, recorded["chain_hash"])
     checks.record(r.INVALID_MASK_ORDER, tokens.bad_mask_order)
     checks.record(r.EMPTY_GENERATION, tokens.rows[tokens.sampled == 0])
+    _check_kept(checks, tokens, extras, truncating=config.sampling.truncates)
     return checks
 
 
@@ -257,12 +286,49 @@ def _check_digests(checks: _Checks, tokens: _Tokens, recorded: dict[str, list]) 
     checks.record(r.CORRUPT_DIGEST, np.array(wrong, dtype=np.int64))
 
 
-def _check_extras(checks: _Checks, extras_json: pa.ChunkedArray, stored: list[str]) -> None:
-    """extras_json parses, is canonical, and its digest is the stored extras digest."""
+def _check_extras(checks: _Checks, extras_json: pa.ChunkedArray, stored: list[str]) -> dict[int, object]:
+    """extras_json parses, is canonical, and its digest is the stored extras digest; the parsed extras of each row
+    that passes."""
     todo = checks.passing()
     texts = extras_json.take(pa.array(todo, type=pa.int64())).to_pylist()
-    wrong = [row for row, text in zip(todo.tolist(), texts, strict=True) if not _extras_match(text, stored[row])]
+    parsed = {row: _parsed_extras(text, stored[row]) for row, text in zip(todo.tolist(), texts, strict=True)}
+    wrong = [row for row, extras in parsed.items() if extras is _CORRUPT]
     checks.record(r.CORRUPT_EXTRAS, np.array(wrong, dtype=np.int64))
+    return {row: extras for row, extras in parsed.items() if extras is not _CORRUPT}
+
+
+def _check_kept(checks: _Checks, tokens: _Tokens, extras: dict[int, object], *, truncating: bool) -> None:
+    """Each row's sampling mask: present when its sampling truncates (every row still passing sampled with the
+    batch's settings), well-formed over its sampled tokens (:meth:`KeptSets.check`, the one rule), and the one its
+    extras name (which the call digest covers).
+
+    A truncating row without kept sets was staged by code that did not record them (or lost them): its chain
+    cannot be renormalized as sampled, so it never trains (``sampling_mask_missing``).
+    """
+    todo = checks.passing()
+    holds = (np.diff(tokens.kept_count_starts)[todo] > 0) | (np.diff(tokens.kept_id_starts)[todo] > 0)
+    sampled = tokens.sampled[tokens.position[todo]]
+    checks.record(r.SAMPLING_MASK_MISSING, todo[~holds & (sampled > 0)] if truncating else todo[:0])
+    invalid = np.intersect1d(tokens.bad_kept, todo).tolist()  # a null among its kept ids
+    invalid += [row for row in np.setdiff1d(todo[holds], invalid).tolist() if not (truncating and _fits(tokens, row))]
+    checks.record(r.INVALID_SAMPLING_MASK, np.array(invalid, dtype=np.int64))
+    corrupt = []
+    for row in checks.passing().tolist():
+        kept = tokens.kept(row)
+        note = extras[row].get(KEPT_NOTE) if isinstance(extras[row], dict) else None
+        named = note.get(KEPT_DIGEST_KEY) if isinstance(note, dict) else None
+        if named != (kept.digest() if kept else None):
+            corrupt.append(row)
+    checks.record(r.CORRUPT_SAMPLING_MASK, np.array(corrupt, dtype=np.int64))
+
+
+def _fits(tokens: _Tokens, row: int) -> bool:
+    """Whether the kept sets of table row ``row`` hold its sampled tokens as :meth:`KeptSets.check` requires."""
+    try:
+        tokens.kept(row).check(tokens.sampled_ids(row))
+    except ValueError:
+        return False
+    return True
 
 
 def _check_links(checks: _Checks, table: pa.Table, tokens: _Tokens, chain_start: np.ndarray, stored: list[str]) -> None:
@@ -301,12 +367,27 @@ def _differs_from(column: pa.ChunkedArray, expected: object) -> np.ndarray:
     return np.array([value != expected for value in column.to_pylist()], dtype=bool)
 
 
-def _extras_match(text: str, stored: str) -> bool:
-    """extras_json parses, is canonical, and its digest is ``stored``."""
+def _parsed_extras(text: str, stored: str) -> object:
+    """The extras of extras_json when it parses, is canonical and its digest is ``stored``; else :data:`_CORRUPT`."""
     if text == "null" and stored == _NULL_EXTRAS_DIGEST:
-        return True
+        return None
     try:
         extras = json.loads(text)
-        return canonical_json(extras) == text and dg.compute_extras_digest(extras) == stored
+        if canonical_json(extras) == text and dg.compute_extras_digest(extras) == stored:
+            return extras
     except (ValueError, TypeError):  # invalid JSON, NaN, values the extras encoding refuses
-        return False
+        pass
+    return _CORRUPT
+
+
+def _flat_ints(lists: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An int32 list column (no null cell) flattened: its values (a null read as 0), each cell's start offset plus
+    the total, and the cells holding a null value."""
+    lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+    starts = offsets(lengths)
+    values = pc.list_flatten(lists)
+    bad = np.zeros(0, np.int64)
+    if values.null_count:
+        bad = np.unique(owners_of(starts, np.flatnonzero(pc.is_null(values).to_numpy(zero_copy_only=False))))
+        values = pc.fill_null(values, 0)
+    return values.to_numpy().astype(np.int32, copy=False), starts, bad

@@ -4,7 +4,9 @@
 terminal selection and ``reason`` (None exactly when the rollout is trainable). The tokens of
 every chain that linearized are laid end to end in :class:`Linearized`, so nothing is built per
 rollout or per call. A rollout that is invalid for another reason than its chain (a poisoned
-receipt over a clean chain, say) still points at its verified tokens.
+receipt over a clean chain, say) still points at its verified tokens. Every call of a linearized
+chain was sampled with the batch's sampling settings (:attr:`VerifiedRollouts.sampling`: a call
+that differs fails its chain, ``wrong_<field>``) and, when they truncate, carries its kept sets.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.finalize.ragged import gather, offsets
+from tasks.sampling import SamplingSettings
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class Linearized:
     extras_json: pa.Array
     call_starts: np.ndarray
     truncated: np.ndarray
+    kept_counts: np.ndarray
+    kept_token_ids: np.ndarray
+    kept_count_starts: np.ndarray
+    kept_id_starts: np.ndarray
 
     def __len__(self) -> int:
         return self.token_starts.size - 1
@@ -61,6 +68,10 @@ class Linearized:
             extras_json=pa.array([], pa.string()),
             call_starts=none,
             truncated=np.zeros(0, bool),
+            kept_counts=np.zeros(0, np.int32),
+            kept_token_ids=np.zeros(0, np.int32),
+            kept_count_starts=none,
+            kept_id_starts=none,
         )
 
     def take(self, chains: np.ndarray) -> Linearized:
@@ -70,6 +81,8 @@ class Linearized:
             return self
         tokens, token_starts = gather(self.token_starts, chains)
         calls, call_starts = gather(self.call_starts, chains)
+        counts, kept_count_starts = gather(self.kept_count_starts, chains)
+        kept_ids, kept_id_starts = gather(self.kept_id_starts, chains)
         return Linearized(
             input_ids=self.input_ids[tokens],
             loss_mask=self.loss_mask[tokens],
@@ -82,6 +95,10 @@ class Linearized:
             extras_json=self.extras_json.take(pa.array(calls)),
             call_starts=call_starts,
             truncated=self.truncated[chains],
+            kept_counts=self.kept_counts[counts],
+            kept_token_ids=self.kept_token_ids[kept_ids],
+            kept_count_starts=kept_count_starts,
+            kept_id_starts=kept_id_starts,
         )
 
 
@@ -92,7 +109,9 @@ class VerifiedRollouts:
     ``chain[i]`` is the rollout's first chain in ``linearized`` (-1: not linearized, no tokens)
     and ``chain_counts[i]`` how many consecutive chains are its (0 without; 1 root→terminal; one
     per call under independent calls); ``reasons[i]`` is None exactly when it is trainable;
-    ``epoch_span_counts[i]`` counts the calls of its chains that spanned a refit.
+    ``epoch_span_counts[i]`` counts the calls of its chains that spanned a refit. ``sampling`` is
+    the batch's sampling settings, which every call of every linearized chain was proven to have
+    sampled with.
     """
 
     batch_id: str
@@ -105,6 +124,7 @@ class VerifiedRollouts:
     chain: np.ndarray
     chain_counts: np.ndarray
     linearized: Linearized
+    sampling: SamplingSettings
 
     def __len__(self) -> int:
         return len(self.rollout_ids)
@@ -113,8 +133,9 @@ class VerifiedRollouts:
 class VerdictsBuilder:
     """Builds :class:`VerifiedRollouts` verdict by verdict (Python per rollout: scalars only)."""
 
-    def __init__(self, batch_id: str) -> None:
+    def __init__(self, batch_id: str, sampling: SamplingSettings) -> None:
         self.batch_id = batch_id
+        self.sampling = sampling
         self._fields: tuple[list, ...] = ([], [], [], [], [], [], [], [])
 
     def add(
@@ -147,4 +168,5 @@ class VerdictsBuilder:
             chain=np.array(chains, np.int64),
             chain_counts=np.array(counts, np.int64),
             linearized=linearized,
+            sampling=self.sampling,
         )
