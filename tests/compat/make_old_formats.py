@@ -341,6 +341,13 @@ from tasks.records.dataset_row import DatasetRow
 out = DatasetRow.arrow_schema().to_string(show_schema_metadata=True) + "\\n"
 """,
     ),
+    "dataset-row-schema-v3.txt": (
+        "ee9f94e",
+        """
+from tasks.records.dataset_row import DatasetRow
+out = DatasetRow.arrow_schema().to_string(show_schema_metadata=True) + "\\n"
+""",
+    ),
 }
 
 
