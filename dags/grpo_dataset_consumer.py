@@ -3,7 +3,8 @@
 
 Scheduled on the `grpo_dataset` asset: it runs after each successful `publish`, reads the event
 (dataset URI, batch id, counts, weight version), and checks the committed manifest it names
-before anything would train on it. Add your trainer after `check_dataset`.
+before anything would train on it. Add your trainer after `check_dataset`, or see `grpo_train`
+(docs/loop.md): our reference step on the same events, which announces the next `policy_checkpoint`.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from airflow.sdk import Asset, dag, task
+from airflow.sdk import dag, task
 
 from tasks.orchestration import steps
+from tasks.orchestration.assets import GRPO_DATASET
 
 
 @dag(
-    schedule=[Asset(steps.GRPO_DATASET_ASSET)],
+    schedule=[GRPO_DATASET],
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
     catchup=False,
     tags=["rollout-ledger", "example"],
