@@ -61,6 +61,16 @@ def test_a_truncated_chain_verifies_with_its_calls_kept_sets_in_sampled_token_or
     )
 
 
+def test_a_chain_sampled_otherwise_than_the_batch_config_is_masked_by_the_field_that_differs():
+    for other, reason in (
+        (dataclasses.replace(TRUNCATED, top_p=0.8), "wrong_top_p"),
+        (dataclasses.replace(TRUNCATED, top_k=-1), "wrong_top_k"),
+        (dataclasses.replace(TRUNCATED, temperature=1.0), "wrong_temperature"),
+    ):
+        chain = build_chain(TURNS, sampling=other, kept=True)  # a well-formed mask, of other settings
+        assert verify_one(bundle_of(chain), chain.table(), TRUNCATED_CONFIG).reason == reason
+
+
 def test_a_truncating_call_staged_without_kept_sets_masks_its_rollout_as_sampling_mask_missing():
     chain = build_chain(TURNS, sampling=TRUNCATED)  # as code before kept sets staged it: valid digests, no mask
     verified = verify_one(bundle_of(chain), chain.table(), TRUNCATED_CONFIG)
