@@ -16,6 +16,7 @@ from tasks.cli.batches import add_demo, add_status, add_sweep
 from tasks.cli.dataset import add_finalize, add_publish, add_validate
 from tasks.cli.flags import AddCommand, unknown_flags, unknown_flags_message
 from tasks.cli.generate import add_generate
+from tasks.cli.lineage_cmd import add_lineage
 from tasks.cli.plan import add_plan
 from tasks.cli.servers import add_refit, add_serve
 from tasks.entry_point import configure_logging, run_command
@@ -28,6 +29,7 @@ COMMANDS: tuple[Callable[[AddCommand], None], ...] = (
     add_validate,
     add_publish,
     add_status,
+    add_lineage,
     add_sweep,
     add_serve,
     add_refit,
