@@ -15,9 +15,10 @@ Each hop is a :class:`Hop` holding the checks that tie it to the hop that named 
   weights a batch was sampled with); a checkpoint without a parent is step 0;
 * a consumed dataset: the sha256 of its ``_COMMITTED.json`` bytes is the one the checkpoint recorded, the marker
   is of that batch, and every part it names has the size and sha256 it records;
-* a batch: its config (``plan/batch.json``) is the one the dataset marker recorded, its model's weights sha256 is
-  recorded and was verified (not "declared, not verified"), and every row's ``weights_by_version`` names a sha256
-  (none null); each distinct sha256 (the config's and the rows') is a "sampled by" hop to the checkpoint folder
+* a batch: its config (``plan/batch.json``) is the one the dataset marker recorded, the weights that sampled it
+  are known by hash (its model's sha256 verified by the plan, or, for a server's weights accepted by name, the
+  sha256 the server hashed named by every row), and every row's ``weights_by_version`` names a sha256 (none
+  null); each distinct sha256 (the config's and the rows') is a "sampled by" hop to the checkpoint folder
   whose manifest names those weights: the model reference's folder when it is a checkpoint, else one found
   under the checkpoint roots searched.
 
@@ -292,12 +293,9 @@ class _Walker:
             (marker.config.get("batch_id"), marker.config.get("model")) == (planned["batch_id"], planned["model"]),
             f"{layout.plan_config()} names the batch and model the dataset marker recorded",
         )
-        hop.check(
-            "model",
-            bool(model.weights_sha256) and model.weights == WEIGHTS_VERIFIED,
-            f"weights {_short(model.weights_sha256) or 'not recorded'} ({model.weights})",
-        )
+        verified = bool(model.weights_sha256) and model.weights == WEIGHTS_VERIFIED
         shas = [model.weights_sha256] if model.weights_sha256 else []
+        rows_named = False
         if tables is None:
             hop.check("rows", False, "the dataset's parts did not verify: the rows' weights are not read")
         else:
@@ -305,13 +303,21 @@ class _Walker:
             nulls = named.pop(None, 0)
             total = sum(named.values()) + nulls
             listing = ", ".join(f"{count} {_short(sha)}" for sha, count in sorted(named.items()))
-            hop.check(
+            rows_named = hop.check(
                 "rows",
                 nulls == 0,
                 f"row weight versions name {listing or 'nothing'}"
                 + (f"; {nulls} of {total} name none (declared, not verified)" if nulls else ""),
-            )
+            ) and bool(named)
             shas += [sha for sha in sorted(named) if sha not in shas]
+        # the plan hashed the weights it generated with, or (a server's weights, accepted by name) every row names
+        # the sha256 the server itself hashed at load: either way the sampling weights are known by hash
+        how = "verified by the plan" if verified else "named by every row" if rows_named else model.weights
+        hop.check(
+            "model",
+            verified or rows_named,
+            f"weights {_short(model.weights_sha256) or 'not recorded'} ({how})",
+        )
         for sha in shas:
             hop.children.append(self.sampler(sha, config))
         return hop

@@ -28,6 +28,7 @@ from tasks.finalize.weights import PlannedWeights
 from tasks.lineage.checkpoints import Hop, render_tree, walk_checkpoint
 from tasks.lineage.naming import name_of_url
 from tasks.lineage.training import TRAINING_JOB, training_lineage_events
+from tasks.models.provenance import WEIGHTS_DECLARED, WEIGHTS_VERIFIED
 from tasks.storage.objects import ObjectStore
 from tasks.trainer.checkpoint import Checkpoint, ConsumedDataset, ParentCheckpoint, write_checkpoint
 from tests.finalize.rollouts import BATCH_ID, assemble, commit_by_hand, make_rollout
@@ -45,9 +46,12 @@ def fake_weights(seed: bytes):
     return build
 
 
-def publish_batch(runs: Path, sampler: Checkpoint | None, *, weights_sha256: str, reference: str) -> str:
-    """A published batch planned with ``reference`` at ``weights_sha256`` (verified), its rows naming those weights
-    at the sampler's weight version: two groups of four two-call rollouts. Returns its URL."""
+def publish_batch(
+    runs: Path, sampler: Checkpoint | None, *, weights_sha256: str, reference: str, weights: str = WEIGHTS_VERIFIED
+) -> str:
+    """A published batch planned with ``reference`` at ``weights_sha256`` (``weights``: verified by the plan, or
+    declared), its rows naming those weights at the sampler's weight version (none where the sha256 is empty): two
+    groups of four two-call rollouts. Returns its URL."""
     version = sampler.weight_version if sampler is not None else 0
     config = BatchConfig(
         batch_id=BATCH_ID,
@@ -55,7 +59,7 @@ def publish_batch(runs: Path, sampler: Checkpoint | None, *, weights_sha256: str
         num_tasks=2,
         group_size=4,
         shards=1,
-        model=ModelSpec(reference=reference, weights_sha256=weights_sha256),
+        model=ModelSpec(reference=reference, weights_sha256=weights_sha256, weights=weights),
         weight_version=version,
     )
     url = str(runs / layout.batch_dir(BATCH_ID))
@@ -65,7 +69,7 @@ def publish_batch(runs: Path, sampler: Checkpoint | None, *, weights_sha256: str
         assemble(
             [make_rollout(task, s, reward=float(s % 2), versions=[version, version]) for s in range(4)],
             task=task,
-            weights=PlannedWeights(version, weights_sha256),
+            weights=PlannedWeights(version, weights_sha256 or None),
         )
         for task in range(2)
     ]
@@ -200,6 +204,19 @@ def test_rows_whose_weights_were_declared_not_verified_fail_the_batch_hop(loop, 
     tree = walk_checkpoint(lone.folder)
     assert ("batch", BATCH_ID, "model") in failed_checks(tree)
     assert ("batch", BATCH_ID, "rows") in failed_checks(tree)
+
+
+def test_a_server_batch_whose_rows_all_name_the_served_weights_verifies(loop, tmp_path):
+    zero = loop.checkpoints[0]
+    served = publish_batch(
+        tmp_path / "runs4", zero, weights_sha256=zero.weights_sha256, reference=str(zero.folder),
+        weights=WEIGHTS_DECLARED,
+    )  # fmt: skip
+    lone = step(tmp_path / "other-root", zero, b"served", [served])
+    tree = walk_checkpoint(lone.folder)
+    assert tree.all_ok, render_tree(tree)
+    (batch,) = [h for h in hops(tree) if h.kind == "batch"]
+    assert "(named by every row)" in next(c.detail for c in batch.checks if c.name == "model")
 
 
 def test_the_command_prints_the_tree_or_json_and_exits_3_when_a_hop_fails(loop, capsys):
