@@ -21,12 +21,13 @@ import pytest
 from openlineage.client.serde import Serde
 
 from tasks import layout
+from tasks.batch import Batch
 from tasks.config import BatchConfig, ModelSpec
 from tasks.errors import EXIT_CONFLICT, EXIT_OK
 from tasks.finalize.dataset_writer import stage_dataset
 from tasks.finalize.weights import PlannedWeights
 from tasks.lineage.checkpoints import Hop, render_tree, walk_checkpoint
-from tasks.lineage.naming import name_of_url
+from tasks.lineage.naming import batch_object, name_of_url
 from tasks.lineage.training import TRAINING_JOB, training_lineage_events
 from tasks.models.provenance import WEIGHTS_DECLARED, WEIGHTS_VERIFIED
 from tasks.storage.objects import ObjectStore
@@ -244,6 +245,8 @@ def test_the_training_step_events_name_the_datasets_and_parent_as_inputs_and_the
         assert serialized["run"]["runId"] == Serde.to_dict(start)["run"]["runId"]
         inputs = {(d["namespace"], d["name"]): d["facets"]["version"]["datasetVersion"] for d in serialized["inputs"]}
         dataset = name_of_url(f"{loop.batches[1]}/dataset")
+        runs = Path(loop.batches[1]).parents[1]  # ROOT/batches/BATCH_ID: publish's name for the same dataset
+        assert dataset == batch_object(Batch.open(str(runs), BATCH_ID), layout.DATASET_DIR)
         assert inputs == {
             (dataset.namespace, dataset.name): two.manifest.consumed[0].dataset_sha256,
             tuple(name_of_url(str(loop.checkpoints[1].folder))): loop.checkpoints[1].weights_sha256,
