@@ -20,10 +20,12 @@ tests/trainer/test_exporters.py against ``compute_policy_loss_vanilla``, ``agg_l
 ``compute_rollout_correction_weights`` of verl's ``core_algos.py`` / ``rollout_corr_helper.py``):
 :func:`verl_settings` gives them: ``actor.policy_loss.loss_mode=vanilla``, ``actor.loss_agg_mode=token-mean``,
 ``actor.clip_ratio_low`` / ``clip_ratio_high`` = our clip, ``actor.clip_ratio_c`` large enough never to bind
-(our loss has no dual clip), ``algorithm.rollout_correction.rollout_is=token`` with
-``rollout_is_threshold`` = our TIS cap, no rejection sampling (``rollout_rs=null``), no batch normalization of
-the weights, no KL loss or entropy bonus, and the advantages taken as exported (the step after
-``compute_advantage``; verl's own GRPO estimator would recompute them from scores).
+(our loss has no dual clip), ``algorithm.rollout_correction`` in decoupled mode (``bypass_mode=false``: the
+actor recomputes ``old_log_prob``, three policies, ``RolloutCorrectionConfig.decoupled_token_is``) with
+``rollout_is=token`` (the default is ``sequence``) and ``rollout_is_threshold`` = our TIS cap, no rejection
+sampling (``rollout_rs=null``), no batch normalization of the weights, no KL loss or entropy bonus, and the
+advantages taken as exported (the step after ``compute_advantage``; verl's own GRPO estimator would recompute
+them from scores).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def verl_settings(settings: GrpoLossSettings) -> dict[str, Any]:
         "actor_rollout_ref.actor.clip_ratio_c": NO_DUAL_CLIP,
         "actor_rollout_ref.actor.use_kl_loss": False,
         "actor_rollout_ref.actor.entropy_coeff": 0.0,
+        "algorithm.rollout_correction.bypass_mode": False,  # decoupled: the actor recomputes old_log_prob
         "algorithm.rollout_correction.rollout_is": "token",
         "algorithm.rollout_correction.rollout_is_threshold": settings.tis_cap,
         "algorithm.rollout_correction.rollout_is_batch_normalize": False,
