@@ -11,25 +11,34 @@ is that processing; :func:`audit_logprobs` runs a seeded sample of dataset rows 
 model (fp32, CPU, bounded right-padded batches) and reports how far the stored logprobs are
 from the recomputed ones, and the importance ratios a trainer would apply.
 
+The same pass feeds the off-policy gate (:mod:`tasks.finalize.off_policy`, the report's
+``off_policy``): the trainer's logprob of each audited token over the whole vocabulary and over
+its recorded kept set (:mod:`tasks.models.logprobs`, the trainer's own definitions), at the
+sampling the row records (a row without recorded sampling is read with the batch's). There a
+NaN stored logprob, or a truncating row without its kept sets, is counted, never raised.
+
 Invariants: the sample depends only on the rows' loss masks, ``sample_size`` and ``seed``;
 position ``t`` is scored from the logits at ``t - 1``; a sampled token the recompute filters
-out (``-inf``) is counted in ``filtered_out_tokens`` and left out of every average and ratio.
+out (``-inf``) is counted in ``filtered_out_tokens`` and left out of every average and ratio
+(so is a token whose stored logprob is not finite: the off-policy gate counts it in ``nan_tokens``).
 Ratios are trainer over rollout, ``exp(recomputed - stored)``: the truncated-IS weight.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from tasks.sampling import GREEDY_TEMPERATURE
+from tasks.finalize.off_policy import OffPolicyThresholds, ScoredRow, off_policy_figures
+from tasks.sampling import GREEDY_TEMPERATURE, truncates
 
 DEFAULT_CLIP = (0.5, 2.0)
 DEFAULT_BATCH_TOKENS = 2048
@@ -89,6 +98,7 @@ class AuditReport:
     seq_ratio_max: float | None
     sequences_outside_clip: int
     seq_outside_clip_fraction: float | None
+    off_policy: dict[str, Any] | None = None  # the off-policy gate (tasks.finalize.off_policy), JSON-ready
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict; a ratio that overflows float64 (not finite) becomes None."""
@@ -138,12 +148,17 @@ def audit_logprobs(
     seed: int = 0,
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
     clip: tuple[float, float] = DEFAULT_CLIP,
+    planned_weight_version: int = 0,
+    thresholds: OffPolicyThresholds | None = None,
 ) -> AuditReport:
     """Recompute the processed logprobs of a seeded sample of ``rows`` and compare with the stored ones.
 
     A row is a mapping or an object with ``input_ids``, ``loss_mask`` (1 = sampled) and ``logprobs``
-    (stored, read where the mask is 1). The model runs on CPU in fp32, at most ``batch_tokens``
-    padded tokens per forward pass (a longer row runs alone).
+    (stored, read where the mask is 1); optionally (dataset schema 3) ``temperature``, ``top_p``,
+    ``top_k`` (else ``sampling``'s), ``kept_counts`` / ``kept_token_ids`` (its sampling mask) and
+    ``weight_version_spans`` (else every token is of ``planned_weight_version``). The model runs on
+    CPU in fp32, at most ``batch_tokens`` padded tokens per forward pass (a longer row runs alone).
+    The report's ``off_policy`` applies ``thresholds`` (the defaults when None).
     """
     if sample_size < 1:
         raise ValueError(f"sample_size must be >= 1, got {sample_size!r}")
@@ -152,11 +167,11 @@ def audit_logprobs(
     if not 0 < clip[0] < 1 < clip[1]:
         raise ValueError(f"clip must be (low, high) with 0 < low < 1 < high, got {clip!r}")
     picked, eligible = sample_rows(rows, sample_size, seed)
-    audited = [_AuditRow.read(rows[i], i) for i in picked]
+    audited = [_AuditRow.read(rows[i], i, sampling, planned_weight_version) for i in picked]
     if audited:
         print(audit_headline(audited, model_path), file=sys.stderr, flush=True)
-    scores = _score(audited, model_path, sampling, batch_tokens)
-    return _report(
+    scores = _score(audited, model_path, batch_tokens)
+    report = _report(
         audited,
         scores,
         model_path=str(model_path),
@@ -166,6 +181,40 @@ def audit_logprobs(
         eligible=eligible,
         clip=clip,
     )
+    off_policy = off_policy_figures(
+        [
+            ScoredRow(
+                raw_logprobs=_mismatched(row, full, kept) and _matches(row.stored, raw),
+                sampled_temperature=fitted,
+                rollout_id=row.rollout_id,
+                token_ids=row.input_ids[row.positions],
+                stored=row.stored,
+                full_vocab=full,
+                kept_set=kept,
+                kept_counts=row.kept_counts,
+                versions=row.versions,
+                missing_mask=row.missing_mask,
+            )
+            for row, raw, full, kept, fitted in zip(
+                audited, scores.raw, scores.full_vocab, scores.kept_set, scores.sampled_temperature, strict=True
+            )
+        ],
+        planned_weight_version=planned_weight_version,
+        thresholds=thresholds or OffPolicyThresholds(),
+        text=_token_text(model_path) if audited else lambda token: "",
+    )
+    return dataclasses.replace(report, off_policy=off_policy)
+
+
+def _token_text(model_path: str) -> Callable[[int], str]:
+    """Each token id's text by the model's tokenizer ("" without one: the gate's token view then shows ids)."""
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError):
+        return lambda token: ""
+    return lambda token: tokenizer.decode([token])
 
 
 def audit_headline(audited: Sequence[_AuditRow], model_path: str) -> str:
@@ -191,14 +240,29 @@ def _rounded(seconds: float) -> int:
 
 
 @dataclass(frozen=True)
+class _RowSampling:
+    """The sampling a row's tokens were drawn with (``SamplingLike``)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+
+
+@dataclass(frozen=True)
 class _AuditRow:
     label: str
+    rollout_id: str
     input_ids: np.ndarray  # int64
     positions: np.ndarray  # sampled positions t (all >= 1)
-    stored: np.ndarray  # float64 stored logprobs at ``positions``
+    stored: np.ndarray  # float64 stored logprobs at ``positions`` (may hold NaN: the gate counts it)
+    sampling: _RowSampling
+    kept_counts: np.ndarray | None  # per sampled token; None when not truncating or missing
+    kept_token_ids: np.ndarray | None
+    missing_mask: bool  # the row truncates but its kept sets do not cover its sampled tokens
+    versions: np.ndarray  # weight version per sampled token
 
     @classmethod
-    def read(cls, row: Any, index: int) -> _AuditRow:
+    def read(cls, row: Any, index: int, batch_sampling: SamplingLike, planned_version: int) -> _AuditRow:
         rollout_id = _get(row, "rollout_id", f"row {index}", default=None)
         label = f"row {index}" + (f" (rollout {rollout_id})" if rollout_id else "")
         ids = np.asarray(_get(row, "input_ids", label), dtype=np.int64)
@@ -211,28 +275,71 @@ class _AuditRow:
         positions = np.flatnonzero(mask == 1)
         if positions[0] == 0:
             raise AuditRowError(label, "sampled_token_without_context", "loss_mask[0] is 1: no logits predict it")
-        stored = logprobs[positions]
-        if not np.isfinite(stored).all():
-            bad = int(positions[~np.isfinite(stored)][0])
-            raise AuditRowError(label, "stored_logprob_not_finite", f"logprobs[{bad}] = {logprobs[bad]}")
-        return cls(label, ids, positions, stored)
+        sampling = _row_sampling(row, label, batch_sampling)
+        counts = _int_array(_get(row, "kept_counts", label, default=None))
+        kept_ids = _int_array(_get(row, "kept_token_ids", label, default=None))
+        truncating = truncates(sampling.temperature, sampling.top_p, sampling.top_k)
+        covered = counts.size == positions.size and int(counts.sum()) == kept_ids.size and (counts >= 1).all()
+        return cls(
+            label=label,
+            rollout_id=str(rollout_id) if rollout_id else label,
+            input_ids=ids,
+            positions=positions,
+            stored=logprobs[positions],
+            sampling=sampling,
+            kept_counts=counts if truncating and covered else None,
+            kept_token_ids=kept_ids if truncating and covered else None,
+            missing_mask=truncating and not covered,
+            versions=_token_versions(row, label, positions, planned_version),
+        )
+
+
+def _int_array(values: Any) -> np.ndarray:
+    return np.zeros(0, np.int64) if values is None else np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def _row_sampling(row: Any, label: str, batch: SamplingLike) -> _RowSampling:
+    """The row's recorded sampling (dataset schema 3), else the batch's."""
+    temperature = _get(row, "temperature", label, default=None)
+    if temperature is None:
+        return _RowSampling(float(batch.temperature), float(batch.top_p), int(batch.top_k))
+    return _RowSampling(float(temperature), float(_get(row, "top_p", label)), int(_get(row, "top_k", label)))
+
+
+def _token_versions(row: Any, label: str, positions: np.ndarray, planned: int) -> np.ndarray:
+    """The weight version of each sampled position, from the row's ``weight_version_spans`` (each span's call
+    covers its tokens up to the next span's start); ``planned`` for a row without spans."""
+    spans = _get(row, "weight_version_spans", label, default=None)
+    spans = () if spans is None else spans
+    versions = np.full(positions.size, int(planned), dtype=np.int64)
+    ordered = sorted((_span_field(s, "start"), _span_field(s, "weight_version")) for s in spans)
+    for start, version in ordered:
+        versions[positions >= start] = version
+    return versions
+
+
+def _span_field(span: Any, name: str) -> int:
+    return int(span[name] if isinstance(span, Mapping) else getattr(span, name))
 
 
 @dataclass(frozen=True)
 class _Scores:
     processed: list[np.ndarray]  # per audited row, float64 at its positions (-inf = filtered out)
     raw: list[np.ndarray]
+    full_vocab: list[np.ndarray]  # the trainer's logprob over the whole vocabulary (tasks.models.logprobs)
+    kept_set: list[np.ndarray | None]  # ... over the recorded kept set; None when the row's mask is missing
+    sampled_temperature: list[float | None]  # the temperature that explains a mismatched row (_fitted_temperature)
 
 
-def _score(audited: list[_AuditRow], model_path: str, sampling: SamplingLike, batch_tokens: int) -> _Scores:
+def _score(audited: list[_AuditRow], model_path: str, batch_tokens: int) -> _Scores:
     import torch
     from transformers import AutoModelForCausalLM
 
     if not audited:
-        return _Scores([], [])
+        return _Scores([], [], [], [], [])
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)
     model.eval()
-    scored: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    scored: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = {}
     with torch.inference_mode():
         for batch in _batches([row.input_ids.size for row in audited], batch_tokens):
             rows = [audited[i] for i in batch]
@@ -242,8 +349,54 @@ def _score(audited: list[_AuditRow], model_path: str, sampling: SamplingLike, ba
             column = np.searchsorted(keep, np.arange(keep[-1] + 1))
             for slot, (i, row) in enumerate(zip(batch, rows, strict=True)):
                 row_logits = logits[slot, torch.from_numpy(column[row.positions - 1])]
-                scored[i] = _token_logprobs(row_logits, torch.from_numpy(row.input_ids[row.positions]), sampling)
-    return _Scores([scored[i][0] for i in range(len(audited))], [scored[i][1] for i in range(len(audited))])
+                scored[i] = (*_token_logprobs(row_logits, row), None)
+                if _mismatched(row, *scored[i][2:4]) and not _matches(row.stored, scored[i][1]):
+                    scored[i] = (*scored[i][:4], _fitted_temperature(row_logits, row))
+    return _Scores(*([scored[i][k] for i in range(len(audited))] for k in range(5)))
+
+
+DIAGNOSIS_TOLERANCE = 1e-2  # mean |stored - recomputed| under which a recompute explains the stored logprobs
+TEMPERATURE_GRID = tuple(round(0.05 * i, 2) for i in range(1, 41))  # 0.05 .. 2.0
+
+
+def _matches(stored: np.ndarray, recomputed: np.ndarray | None) -> bool:
+    """Whether ``recomputed`` explains the finite stored logprobs (mean |difference| within the tolerance)."""
+    if recomputed is None:
+        return False
+    both = np.isfinite(stored) & np.isfinite(recomputed)
+    return bool(both.any()) and float(np.mean(np.abs(stored[both] - recomputed[both]))) < DIAGNOSIS_TOLERANCE
+
+
+def _mismatched(row: _AuditRow, full: np.ndarray, kept: np.ndarray | None) -> bool:
+    """Whether the row's stored logprobs are not what its recorded sampling gives (worth a diagnosis)."""
+    return not _matches(row.stored, kept if kept is not None else full)
+
+
+def _fitted_temperature(logits: Any, row: _AuditRow) -> float | None:
+    """The temperature of :data:`TEMPERATURE_GRID` whose trainer logprobs (over the recorded kept sets, or the
+    vocabulary) explain the stored ones, when it is not the recorded one; None when none does."""
+    import torch
+
+    from tasks.models.logprobs import full_vocab_logprobs, kept_set_logprobs
+
+    finite = np.isfinite(row.stored)
+    if row.missing_mask or not finite.any():
+        return None
+    tokens = torch.from_numpy(row.input_ids[row.positions])
+    errors = []
+    for temperature in TEMPERATURE_GRID:
+        if row.kept_counts is not None:
+            scored = kept_set_logprobs(logits, tokens, temperature, row.kept_counts, row.kept_token_ids)
+        else:
+            scored = full_vocab_logprobs(logits, tokens, temperature)
+        values = scored.double().numpy()
+        usable = finite & np.isfinite(values)
+        errors.append(float(np.mean(np.abs(values[usable] - row.stored[usable]))) if usable.any() else math.inf)
+    best = int(np.argmin(errors))
+    fitted = TEMPERATURE_GRID[best]
+    if errors[best] >= DIAGNOSIS_TOLERANCE or abs(fitted - row.sampling.temperature) < 0.05:
+        return None
+    return fitted
 
 
 def _forward(model: Any, rows: list[_AuditRow], keep: np.ndarray) -> Any:
@@ -262,18 +415,36 @@ def _forward(model: Any, rows: list[_AuditRow], keep: np.ndarray) -> Any:
     return model(input_ids=ids, attention_mask=attention).logits[:, positions]
 
 
-def _token_logprobs(logits: Any, tokens: Any, sampling: SamplingLike) -> tuple[np.ndarray, np.ndarray]:
-    """Processed and raw logprobs (float64) of ``tokens`` under ``logits`` ``[N, V]``, chunked over positions."""
+def _token_logprobs(logits: Any, row: _AuditRow) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Processed, raw, full-vocabulary and kept-set logprobs (float64) of the row's sampled tokens under
+    ``logits`` ``[N, V]``, chunked over positions; the kept-set ones are the full-vocabulary ones when the row
+    does not truncate, None when its mask is missing."""
     import torch
 
+    from tasks.models.logprobs import full_vocab_logprobs, kept_set_logprobs
+
+    sampling = row.sampling
     settings = {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
-    processed, raw = [], []
+    tokens = torch.from_numpy(row.input_ids[row.positions])
+    counts = row.kept_counts
+    starts = np.concatenate([[0], np.cumsum(counts)]) if counts is not None else None
+    processed, raw, full, kept = [], [], [], []
     for start in range(0, tokens.numel(), _PROCESS_CHUNK):
-        chunk = logits[start : start + _PROCESS_CHUNK]
-        picked = tokens[start : start + _PROCESS_CHUNK, None]
-        processed.append(processed_log_softmax(chunk, **settings).gather(1, picked)[:, 0])
-        raw.append(chunk.log_softmax(dim=-1).gather(1, picked)[:, 0])
-    return torch.cat(processed).double().numpy(), torch.cat(raw).double().numpy()
+        stop = min(start + _PROCESS_CHUNK, tokens.numel())
+        chunk = logits[start:stop]
+        picked = tokens[start:stop]
+        processed.append(processed_log_softmax(chunk, **settings).gather(1, picked[:, None])[:, 0])
+        raw.append(chunk.log_softmax(dim=-1).gather(1, picked[:, None])[:, 0])
+        full.append(full_vocab_logprobs(chunk, picked, sampling.temperature))
+        if counts is not None and starts is not None and row.kept_token_ids is not None:
+            ids = row.kept_token_ids[starts[start] : starts[stop]]
+            kept.append(kept_set_logprobs(chunk, picked, sampling.temperature, counts[start:stop], ids))
+    full_vocab = torch.cat(full).double().numpy()
+    if counts is not None:
+        kept_set: np.ndarray | None = torch.cat(kept).double().numpy()
+    else:
+        kept_set = None if row.missing_mask else full_vocab
+    return torch.cat(processed).double().numpy(), torch.cat(raw).double().numpy(), full_vocab, kept_set
 
 
 def _batches(lengths: list[int], batch_tokens: int) -> Iterator[list[int]]:
@@ -303,12 +474,15 @@ def _report(
     stored = np.concatenate([row.stored for row in audited]) if audited else np.zeros(0)
     processed = np.concatenate(scores.processed) if audited else np.zeros(0)
     raw = np.concatenate(scores.raw) if audited else np.zeros(0)
-    kept = np.isfinite(processed)
+    kept = np.isfinite(processed) & np.isfinite(stored)
     diff = np.abs(stored[kept] - processed[kept])
     log_ratio = processed[kept] - stored[kept]
     outside = _outside(log_ratio, clip)
     seq_log = np.array(
-        [np.sum((p - row.stored)[np.isfinite(p)]) for row, p in zip(audited, scores.processed, strict=True)]
+        [
+            np.sum((p - row.stored)[np.isfinite(p) & np.isfinite(row.stored)])
+            for row, p in zip(audited, scores.processed, strict=True)
+        ]
     )
     seq_outside = _outside(seq_log, clip)
     with np.errstate(over="ignore"):
@@ -323,7 +497,7 @@ def _report(
         rows_eligible=eligible,
         rows_audited=len(audited),
         tokens_audited=int(stored.size),
-        filtered_out_tokens=int((~kept).sum()),
+        filtered_out_tokens=int((~np.isfinite(processed) & np.isfinite(stored)).sum()),
         mean_abs_diff=_stat(np.mean, diff),
         max_abs_diff=_stat(np.max, diff),
         p99_abs_diff=_stat(lambda d: np.percentile(d, 99), diff),

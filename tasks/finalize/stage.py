@@ -89,6 +89,7 @@ def finalize_batch(batch: Batch, options: FinalizeOptions | None = None) -> Stag
         if sample is None or not sample.items:
             return None
         from tasks.finalize.logprob_audit import audit_logprobs
+        from tasks.finalize.off_policy import OffPolicyThresholds
         from tasks.models.reference import resolve_model_reference
 
         report = audit_logprobs(
@@ -97,6 +98,8 @@ def finalize_batch(batch: Batch, options: FinalizeOptions | None = None) -> Stag
             sampling=config.sampling,
             sample_size=min(options.audit_sample_size, len(sample.items)),
             seed=config.seed,
+            planned_weight_version=config.weight_version,
+            thresholds=OffPolicyThresholds.of(config.validation),
         )
         return report.to_dict()
 

@@ -18,7 +18,10 @@ profile (decoding a part whole allocated, and faulted in, hundreds of MB per par
 * ``groups``: per group its ``rollouts`` (with rows), ``group_size`` and ``advantage_mean`` over
   its trainable rollouts, null when fewer than two are trainable or their rewards are all equal
   (their advantages are 0 by definition, :mod:`tasks.finalize.advantages`);
-* ``rollouts``: every planned rollout of the dataset's shards, ``trainable`` when a row of it has sample_mask 1.
+* ``rollouts``: every planned rollout of the dataset's shards, ``trainable`` when a row of it has sample_mask 1;
+* ``off_policy``: one row (``batch_id``), the off-policy gate's measures
+  (:data:`tasks.finalize.off_policy.GATE_MEASURES`) from the logprob audit in ``metrics.json``, all null
+  when finalize ran without the audit.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.batch import Batch
+from tasks.finalize.off_policy import GATE_MEASURES, gate_measures
 from tasks.finalize.ragged import offsets, owners_of, run_sums
 from tasks.ids import shard_name
 from tasks.models.provenance import WEIGHTS_VERIFIED
@@ -51,7 +55,8 @@ _TOKEN_COUNTS = ("sampled_tokens", "nonfinite_logprobs", "positive_sampled_logpr
 def profile_dataset(batch: Batch, manifest: DatasetMarker) -> dict[str, pa.Table]:
     """The four profile tables of the dataset ``manifest`` names; rows keep the manifest's part order."""
     store, config = batch.store, batch.config
-    verified = verified_weights(batch.dataset_metrics(manifest))
+    metrics = batch.dataset_metrics(manifest)
+    verified = verified_weights(metrics)
     empty = row_profile(DatasetRow.arrow_schema().empty_table(), verified)  # the profile's schema, whatever the parts
     with ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="dataset-profile") as pool:
         parts = list(
@@ -71,7 +76,19 @@ def profile_dataset(batch: Batch, manifest: DatasetMarker) -> dict[str, pa.Table
         "rows": rows,
         "groups": group_profile(rows),
         "rollouts": pa.table({"rollout_id": planned, "trainable": pc.is_in(planned, value_set=trainable_ids)}),
+        "off_policy": off_policy_profile(config.batch_id, (metrics.get("audit") or {}).get("off_policy")),
     }
+
+
+def off_policy_profile(batch_id: str, off_policy: Mapping[str, Any] | None) -> pa.Table:
+    """The ``off_policy`` table: one row of the gate's measures (null when not measured)."""
+    measures = gate_measures(off_policy)
+    columns: dict[str, pa.Array] = {"batch_id": pa.array([batch_id], pa.string())}
+    for name in GATE_MEASURES:
+        counts = ("nan_tokens", "missing_mask_tokens", "staleness_max", "unexplained_rows")
+        kind = pa.int64() if name in counts else pa.float64()
+        columns[name] = pa.array([measures[name]], kind)
+    return pa.table(columns)
 
 
 def part_batches(store: ObjectStore, part: MarkedFile) -> Iterator[pa.Table]:

@@ -327,7 +327,96 @@ DATASET_TABLES = (
     TableSpec("rows", "rollout_id", "one row per dataset row: list lengths, token counts, flags, scalars"),
     TableSpec("groups", "group_id", "one row per group: rollouts with rows, group_size, mean advantage"),
     TableSpec("rollouts", "rollout_id", "one row per planned rollout of the dataset's shards: trainable?"),
+    TableSpec("off_policy", "batch_id", "one row: the off-policy gate's measures from the logprob audit (null: none)"),
 )
+
+
+def _at_most(column: str, maximum: float) -> dict[str, Any]:
+    return {"column": column, "max_value": maximum}
+
+
+def off_policy_expectations(t: ValidationSpec) -> list[ExpectationSpec]:
+    """The off-policy gate (docs/finalization.md, "The off-policy gate"): NaN logprobs and missing sampling masks
+    fail; ratios away from 1, tokens out of bounds and stale tokens warn (the batch waits for review). Every
+    measure is null, so every expectation passes, when finalize ran without the logprob audit."""
+    return [
+        ExpectationSpec(
+            name="off_policy_no_nan_logprobs",
+            table="off_policy",
+            expectation="expect_column_values_to_be_between",
+            kwargs=_at_most("nan_tokens", 0),
+            severity="fail",
+            rule="No audited token has a NaN stored or recomputed logprob.",
+            examples="values",
+        ),
+        ExpectationSpec(
+            name="off_policy_masks_present",
+            table="off_policy",
+            expectation="expect_column_values_to_be_between",
+            kwargs=_at_most("missing_mask_tokens", 0),
+            severity="fail",
+            rule="Every audited token sampled with top-p / top-k has its kept set (sampling mask).",
+            examples="values",
+        ),
+        ExpectationSpec(
+            name="off_policy_kept_ratio_mean",
+            table="off_policy",
+            expectation="expect_column_values_to_be_between",
+            kwargs=_at_most("kept_ratio_mean_deviation", t.off_policy_max_ratio_deviation),
+            severity="warn",
+            rule="The audited tokens' trainer-over-sampler ratio over their kept sets averages to 1 within "
+            "off_policy_max_ratio_deviation.",
+            threshold_field="off_policy_max_ratio_deviation",
+            threshold=t.off_policy_max_ratio_deviation,
+            examples="values",
+        ),
+        ExpectationSpec(
+            name="off_policy_kept_geometric_mean",
+            table="off_policy",
+            expectation="expect_column_values_to_be_between",
+            kwargs=_at_most("kept_geometric_mean_deviation", t.off_policy_max_ratio_deviation),
+            severity="warn",
+            rule="The audited rows' geometric-mean kept-set ratios (exp of the mean log ratio: below 1 by about the "
+            "sampler-to-trainer KL) average to 1 within off_policy_max_ratio_deviation.",
+            threshold_field="off_policy_max_ratio_deviation",
+            threshold=t.off_policy_max_ratio_deviation,
+            examples="values",
+        ),
+        ExpectationSpec(
+            name="off_policy_tokens_within_bound",
+            table="off_policy",
+            expectation="expect_column_values_to_be_between",
+            kwargs=_at_most("outside_bound_rate", t.off_policy_max_outside_rate),
+            severity="warn",
+            rule="At most off_policy_max_outside_rate of the audited tokens have a kept-set ratio outside "
+            "[1/off_policy_ratio_bound, off_policy_ratio_bound] (the bound finalize applied).",
+            threshold_field="off_policy_max_outside_rate",
+            threshold=t.off_policy_max_outside_rate,
+            examples="values",
+        ),
+        ExpectationSpec(
+            name="off_policy_rows_explained",
+            table="off_policy",
+            expectation="expect_column_values_to_be_between",
+            kwargs=_at_most("unexplained_rows", 0),
+            severity="warn",
+            rule="Every audited row's stored logprobs are what its recorded sampling gives: none is diagnosed as raw "
+            "logprobs, sampled at another temperature, or holding a token outside its own kept set.",
+            examples="values",
+        ),
+        ExpectationSpec(
+            name="off_policy_staleness",
+            table="off_policy",
+            expectation="expect_column_values_to_be_between",
+            kwargs=_at_most("staleness_max", t.off_policy_max_staleness),
+            severity="warn",
+            rule="No audited token was sampled more than off_policy_max_staleness weight versions away from the "
+            "batch's weight_version.",
+            threshold_field="off_policy_max_staleness",
+            threshold=t.off_policy_max_staleness,
+            examples="values",
+        ),
+    ]
 
 
 def dataset_suite(thresholds: ValidationSpec, *, on_invalid: str) -> SuiteSpec:
@@ -477,6 +566,7 @@ def dataset_suite(thresholds: ValidationSpec, *, on_invalid: str) -> SuiteSpec:
                 threshold=[t.reward_min, t.reward_max],
             ),
         )
+    specs.extend(off_policy_expectations(t))
     return SuiteSpec(name=DATASET, tables=DATASET_TABLES, expectations=tuple(specs), rows_table="rows")
 
 
