@@ -74,17 +74,20 @@ class KeptSets:
             raise ValueError(f"kept counts add up to {int(counts.sum())}, but {ids.size} kept ids are stored")
         if ids.size and ids.min() < 0:
             raise ValueError("kept token ids must be >= 0")
-        starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        if ids.size > 1:
-            rising = np.diff(ids.astype(np.int64)) > 0
-            rising[starts[1:-1] - 1] = True  # a new set may start lower
-            if not rising.all():
-                raise ValueError("each kept set must be strictly ascending")
-        for i, token in enumerate(sampled.tolist()):
-            kept = ids[starts[i] : starts[i + 1]]
-            j = int(np.searchsorted(kept, token))
-            if j >= kept.size or int(kept[j]) != token:
-                raise ValueError(f"sampled token {i} ({token}) is not in its own kept set")
+        # One key per kept id, (set index, id): strictly rising over the whole array iff each set is strictly
+        # ascending, and a sampled token is in its set iff its own key is among them.
+        position = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+        keys = position * (MAX_ID + 1) + ids.astype(np.int64)
+        if keys.size > 1 and not (np.diff(keys) > 0).all():
+            raise ValueError("each kept set must be strictly ascending")
+        wanted = np.arange(sampled.size, dtype=np.int64) * (MAX_ID + 1) + sampled
+        found = np.minimum(np.searchsorted(keys, wanted), max(keys.size - 1, 0))
+        missing = (sampled < 0) | (sampled > MAX_ID)
+        if keys.size:
+            missing |= keys[found] != wanted
+        if missing.any():
+            i = int(np.argmax(missing))
+            raise ValueError(f"sampled token {i} ({int(sampled[i])}) is not in its own kept set")
 
     def digest(self) -> str:
         """SHA-256 (hex) of the sets under :data:`KEPT_DOMAIN`: ``>Q`` count of sets, ``>u4`` counts, ``>u4`` ids."""
