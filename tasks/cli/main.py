@@ -19,6 +19,7 @@ from tasks.cli.generate import add_generate
 from tasks.cli.lineage_cmd import add_lineage
 from tasks.cli.plan import add_plan
 from tasks.cli.servers import add_refit, add_serve
+from tasks.cli.train import add_checkpoint_zero, add_train
 from tasks.entry_point import configure_logging, run_command
 from tasks.errors import EXIT_USAGE
 
@@ -33,6 +34,8 @@ COMMANDS: tuple[Callable[[AddCommand], None], ...] = (
     add_sweep,
     add_serve,
     add_refit,
+    add_checkpoint_zero,
+    add_train,
     add_demo,
 )
 

@@ -1,1 +1,3 @@
-"""Trainer-side tools over a published dataset: the torch collator and the logprob audit (both need torch)."""
+"""Trainer side over published datasets (torch, imported where used): the collator (``collate``), the reference GRPO
+loss (``loss``), policy checkpoints with their manifests (``checkpoint``) and the reference training step that reads
+one checkpoint and writes the next, exactly once per dataset (``step``); docs/training.md."""
