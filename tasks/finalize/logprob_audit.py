@@ -383,13 +383,20 @@ def _fitted_temperature(logits: Any, row: _AuditRow) -> float | None:
     if row.missing_mask or not finite.any():
         return None
     tokens = torch.from_numpy(row.input_ids[row.positions])
+    counts = row.kept_counts
+    starts = np.concatenate([[0], np.cumsum(counts)]) if counts is not None else None
     errors = []
     for temperature in TEMPERATURE_GRID:
-        if row.kept_counts is not None:
-            scored = kept_set_logprobs(logits, tokens, temperature, row.kept_counts, row.kept_token_ids)
-        else:
-            scored = full_vocab_logprobs(logits, tokens, temperature)
-        values = scored.double().numpy()
+        chunks = []
+        for start in range(0, tokens.numel(), _PROCESS_CHUNK):  # chunked: a [P, V] temporary per chunk only
+            stop = min(start + _PROCESS_CHUNK, tokens.numel())
+            if counts is not None and starts is not None and row.kept_token_ids is not None:
+                ids = row.kept_token_ids[starts[start] : starts[stop]]
+                chunk = kept_set_logprobs(logits[start:stop], tokens[start:stop], temperature, counts[start:stop], ids)
+            else:
+                chunk = full_vocab_logprobs(logits[start:stop], tokens[start:stop], temperature)
+            chunks.append(chunk)
+        values = torch.cat(chunks).double().numpy()
         usable = finite & np.isfinite(values)
         errors.append(float(np.mean(np.abs(values[usable] - row.stored[usable]))) if usable.any() else math.inf)
     best = int(np.argmin(errors))
