@@ -63,20 +63,6 @@ def multi_turn_chains_are_exact(store, engine) -> int:
     return children
 
 
-def test_guess_number_on_local_disk_with_the_real_engine(vllm_engine, tmp_path):
-    engine, loop = vllm_engine
-    config = bundled_model_config()
-    root = str(tmp_path / "runs")
-    plan_batch(Batch.open(root, config.batch_id), config)
-    summary = generate_shard(Batch.open(root, config.batch_id), 0, engine=engine, run=loop.run, progress=False)
-    assert summary.rollouts == 6 and summary.ok + summary.poisoned == 6
-    assert summary.calls > 6, "guess_number should take several turns"
-    store = Batch.open(root, config.batch_id).store
-    assert multi_turn_chains_are_exact(store, engine) > 0
-    ledger = LedgerReader(store, 0)
-    assert {r.terminal_selection for r in ledger.receipts if r.status == "ok"} == {"declared"}
-
-
 def test_calculator_on_s3_with_the_real_engine(vllm_engine, s3_bucket):
     engine, loop = vllm_engine
     config = bundled_model_config(
@@ -102,7 +88,10 @@ def test_calculator_on_s3_with_the_real_engine(vllm_engine, s3_bucket):
 
 def test_a_retry_adopts_finished_rollouts_and_resumes_the_rest_as_a_clean_run_samples_them(vllm_engine, tmp_path):
     """In-process vLLM: the killed attempt's receipted rollouts are adopted, the others replay their committed calls
-    and go on live; no committed call is sampled again, and the batch is token-identical to a clean run."""
+    and go on live; no committed call is sampled again, and the batch is token-identical to a clean run.
+
+    The clean run is also the guess_number batch on local disk with the real engine: several turns per rollout, every
+    child prompt its parent's exact tokens plus its own turn, each ok rollout's terminal call the one it declared."""
     engine, loop = vllm_engine
     config = bundled_model_config(
         batch_id="b-e2e-retry",
@@ -117,7 +106,12 @@ def test_a_retry_adopts_finished_rollouts_and_resumes_the_rest_as_a_clean_run_sa
     for planned in (config, clean):
         plan_batch(Batch.open(root, planned.batch_id), planned)
     counted = CrashingEngine(engine, crash_at=10**9)
-    generate_shard(Batch.open(root, clean.batch_id), 0, engine=counted, run=loop.run, progress=False)
+    ran = generate_shard(Batch.open(root, clean.batch_id), 0, engine=counted, run=loop.run, progress=False)
+    assert ran.rollouts == 8 and ran.ok + ran.poisoned == 8
+    assert ran.calls > 8, "guess_number should take several turns"
+    clean_store = Batch.open(root, clean.batch_id).store
+    assert multi_turn_chains_are_exact(clean_store, engine) > 0
+    assert {r.terminal_selection for r in LedgerReader(clean_store, 0).receipts if r.status == "ok"} == {"declared"}
     with pytest.raises(FatalEngineCrash):
         generate_shard(
             Batch.open(root, config.batch_id),
@@ -137,7 +131,7 @@ def test_a_retry_adopts_finished_rollouts_and_resumes_the_rest_as_a_clean_run_sa
     ids = [r.rollout_id for r in ledger.receipts]
     assert sorted(ids) == sorted(set(ids)) and len(ids) == 8
     resumed = verified_sequences(store, 0)
-    reference = verified_sequences(Batch.open(root, clean.batch_id).store, 0)
+    reference = verified_sequences(clean_store, 0)
     assert resumed.keys() == reference.keys() and len(resumed) == summary.ok
     for rollout, deltas in resumed.items():
         assert linearized(deltas).tolist() == linearized(reference[rollout]).tolist(), rollout

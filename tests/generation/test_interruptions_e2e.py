@@ -1,11 +1,15 @@
 """Real ``rollout-ledger generate`` processes stopped the ways orchestrators stop them.
 
 Ctrl-C to the whole process group (the in-process engine's processes get it too), a kill of the
-engine process alone, and SIGTERM to the process (on the test run's vLLM server; the handler is
-the one of Ctrl-C) each end the attempt without a shard marker, with a non-zero exit, with no
-engine process left behind, and without poisoning a single rollout; the retry adopts every
-completed rollout and finishes the shard. Two generate processes started on one shard at once
-(both calling the test run's vLLM server) commit it exactly once, at the planned weight version.
+engine process alone, SIGTERM to the process (on the test run's vLLM server; the handler is
+the one of Ctrl-C), and the vLLM server dying mid-shard (a :class:`~tests.generation.dying_proxy.DyingProxy`
+in front of it: killing the proxy resets every connection mid-answer, as a killed server does) each end the
+attempt without a shard marker, with a non-zero exit (1 naming the dead server for the last), with no
+engine process left behind, and without poisoning a single rollout (no ``engine_error`` rollout); the
+retry adopts every completed rollout and finishes the shard. Each test stops two attempts of one batch
+in turn (the second resumes what the first left), then retries once. Two generate processes started on
+one shard at once (both calling the test run's vLLM server) commit it exactly once, at the planned
+weight version.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from tasks.storage.sweep import sweep_orphans
 
 from .chains import verified_sequences
 from .configs import bundled_model_config
+from .dying_proxy import DyingProxy
 from .processes import GenerateProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -103,21 +108,38 @@ def test_ctrl_c_and_an_engine_kill_never_poison_a_shard_and_the_retry_finishes_i
     assert summary.poisoned == 0 and summary.rollouts == config.num_rollouts
 
 
-def test_sigterm_ends_the_attempt_cleanly_and_the_retry_finishes_the_shard(tmp_path, vllm_server):
-    engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
+def test_sigterm_and_a_server_that_dies_mid_shard_end_their_attempts_cleanly_and_the_retry_finishes_the_shard(
+    tmp_path, vllm_server
+):
+    """Attempt 0 gets SIGTERM; attempt 1 loses its server (the proxy dies mid-answer); once the "server" listens
+    again, the retry adopts every rollout either completed and commits the shard."""
+    proxy = DyingProxy(vllm_server.url)
+    proxy.start()
+    engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options() | {"urls": [proxy.url]})
     config = interruptible_config("b-sigterm", engine=engine)
     root, store = planned(tmp_path, config)
 
     term = GenerateProcess(root, config.batch_id, tmp_path / "term.log")
-    done = term.wait_for_completed_rollouts()
+    term_done = term.wait_for_completed_rollouts()
     term.process.send_signal(signal.SIGTERM)
-    assert_stopped_cleanly(term, store, 0, expected_code=128 + signal.SIGTERM, reported_done=done)
+    assert_stopped_cleanly(term, store, 0, expected_code=128 + signal.SIGTERM, reported_done=term_done)
     assert "stopped by SIGTERM" in term.log.read_text()
 
-    summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
-    assert summary.attempt == 1 and summary.adopted >= done
+    died = GenerateProcess(root, config.batch_id, tmp_path / "died.log")
+    died_done = died.wait_for_completed_rollouts()
+    proxy.kill()
+    assert_stopped_cleanly(died, store, 1, expected_code=1, reported_done=died_done)
+    log = died.log.read_text()
+    assert "the engine died" in log and f"server {proxy.url} is unreachable" in log
+
+    proxy.start()
+    try:
+        summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
+    finally:
+        proxy.kill()
+    assert summary.attempt == 2 and summary.adopted >= term_done + died_done
     assert summary.poisoned == 0 and summary.rollouts == config.num_rollouts
-    assert_finished_without_duplicates(store, summary.ok, attempts=2)
+    assert_finished_without_duplicates(store, summary.ok, attempts=3)
 
 
 def assert_finished_without_duplicates(store, ok: int, *, attempts: int) -> None:

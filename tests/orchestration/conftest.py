@@ -50,13 +50,40 @@ def allow_storage(monkeypatch, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def airflow_db() -> Path:
-    """The migrated metadata DB and the ``gpu`` pool of this run's Airflow home."""
-    local_airflow.prepare(AIRFLOW_TEST_HOME, os.environ)
+def airflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The migrated metadata DB and the ``gpu`` pool of this run's Airflow home.
+
+    ``local_airflow.prepare`` (``airflow db migrate`` and ``airflow pools set``, two Airflow CLI starts) runs once per
+    test run: on a pytest-xdist worker, the first to need it prepares a template home in the run's shared temporary
+    folder, and every worker copies its DB and passwords file into its own home (each worker keeps a DB of its own).
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        local_airflow.prepare(AIRFLOW_TEST_HOME, os.environ)
+    else:
+        _copy_prepared_home(tmp_path_factory.getbasetemp().parent / "airflow-template", AIRFLOW_TEST_HOME)
     from airflow import settings
 
     settings.configure_orm()
     return AIRFLOW_TEST_HOME
+
+
+def _copy_prepared_home(shared: Path, home: Path) -> None:
+    """Prepare ``shared/airflow`` once for the whole test run (under a lock), then copy its DB and passwords into
+    ``home``, the files ``prepare`` would have made there."""
+    import fcntl
+    import shutil
+
+    template = shared / "airflow"
+    shared.mkdir(parents=True, exist_ok=True)
+    with (shared / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / "prepared").exists():
+            local_airflow.prepare(template, {**os.environ, **local_airflow.airflow_environment(template)})
+            (shared / "prepared").touch()
+        home.mkdir(parents=True, exist_ok=True)
+        passwords = Path(os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"])
+        shutil.copyfile(template / "simple_auth_manager_passwords.json", passwords)
+        shutil.copyfile(template / "airflow.db", home / "airflow.db")
 
 
 @pytest.fixture(scope="session")
