@@ -139,6 +139,7 @@ def test_gateway_bench_load_part_runs_agents_through_the_gateway_and_prints_ever
         ("gateway.py", ("--part", "--agents", "--engine-ms", "--calls", "--runs", "--tasks", "--group-size")),
         ("server_front.py", ("--calls", "--max-tokens", "--warmup")),
         ("resume.py", ("--turns", "--kill-at", "--rollouts", "--group-size", "--max-tokens")),
+        ("sampling_masks.py", ("--rounds", "--requests", "--max-tokens", "--top-p", "--top-k", "--candidates")),
     ],
 )
 def test_engine_benches_parse_their_options(tmp_path: Path, script: str, options: tuple[str, ...]) -> None:
