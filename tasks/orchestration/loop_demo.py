@@ -134,16 +134,31 @@ def airflow_processes(
             time.sleep(1)
         yield url
     finally:
-        for process in reversed(started):
+        stop_all(started)
+
+
+def stop_all(started: list[subprocess.Popen]) -> None:
+    """SIGTERM to each component's process group, then SIGKILL to what is left of it and of every descendant seen
+    before (a task process runs in a session of its own, outside its scheduler's group)."""
+    import psutil
+
+    descendants = []
+    for process in started:
+        with contextlib.suppress(psutil.Error):
+            descendants += psutil.Process(process.pid).children(recursive=True)
+    for process in reversed(started):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in reversed(started):
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in reversed(started):
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    for child in descendants:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 def components_environment(port: int, dags_folder: Path) -> dict[str, str]:
@@ -328,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds the loop may take once announced")
     parser.add_argument("--batch", default=None, help="batch fields for policy_refit_batch (JSON; the deployment's)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # stop the servers on the way out
     home = args.home.resolve()
     for stale in ("airflow", "runs", "checkpoints"):  # each demo is a loop of its own, from checkpoint 0
         shutil.rmtree(home / stale, ignore_errors=True)
