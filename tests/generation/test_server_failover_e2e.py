@@ -8,15 +8,16 @@ Both of the first two use one spare ``serve`` beside the test run's server, on t
   the port at once: the calls in flight end the attempt as engine death (exit 1, no rollout
   poisoned); the connected engine's next call, answered by the new process, is refused as a
   restart; the retry refuses the restarted server's start-up version until it is named the
-  planned one again, then commits with every call stamped at the planned version.
+  planned one again; the next attempt's calls, aborted by a pause (below), end it too; the retry
+  after it commits with every call stamped at the planned version.
 * Two replicas (the test run's server and the spare); the spare's process group is SIGKILLed
   while ``rollout-ledger generate`` runs (as a shell's ``kill -9 -PGID``: vLLM runs in a group of
   its own, and ``serve``'s watchdog must take it down, port freed, nothing left): the rollouts
   whose calls it held start again on the first, in the same attempt, which commits; its dataset
   is validated and published; the summary names each rollout that failed over and the calls each
   replica answered, and status says the same.
-* Calls aborted by a pause in abort mode end the attempt as engine death, never a cut reply
-  captured as ``stop``; the retry finishes the shard.
+* Calls aborted by a pause in abort mode (of the restarted server, in the first test) end the attempt as
+  engine death, never a cut reply captured as ``stop``; the retry finishes the shard.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from tasks.pipeline import finalize_and_publish
 from tasks.sampling import SamplingSettings
 from tasks.status.gather import batch_status
 from tasks.status.render import render_status
+from tasks.storage.claims import read_claims
 from tests.serving import assert_reaped, name_weight_version, running
 
 from .processes import GenerateProcess
@@ -122,6 +124,19 @@ class Spare:
             self.serve.stop()
 
 
+def pause_until_it_ends(url: str, headers: dict[str, str], run: GenerateProcess, *, every_s: float = 5.0) -> None:
+    """Pause the server in abort mode, again every ``every_s`` while ``run`` goes on (at most 120 s).
+
+    A pause aborts every call the engine holds. One that falls between two calls finds none, and
+    the next calls wait in vLLM's queue until a resume: the next pause aborts them."""
+    deadline = time.monotonic() + 120
+    while run.process.poll() is None and time.monotonic() < deadline:
+        httpx.post(f"{url}/pause", params={"mode": "abort"}, headers=headers, timeout=120).raise_for_status()
+        ends = time.monotonic() + every_s
+        while run.process.poll() is None and time.monotonic() < ends:
+            time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def spare(vllm_server, tmp_path_factory) -> Iterator[Spare]:
     spare = Spare(tmp_path_factory.mktemp("spare-serve"), vllm_server.key_file)
@@ -165,12 +180,27 @@ def test_a_server_restarted_mid_shard_is_engine_death_and_nothing_is_stamped_wit
         with pytest.raises(ConfigError, match=f"serves weight version 0, older than the planned {PLANNED_VERSION}"):
             generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
         name_weight_version(restarted.url, key, PLANNED_VERSION)  # the operator refits it again
+
+        # The next attempt after the killed one and the refused retry (each claimed one).
+        aborted_attempt = max(c.attempt for c in read_claims(store, 0)) + 1
+        aborted = GenerateProcess(root, config.batch_id, tmp_path / "abort.log")
+        aborted_done = aborted.wait_for_completed_rollouts()
+        headers = {"Authorization": f"Bearer {key}"}
+        try:
+            pause_until_it_ends(restarted.url, headers, aborted)
+            assert_stopped_cleanly(aborted, store, aborted_attempt, expected_code=1, reported_done=aborted_done)
+        finally:
+            httpx.post(f"{restarted.url}/resume", headers=headers, timeout=120).raise_for_status()
+        log = aborted.log.read_text()
+        assert "aborted it after" in log and "the engine died" in log
+
         summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
         name_weight_version(restarted.url, key, 0)  # as the other tests of the spare plan
         loop.run(connected.close(), timeout=60)
     finally:
         loop.close()
-    assert summary.rollouts == config.num_rollouts and summary.poisoned == 0 and summary.adopted >= done
+    assert summary.rollouts == config.num_rollouts and summary.poisoned == 0
+    assert summary.attempt == aborted_attempt + 1 and summary.adopted >= done + aborted_done
     assert_finished_without_duplicates(store, summary.ok, attempts=summary.attempt + 1)
     calls = Batch.open(root, config.batch_id).ledger(0).tables.calls
     assert set(calls.column("weight_version").to_pylist()) == {PLANNED_VERSION}
@@ -211,37 +241,3 @@ def test_a_replica_killed_mid_shard_fails_over_to_the_other_and_the_dataset_is_p
     assert f"{len(summary['failovers'])} rollout(s) restarted on a live server" in render_status(status)
     published = finalize_and_publish(Batch.open(root, config.batch_id), FinalizeOptions(audit=False))
     assert published.published is not None and published.staged.marker.rows == config.num_rollouts
-
-
-def pause_until_it_ends(url: str, headers: dict[str, str], run: GenerateProcess, *, every_s: float = 5.0) -> None:
-    """Pause the server in abort mode, again every ``every_s`` while ``run`` goes on (at most 120 s).
-
-    A pause aborts every call the engine holds. One that falls between two calls finds none, and
-    the next calls wait in vLLM's queue until a resume: the next pause aborts them."""
-    deadline = time.monotonic() + 120
-    while run.process.poll() is None and time.monotonic() < deadline:
-        httpx.post(f"{url}/pause", params={"mode": "abort"}, headers=headers, timeout=120).raise_for_status()
-        ends = time.monotonic() + every_s
-        while run.process.poll() is None and time.monotonic() < ends:
-            time.sleep(0.1)
-
-
-def test_calls_aborted_by_a_pause_end_the_attempt_and_are_never_captured_as_replies(vllm_server, tmp_path):
-    engine = EngineSpec(name="vllm_server", options=vllm_server.engine_options())
-    config = interruptible_config("b-abort", engine=engine)
-    root, store = planned(tmp_path, config)
-    run = GenerateProcess(root, config.batch_id, tmp_path / "abort.log")
-    done = run.wait_for_completed_rollouts()
-    headers = {"Authorization": f"Bearer {vllm_server.key}"}
-    try:
-        pause_until_it_ends(vllm_server.url, headers, run)
-        assert_stopped_cleanly(run, store, 0, expected_code=1, reported_done=done)
-    finally:
-        httpx.post(f"{vllm_server.url}/resume", headers=headers, timeout=120).raise_for_status()
-    log = run.log.read_text()
-    assert "aborted it after" in log and "the engine died" in log
-    summary = generate_shard(Batch.open(root, config.batch_id), 0, progress=False)
-    assert summary.rollouts == config.num_rollouts and summary.poisoned == 0
-    assert_finished_without_duplicates(store, summary.ok, attempts=summary.attempt + 1)
-    calls = Batch.open(root, config.batch_id).ledger(0).tables.calls
-    assert "abort" not in calls.column("finish_reason").to_pylist()
