@@ -97,5 +97,8 @@ def test_a_broken_profiles_file_is_an_import_error_of_its_dag_file_only(tmp_path
     env = {**os.environ, "ROLLOUT_LEDGER_PROFILES": str(path)}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
     dags, errors = out.strip().splitlines()[-2:]
-    assert dags == "['grpo_dataset_consumer', 'rollout_batch', 'rollout_batch_on_servers']"
+    assert (
+        dags
+        == "['grpo_dataset_consumer', 'grpo_train', 'policy_refit_batch', 'rollout_batch', 'rollout_batch_on_servers']"
+    )
     assert "profile 'nightly': params.shards: -1 is less than the minimum of 1" in errors
