@@ -57,11 +57,13 @@ test-deploy: setup deploy-packages
 	mkdir -p .demo
 	$(PY) -m pytest -m deploy --basetemp=.demo/test-deploy tests/deploy
 
-# The full crash trials (docs/reliability.md, about 30 min): 15 kill -9s of `rollout-ledger generate`
-# and 5 of a rollout_batch run's generate task, each retried; `make test` runs one of each.
+# The full crash trials (docs/reliability.md, about 30 min): 15 kill -9s of `rollout-ledger generate`,
+# 5 of a rollout_batch run's generate task, each retried, and 10 of a training step (docs/training.md);
+# `make test` runs one of each of the first two and 2 of the last.
 crash-trials: setup
-	CRASH_TRIALS_CLI=15 CRASH_TRIALS_DAG=5 $(PY) -m pytest -m crash_trials -rP \
-		tests/reliability/test_crash_trials.py tests/orchestration/test_crash_trials_e2e.py
+	CRASH_TRIALS_CLI=15 CRASH_TRIALS_DAG=5 STEP_TRIAL_KILLS=10 $(PY) -m pytest -m crash_trials -rP \
+		tests/reliability/test_crash_trials.py tests/orchestration/test_crash_trials_e2e.py \
+		tests/trainer/test_step_exactly_once.py
 
 bench: setup
 	$(PY) bench/staging.py

@@ -27,10 +27,10 @@ from tasks.trainer.step import load_policy, train_step
 from tests.trainer.step_batches import TeacherForcedEngine, published_batch, tiny_model_folder
 from tests.trainer.step_trial import TRIAL_SETTINGS
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.crash_trials, pytest.mark.timeout(1200)]
 REPO = Path(__file__).resolve().parents[2]
 DATASETS = 3
-KILLS = int(os.environ.get("STEP_TRIAL_KILLS", "10"))
+KILLS = int(os.environ.get("STEP_TRIAL_KILLS", "2"))  # `make crash-trials` kills 10 times
 SEED = int(os.environ.get("STEP_TRIAL_SEED", "47"))
 
 
