@@ -364,7 +364,7 @@ class BatchFields(BaseModel):
         0,
         ge=0,
         title="Off-policy max staleness",
-        description="off-policy gate (dataset suite, warns): weight versions between an audited token's and the "
+        description="off-policy gate (dataset suite, warns): weight versions an audited token's is behind the "
         "batch's weight_version, at most",
         json_schema_extra=_THRESHOLDS,
     )

@@ -59,7 +59,7 @@ class OffPolicyThresholds:
     max_ratio_deviation: float = 0.02  # |mean kept-set ratio - 1| and |geometric mean - 1|, at most
     ratio_bound: float = 2.0  # a token's kept-set ratio outside [1 / bound, bound] is out of bounds
     max_outside_rate: float = 0.01  # share of scored tokens out of bounds, at most
-    max_staleness: int = 0  # weight versions between a token's and the planned one, at most
+    max_staleness: int = 0  # weight versions a token's is behind the planned one, at most
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.max_ratio_deviation) and self.max_ratio_deviation >= 0):
@@ -162,7 +162,7 @@ GATE_MEASURES = {
     "kept_ratio_mean_deviation": "|mean kept-set token ratio - 1|",
     "kept_geometric_mean_deviation": "|mean of the rows' geometric-mean kept-set ratios - 1|",
     "outside_bound_rate": "audited tokens whose kept-set ratio is outside [1/bound, bound] / audited tokens",
-    "staleness_max": "most weight versions between an audited token's and the planned one",
+    "staleness_max": "most weight versions an audited token's is behind the planned one",
     "unexplained_rows": "audited rows whose stored logprobs their recorded sampling does not explain, diagnosed",
 }
 # The diagnoses that make a row unexplained: raw logprobs, another temperature, a token outside its own kept set.
@@ -227,7 +227,7 @@ class _RowFigures:
             log_ratio={"kept_set": kept_log, "full_vocab": full_log},
             token_ratio=token_ratio,
             kept_mass=kept_mass,
-            staleness=np.abs(row.versions.astype(np.int64) - int(planned)),
+            staleness=np.maximum(int(planned) - row.versions.astype(np.int64), 0),
             worst=worst,
         )
 
