@@ -74,6 +74,7 @@ def test_named_options_and_engine_kwargs_pass_through() -> None:
         "enable_chunked_prefill": False,
         "max_num_batched_tokens": 4096,
         "max_num_seqs": 64,
+        "max_logprobs": 64,  # sampling_mask_candidates' default: the top logprobs a truncating call may ask
     }
 
 
