@@ -24,32 +24,14 @@ from hypothesis import strategies as st
 from tasks.engines.base import GenerationRequest
 from tasks.finalize.logprob_audit import AuditRowError, audit_logprobs, processed_log_softmax, sample_rows
 from tasks.sampling import SamplingSettings
+from tests.finalize.tiny_llama import VOCAB, tiny_llama
 
-VOCAB = 64
 FILTERING = SamplingSettings(temperature=0.7, top_p=0.9, top_k=20)
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
-    """A 2-layer Llama with a 64-token vocabulary, peaky enough that top-k/top-p filter something."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.3,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    return str(path), model
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"), seed=0)
 
 
 def _reference_logprobs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:

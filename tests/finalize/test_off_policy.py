@@ -29,8 +29,8 @@ from tasks.finalize.off_policy import (
     off_policy_figures,
 )
 from tasks.sampling import SamplingSettings
+from tests.finalize.tiny_llama import VOCAB, tiny_llama
 
-VOCAB = 64
 SAMPLING = SamplingSettings(temperature=0.7, top_p=0.9, top_k=20)
 PLANNED = 3
 FAULTY = "r2"
@@ -39,24 +39,7 @@ THRESHOLDS = OffPolicyThresholds()
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.3,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("tiny-llama-gate")
-    model.save_pretrained(path)
-    return str(path), model
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama-gate"), seed=1)
 
 
 def _row(model: Any, seed: int, *, calls: int = 2) -> dict[str, Any]:
