@@ -49,6 +49,9 @@ def real(vllm_engine, tmp_path_factory):
         "environment_options": {"lo": 1, "hi": 3},  # often guessed in 2 turns: groups of mixed rewards
         "group_size": 4,
         "max_in_flight": 8,
+        # the test run's shared engine may have been refit (to the same weights) by earlier tests: plan at its
+        # version, so every row's version is the planned one and the plan's verified sha256 holds for it
+        "weight_version": engine.weight_version,
     }
     started = time.monotonic()
     urls = {
